@@ -1,0 +1,1 @@
+"""tiermem memory package."""

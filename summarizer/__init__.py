@@ -1,0 +1,1 @@
+"""tiermem summarizer package."""

@@ -1,0 +1,1 @@
+"""tiermem tiers/backends package."""

@@ -1,0 +1,188 @@
+"""Storage protocols: the whole contract a backend must meet.
+
+A :class:`KVStore` has three primitives (``get_many``, ``scan``, ``commit``);
+every tier builds its logic once on top of them. Keys live in *spaces*: a
+space groups the keys that are read in order or written together (one run,
+one user's sessions, ...), and a backend may keep a space on one node.
+
+A :class:`VectorIndex` stores embeddings with a document and flat metadata and
+answers filtered nearest-neighbour queries. An :class:`Embedder` turns texts
+into unit-length vectors. The contract suite in ``tests/contracts/`` runs
+against every implementation.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+DEFAULT_MAX_VALUE_BYTES = 1 << 20
+
+
+@dataclass(frozen=True, slots=True)
+class Put:
+    """Set ``key`` in ``space`` to ``value``."""
+
+    space: str
+    key: str
+    value: bytes
+
+
+@dataclass(frozen=True, slots=True)
+class Delete:
+    """Remove ``key`` from ``space``; a missing key is not an error."""
+
+    space: str
+    key: str
+
+
+@dataclass(frozen=True, slots=True)
+class DeleteSpace:
+    """Remove every key of ``space``; an empty space is not an error."""
+
+    space: str
+
+
+Write = Put | Delete | DeleteSpace
+
+
+@dataclass(frozen=True, slots=True)
+class Check:
+    """A precondition of a commit: ``key`` in ``space`` holds exactly ``expected``.
+
+    ``expected=None`` means the key must be absent.
+    """
+
+    space: str
+    key: str
+    expected: bytes | None
+
+
+@runtime_checkable
+class KVStore(Protocol):
+    """Durable bytes-in/bytes-out store of keys grouped into spaces.
+
+    Implementations are thread-safe. Space and key are non-empty strings;
+    keys sort by their UTF-8 bytes (plain code-point order for the ASCII keys
+    the tiers use).
+    """
+
+    max_value_bytes: int
+
+    def get_many(self, space: str, keys: Sequence[str]) -> list[bytes | None]:
+        """Read several keys of one space.
+
+        Returns:
+            One entry per key, in order: its value, or ``None`` when absent.
+        """
+        ...
+
+    def scan(
+        self,
+        space: str,
+        *,
+        prefix: str = "",
+        start_after: str | None = None,
+        limit: int | None = None,
+        reverse: bool = False,
+    ) -> list[tuple[str, bytes]]:
+        """List the keys of ``space`` that start with ``prefix``, sorted by key.
+
+        Args:
+            space: The space to list.
+            prefix: Only keys starting with this string.
+            start_after: Only keys strictly after this one in the scan's order
+                (strictly before it when ``reverse``); for paging.
+            limit: At most this many items; ``None`` for all.
+            reverse: Descending order.
+
+        Returns:
+            ``(key, value)`` pairs. An unknown space gives an empty list.
+        """
+        ...
+
+    def commit(self, writes: Sequence[Write], checks: Sequence[Check] = ()) -> None:
+        """Apply ``writes`` atomically and durably if every check holds.
+
+        Either all writes are applied, in order, or none. When this returns,
+        the writes survive a process crash (and, on durable configurations, a
+        power cut).
+
+        Raises:
+            ConflictError: A check did not hold; nothing was written.
+            ValueTooLargeError: A value exceeds ``max_value_bytes``; nothing was written.
+            BackendUnavailableError: The store failed; nothing was acknowledged.
+        """
+        ...
+
+    def ping(self) -> None:
+        """Raise :class:`BackendUnavailableError` unless the store answers."""
+        ...
+
+    def close(self) -> None:
+        """Release connections. Idempotent."""
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class VectorItem:
+    """One document of a vector index."""
+
+    id: str
+    embedding: Sequence[float]
+    document: str
+    metadata: Mapping[str, str | int | float | bool]
+
+
+@dataclass(frozen=True, slots=True)
+class VectorHit:
+    """One query result; ``distance`` is cosine distance (0 = same direction)."""
+
+    id: str
+    distance: float
+    document: str
+    metadata: Mapping[str, str | int | float | bool]
+
+
+@runtime_checkable
+class VectorIndex(Protocol):
+    """A nearest-neighbour index over embeddings with metadata filters."""
+
+    def upsert(self, items: Sequence[VectorItem]) -> None:
+        """Insert or replace items by id, in one batch."""
+        ...
+
+    def query(
+        self, embedding: Sequence[float], *, where: Mapping[str, str], top_k: int
+    ) -> list[VectorHit]:
+        """Return up to ``top_k`` items whose metadata equals every ``where`` entry, nearest first."""
+        ...
+
+    def delete(self, ids: Sequence[str]) -> None:
+        """Remove items by id; unknown ids are ignored."""
+        ...
+
+    def ids(self, *, where: Mapping[str, str]) -> list[str]:
+        """Ids of every item whose metadata equals every ``where`` entry."""
+        ...
+
+    def ping(self) -> None:
+        """Raise :class:`BackendUnavailableError` unless the index answers."""
+        ...
+
+    def close(self) -> None:
+        """Release resources. Idempotent."""
+        ...
+
+
+@runtime_checkable
+class Embedder(Protocol):
+    """Turns texts into L2-normalised vectors of a fixed dimension."""
+
+    name: str
+    dimension: int
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """Embed ``texts`` in one batch; returns one vector per text, in order."""
+        ...

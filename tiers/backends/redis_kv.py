@@ -1,0 +1,219 @@
+"""Redis implementation of :class:`~tiers.backends.base.KVStore`.
+
+A space is two Redis keys sharing one hash tag (so a cluster keeps them on one
+slot): a hash of key -> value and a sorted set of keys (all score 0, ordered
+lexicographically by bytes) for ordered scans. Commits and scans run as Lua
+scripts, so checks and writes are atomic and a scan is a consistent snapshot.
+
+Durability is the server's: run it with ``appendonly yes`` and
+``appendfsync always`` for commits that survive a power cut.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import redis
+
+from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, Delete, Put, Write
+from tiers.backends.common import check_writes, prefix_upper_bound
+from tiers.errors import BackendUnavailableError, ConflictError, InvalidInputError
+
+# KEYS: (values-hash, index-zset) per space. ARGV: n_checks, then 4 per check
+# (space#, key, must_exist, expected), then 4 per write (op, space#, key, value).
+_COMMIT = """
+local n = tonumber(ARGV[1])
+local i = 2
+for _ = 1, n do
+  local s = tonumber(ARGV[i])
+  local v = redis.call('HGET', KEYS[2 * s - 1], ARGV[i + 1])
+  if ARGV[i + 2] == '0' then
+    if v then return {0, ARGV[i + 1]} end
+  elseif (not v) or v ~= ARGV[i + 3] then
+    return {0, ARGV[i + 1]}
+  end
+  i = i + 4
+end
+while i <= #ARGV do
+  local op = ARGV[i]
+  local h = KEYS[2 * tonumber(ARGV[i + 1]) - 1]
+  local z = KEYS[2 * tonumber(ARGV[i + 1])]
+  if op == 'P' then
+    redis.call('HSET', h, ARGV[i + 2], ARGV[i + 3])
+    redis.call('ZADD', z, 0, ARGV[i + 2])
+  elseif op == 'D' then
+    redis.call('HDEL', h, ARGV[i + 2])
+    redis.call('ZREM', z, ARGV[i + 2])
+  else
+    redis.call('DEL', h, z)
+  end
+  i = i + 4
+end
+return {1, ''}
+"""
+
+# KEYS: values-hash, index-zset. ARGV: min, max, reverse ('1'/'0'), limit (-1 = all).
+_SCAN = """
+local keys
+local limit = tonumber(ARGV[4])
+if ARGV[3] == '1' then
+  if limit >= 0 then
+    keys = redis.call('ZREVRANGEBYLEX', KEYS[2], ARGV[2], ARGV[1], 'LIMIT', 0, limit)
+  else
+    keys = redis.call('ZREVRANGEBYLEX', KEYS[2], ARGV[2], ARGV[1])
+  end
+else
+  if limit >= 0 then
+    keys = redis.call('ZRANGEBYLEX', KEYS[2], ARGV[1], ARGV[2], 'LIMIT', 0, limit)
+  else
+    keys = redis.call('ZRANGEBYLEX', KEYS[2], ARGV[1], ARGV[2])
+  end
+end
+if #keys == 0 then return {} end
+local values = redis.call('HMGET', KEYS[1], unpack(keys))
+local out = {}
+for j = 1, #keys do
+  out[2 * j - 1] = keys[j]
+  out[2 * j] = values[j]
+end
+return out
+"""
+
+
+class RedisKVStore:
+    """A :class:`KVStore` on a Redis server.
+
+    Args:
+        url: A ``redis://`` or ``rediss://`` URL.
+        key_prefix: Prefix of every Redis key this store touches.
+        max_value_bytes: Largest value accepted by :meth:`commit`.
+        client: An existing client to use instead of connecting to ``url``.
+    """
+
+    def __init__(
+        self,
+        url: str = "redis://127.0.0.1:6379/0",
+        *,
+        key_prefix: str = "tm",
+        max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+        client: redis.Redis | None = None,
+    ) -> None:
+        if ":" in key_prefix or "{" in key_prefix:
+            raise InvalidInputError("key_prefix must not contain ':' or '{'", field="key_prefix")
+        self.max_value_bytes = max_value_bytes
+        self._prefix = key_prefix
+        try:
+            self._client: redis.Redis = client or redis.Redis.from_url(
+                url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30
+            )
+        except ValueError as exc:
+            raise InvalidInputError(f"invalid Redis URL {url!r}: {exc}", field="url") from exc
+        self._commit_script = self._client.register_script(_COMMIT)
+        self._scan_script = self._client.register_script(_SCAN)
+
+    def _keys(self, space: str) -> tuple[str, str]:
+        # All Redis key formats of this store live here.
+        return f"{self._prefix}:{{{space}}}:v", f"{self._prefix}:{{{space}}}:k"
+
+    @contextmanager
+    def _translate(self, what: str) -> Iterator[None]:
+        try:
+            yield
+        except redis.RedisError as exc:
+            raise BackendUnavailableError(f"Redis {what} failed: {exc}") from exc
+
+    def get_many(self, space: str, keys: Sequence[str]) -> list[bytes | None]:
+        """See :meth:`KVStore.get_many`."""
+        if not keys:
+            return []
+        with self._translate("read"):
+            values: list[Any] = self._client.hmget(self._keys(space)[0], list(keys))  # type: ignore[assignment]
+        return [None if v is None else bytes(v) for v in values]
+
+    def scan(
+        self,
+        space: str,
+        *,
+        prefix: str = "",
+        start_after: str | None = None,
+        limit: int | None = None,
+        reverse: bool = False,
+    ) -> list[tuple[str, bytes]]:
+        """See :meth:`KVStore.scan`."""
+        low = f"[{prefix}" if prefix else "-"
+        upper = prefix_upper_bound(prefix) if prefix else None
+        high = f"({upper}" if upper is not None else "+"
+        if start_after is not None:
+            if reverse:
+                high = _tighter_high(high, start_after)
+            else:
+                low = _tighter_low(low, start_after)
+        if limit is not None and limit <= 0:
+            return []
+        with self._translate("scan"):
+            flat: list[Any] = self._scan_script(
+                keys=list(self._keys(space)),
+                args=[low, high, "1" if reverse else "0", -1 if limit is None else limit],
+            )
+        pairs = []
+        for j in range(0, len(flat), 2):
+            if flat[j + 1] is not None:
+                pairs.append((bytes(flat[j]).decode(), bytes(flat[j + 1])))
+        return pairs
+
+    def commit(self, writes: Sequence[Write], checks: Sequence[Check] = ()) -> None:
+        """See :meth:`KVStore.commit`."""
+        check_writes(writes, self.max_value_bytes)
+        if not writes and not checks:
+            return
+        spaces: dict[str, int] = {}
+        for item in (*checks, *writes):
+            spaces.setdefault(item.space, len(spaces) + 1)
+        keys: list[str] = []
+        for space in spaces:
+            keys.extend(self._keys(space))
+        args: list[bytes | str | int] = [len(checks)]
+        for check in checks:
+            args += [
+                spaces[check.space],
+                check.key,
+                "0" if check.expected is None else "1",
+                check.expected or b"",
+            ]
+        for write in writes:
+            if isinstance(write, Put):
+                args += ["P", spaces[write.space], write.key, write.value]
+            elif isinstance(write, Delete):
+                args += ["D", spaces[write.space], write.key, b""]
+            else:
+                args += ["X", spaces[write.space], "", b""]
+        with self._translate("commit"):
+            ok, key = self._commit_script(keys=keys, args=args)
+        if int(ok) != 1:
+            raise ConflictError(f"check failed on {bytes(key).decode()!r}: the value changed")
+
+    def ping(self) -> None:
+        """See :meth:`KVStore.ping`."""
+        with self._translate("ping"):
+            self._client.ping()
+
+    def close(self) -> None:
+        """See :meth:`KVStore.close`."""
+        self._client.close()
+
+
+def _tighter_low(low: str, start_after: str) -> str:
+    candidate = f"({start_after}"
+    if low == "-":
+        return candidate
+    # "[x" includes x, "(x" excludes it; compare the bare values.
+    return candidate if start_after >= low[1:] else low
+
+
+def _tighter_high(high: str, start_after: str) -> str:
+    candidate = f"({start_after}"
+    if high == "+":
+        return candidate
+    return candidate if start_after < high[1:] else high

@@ -1,0 +1,170 @@
+"""Records that cross the storage boundary.
+
+Each is a pydantic model stored as JSON (``model_dump_json``) with a
+``schema_version``, never pickled. Timestamps are timezone-aware UTC.
+"""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+from enum import StrEnum
+from typing import Annotated, Any, Literal
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, field_validator
+
+from tiers.ids import Id
+
+SCHEMA_VERSION = 1
+
+MAX_TEXT = 20_000
+MAX_ITEMS = 200
+
+
+def utcnow() -> datetime:
+    """Current time, UTC, timezone-aware."""
+    return datetime.now(UTC)
+
+
+def _as_utc(value: datetime) -> datetime:
+    if value.tzinfo is None:
+        # Naive datetimes are taken as UTC rather than local time: servers disagree on local time.
+        return value.replace(tzinfo=UTC)
+    return value.astimezone(UTC)
+
+
+UtcDatetime = Annotated[datetime, AfterValidator(_as_utc)]
+
+Text = Annotated[str, Field(max_length=MAX_TEXT)]
+Item = Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
+
+
+class Record(BaseModel):
+    """Base of stored records: strict about unknown fields, immutable once built."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+    schema_version: int = SCHEMA_VERSION
+
+
+class SessionSummary(Record):
+    """The structured summary of one finished session of one user."""
+
+    session_id: Id
+    user_id: Id
+    task_description: Text = ""
+    decisions_made: list[Item] = Field(default_factory=list, max_length=MAX_ITEMS)
+    work_completed: list[Item] = Field(default_factory=list, max_length=MAX_ITEMS)
+    open_questions: list[Item] = Field(default_factory=list, max_length=MAX_ITEMS)
+    next_recommended_steps: list[Item] = Field(default_factory=list, max_length=MAX_ITEMS)
+    created_at: UtcDatetime = Field(default_factory=utcnow)
+
+    def render(self) -> str:
+        """Plain-text rendering used for embedding, keyword search and prompts."""
+        lines = [f"Session {self.session_id} ({self.created_at:%Y-%m-%d %H:%M} UTC)"]
+        if self.task_description:
+            lines.append(f"Task: {self.task_description}")
+        for title, items in (
+            ("Decisions made", self.decisions_made),
+            ("Work completed", self.work_completed),
+            ("Open questions", self.open_questions),
+            ("Next recommended steps", self.next_recommended_steps),
+        ):
+            if items:
+                lines.append(f"{title}:")
+                lines.extend(f"- {item}" for item in items)
+        return "\n".join(lines)
+
+
+class FactCandidate(BaseModel):
+    """A user fact or preference proposed by a summarizer, not yet stored."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+
+    key: Id
+    value: JsonValue
+    confidence: float = Field(default=0.5, ge=0.0, le=1.0)
+    evidence: Text = ""
+
+
+class UserFact(Record):
+    """A standing fact or preference of a user, with its provenance."""
+
+    user_id: Id
+    key: Id
+    value: JsonValue
+    source: Annotated[str, Field(max_length=256)] = "api"
+    confidence: float = Field(default=1.0, ge=0.0, le=1.0)
+    updated_at: UtcDatetime = Field(default_factory=utcnow)
+
+
+class RunStatus(StrEnum):
+    """Lifecycle status of a task run."""
+
+    RUNNING = "running"
+    PAUSED = "paused"
+    COMPLETED = "completed"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    RESUMABLE = "resumable"
+
+    @property
+    def finished(self) -> bool:
+        """True for terminal statuses: no more checkpoints may be appended."""
+        return self in (RunStatus.COMPLETED, RunStatus.FAILED, RunStatus.CANCELLED)
+
+
+class CheckpointStatus(StrEnum):
+    """Status of one checkpoint."""
+
+    COMMITTED = "committed"
+    FAILED = "failed"
+
+
+class Checkpoint(Record):
+    """One append-only step record of a run. Never changed once committed."""
+
+    checkpoint_id: str
+    run_id: Id
+    seq: int = Field(ge=1)
+    parent_id: str | None
+    step: Annotated[str, Field(min_length=1, max_length=256)]
+    input_hash: str
+    output: JsonValue = None
+    idempotency_key: Annotated[str, Field(min_length=1, max_length=512)]
+    status: CheckpointStatus = CheckpointStatus.COMMITTED
+    scope: dict[str, Any] | None = None
+    started_at: UtcDatetime
+    created_at: UtcDatetime = Field(default_factory=utcnow)
+
+    @field_validator("input_hash")
+    @classmethod
+    def _hex_digest(cls, value: str) -> str:
+        if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+            raise ValueError("input_hash must be a lowercase hex SHA-256 digest")
+        return value
+
+
+class RunInfo(Record):
+    """The head record of a run: who owns it, where it is, what state it is in."""
+
+    run_id: Id
+    user_id: Id
+    status: RunStatus = RunStatus.RUNNING
+    head_seq: int = Field(default=0, ge=0)
+    head_checkpoint_id: str | None = None
+    lease_epoch: int = Field(default=0, ge=0)
+    error: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
+    result: JsonValue = None
+    created_at: UtcDatetime = Field(default_factory=utcnow)
+    updated_at: UtcDatetime = Field(default_factory=utcnow)
+    last_checkpoint_at: UtcDatetime | None = None
+
+
+class Message(BaseModel):
+    """One OpenAI-style transcript message."""
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: Annotated[str, Field(max_length=200_000)]
+    name: Annotated[str, Field(max_length=256)] | None = None

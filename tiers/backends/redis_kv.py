@@ -129,7 +129,7 @@ class RedisKVStore:
         if not keys:
             return []
         with self._translate("read"):
-            values: list[Any] = self._client.hmget(self._keys(space)[0], list(keys))  # type: ignore[assignment]
+            values: list[Any] = self._client.hmget(self._keys(space)[0], list(keys))
         return [None if v is None else bytes(v) for v in values]
 
     def scan(

@@ -12,7 +12,8 @@ Hierarchy::
     ├── NotFoundError                the thing asked for does not exist
     │   ├── RunNotFoundError
     │   ├── CheckpointNotFoundError
-    │   └── SessionNotFoundError
+    │   ├── SessionNotFoundError
+    │   └── FactNotFoundError
     ├── ConflictError                a concurrent writer won; re-read and retry
     │   └── StaleWriterError         this writer was fenced out by a newer one
     ├── RunStateError                the run's status forbids the operation
@@ -57,6 +58,10 @@ class CheckpointNotFoundError(NotFoundError):
 
 class SessionNotFoundError(NotFoundError):
     """No session summary with that id exists for the user."""
+
+
+class FactNotFoundError(NotFoundError):
+    """The user has no fact with that key."""
 
 
 class ConflictError(TierError):

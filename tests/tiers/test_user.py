@@ -1,0 +1,120 @@
+"""User tier on every KV backend."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tiers.backends.base import KVStore
+from tiers.errors import FactNotFoundError, InvalidInputError, ValueTooLargeError
+from tiers.user import UserTier
+
+
+@pytest.fixture
+def users(kv: KVStore) -> UserTier:
+    return UserTier(kv)
+
+
+def test_set_get_and_list(users: UserTier) -> None:
+    users.set_fact("alice", "language", "fr", source="session:s1")
+    users.set_fact("alice", "tone", {"style": "brief", "emoji": False})
+    fact = users.get_fact("alice", "language")
+    assert fact.value == "fr"
+    assert fact.source == "session:s1"
+    assert fact.updated_at.tzinfo is not None
+    assert [f.key for f in users.get_facts("alice")] == ["language", "tone"]
+    assert users.get_facts("bob") == []
+
+
+def test_update_keeps_history(users: UserTier) -> None:
+    users.set_fact("alice", "city", "Lyon")
+    users.set_fact("alice", "city", "Paris", source="session:s2")
+    history = users.fact_history("alice", "city")
+    assert [f.value for f in history] == ["Lyon", "Paris"]
+    assert users.get_fact("alice", "city").value == "Paris"
+
+
+def test_same_value_is_not_a_new_version(users: UserTier) -> None:
+    users.set_fact("alice", "city", "Lyon")
+    users.set_fact("alice", "city", "Lyon")
+    assert len(users.fact_history("alice", "city")) == 1
+
+
+def test_older_write_loses_by_recency_but_is_kept(users: UserTier) -> None:
+    now = datetime.now(UTC)
+    users.set_fact("alice", "diet", "vegan", updated_at=now)
+    result = users.set_fact("alice", "diet", "omnivore", updated_at=now - timedelta(days=3))
+    assert result.value == "vegan"
+    assert users.get_fact("alice", "diet").value == "vegan"
+    assert [f.value for f in users.fact_history("alice", "diet")] == ["omnivore", "vegan"]
+
+
+def test_delete_records_tombstone(users: UserTier) -> None:
+    users.set_fact("alice", "pet", "cat")
+    assert users.delete_fact("alice", "pet") is True
+    assert users.delete_fact("alice", "pet") is False
+    with pytest.raises(FactNotFoundError, match="pet"):
+        users.get_fact("alice", "pet")
+    history = users.fact_history("alice", "pet")
+    assert [f.value for f in history] == ["cat", None]
+    assert history[-1].source == "deleted"
+
+
+def test_delete_user_removes_everything(users: UserTier) -> None:
+    users.set_fact("alice", "a", 1)
+    users.set_fact("alice", "a", 2)
+    users.set_fact("bob", "a", 3)
+    users.delete_user("alice")
+    assert users.get_facts("alice") == []
+    assert users.fact_history("alice", "a") == []
+    assert users.get_fact("bob", "a").value == 3
+
+
+def test_tenants_are_isolated(kv: KVStore) -> None:
+    UserTier(kv, tenant="t1").set_fact("alice", "k", "one")
+    other = UserTier(kv, tenant="t2")
+    assert other.get_facts("alice") == []
+    with pytest.raises(FactNotFoundError):
+        other.get_fact("alice", "k")
+
+
+@pytest.mark.parametrize(
+    ("user_id", "key", "field"),
+    [("", "k", "user_id"), ("a:b", "k", "user_id"), ("alice", "", "key"), ("alice", "x y", "key")],
+)
+def test_bad_ids_are_refused(users: UserTier, user_id: str, key: str, field: str) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        users.set_fact(user_id, key, "v")
+    assert info.value.field == field
+
+
+def test_bad_confidence_is_refused_and_nothing_changes(users: UserTier) -> None:
+    users.set_fact("alice", "k", "v")
+    with pytest.raises(InvalidInputError, match="confidence"):
+        users.set_fact("alice", "k", "w", confidence=2.0)
+    assert users.get_fact("alice", "k").value == "v"
+
+
+def test_oversized_value_is_refused_and_nothing_changes(users: UserTier) -> None:
+    users.set_fact("alice", "notes", "short")
+    with pytest.raises(ValueTooLargeError):
+        users.set_fact("alice", "notes", "x" * 100_000)
+    assert users.get_fact("alice", "notes").value == "short"
+    assert len(users.fact_history("alice", "notes")) == 1
+
+
+def test_concurrent_writers_lose_no_version(users: UserTier) -> None:
+    def write(i: int) -> None:
+        for j in range(10):
+            users.set_fact("alice", "counter", f"{i}-{j}")
+
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    history = users.fact_history("alice", "counter")
+    assert len(history) == 40
+    assert len({f.value for f in history}) == 40

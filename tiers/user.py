@@ -1,0 +1,206 @@
+"""The user tier: long-lived facts and preferences of a user, with provenance and history.
+
+Each fact is one KV record (``facts_space``). A change never loses the old
+value: the version it replaces is appended to ``fact_history_space`` in the
+same atomic commit. Conflicts are resolved by recency: a write whose
+``updated_at`` is older than the stored fact's goes to the history only.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+from datetime import datetime
+
+from pydantic import JsonValue, ValidationError
+
+from tiers import keys
+from tiers.backends.base import Check, Delete, DeleteSpace, KVStore, Put, Write
+from tiers.codec import decode, encode
+from tiers.errors import ConflictError, FactNotFoundError, InvalidInputError
+from tiers.ids import check_id
+from tiers.models import UserFact, utcnow
+
+_CAS_ATTEMPTS = 16
+_TOMBSTONE_SOURCE = "deleted"
+
+
+class UserTier:
+    """Facts and preferences per user.
+
+    Args:
+        kv: The authoritative store.
+        tenant: Namespace of every key this tier writes.
+    """
+
+    def __init__(self, kv: KVStore, *, tenant: str = "default") -> None:
+        self._kv = kv
+        self._tenant = check_id(tenant, "tenant")
+
+    def set_fact(
+        self,
+        user_id: str,
+        key: str,
+        value: JsonValue,
+        *,
+        source: str = "api",
+        confidence: float = 1.0,
+        updated_at: datetime | None = None,
+    ) -> UserFact:
+        """Set a fact, keeping the value it replaces in the fact's history.
+
+        Args:
+            user_id: The user.
+            key: The fact's name, e.g. ``"language"`` or ``"preference.tone"``.
+            value: Any JSON value.
+            source: Provenance, e.g. ``"api"`` or ``"session:<session_id>"``.
+            confidence: 0..1, how sure the source is.
+            updated_at: When the fact became true; defaults to now. A value
+                older than the stored one is kept in history only.
+
+        Returns:
+            The fact now current (the stored one if this write was older).
+
+        Raises:
+            InvalidInputError: Bad id, value, source or confidence.
+            ValueTooLargeError: The fact is over the store's size limit.
+        """
+        fact = self._build(user_id, key, value, source, confidence, updated_at)
+        space = keys.facts_space(self._tenant, fact.user_id)
+        for _ in range(_CAS_ATTEMPTS):
+            (current_bytes,) = self._kv.get_many(space, [fact.key])
+            writes: list[Write] = []
+            result = fact
+            if current_bytes is not None:
+                current = decode(UserFact, current_bytes, where=f"{space}/{fact.key}")
+                if current.value == fact.value and current.source == fact.source:
+                    return current
+                if fact.updated_at < current.updated_at:
+                    writes.append(self._history_put(fact))
+                    result = current
+                else:
+                    writes.append(self._history_put(current))
+            if result is fact:
+                writes.append(Put(space, fact.key, encode(fact)))
+                writes.append(Put(keys.users_space(self._tenant), fact.user_id, b"1"))
+            try:
+                self._kv.commit(writes, [Check(space, fact.key, current_bytes)])
+            except ConflictError:
+                continue
+            return result
+        raise ConflictError(f"fact {key!r} of user {user_id!r} is changing too fast; retry")
+
+    def set_facts(
+        self, user_id: str, facts: dict[str, JsonValue], *, source: str = "api"
+    ) -> list[UserFact]:
+        """Set several facts; each keeps its own history. Returns them in the order given."""
+        return [self.set_fact(user_id, key, value, source=source) for key, value in facts.items()]
+
+    def get_fact(self, user_id: str, key: str) -> UserFact:
+        """The current fact ``key`` of the user.
+
+        Raises:
+            FactNotFoundError: The user has no such fact.
+        """
+        check_id(user_id, "user_id")
+        check_id(key, "key")
+        space = keys.facts_space(self._tenant, user_id)
+        (data,) = self._kv.get_many(space, [key])
+        if data is None:
+            raise FactNotFoundError(f"user {user_id!r} has no fact {key!r}")
+        return decode(UserFact, data, where=f"{space}/{key}")
+
+    def get_facts(self, user_id: str) -> list[UserFact]:
+        """Every current fact of the user, sorted by key (empty for an unknown user)."""
+        check_id(user_id, "user_id")
+        space = keys.facts_space(self._tenant, user_id)
+        return [decode(UserFact, v, where=f"{space}/{k}") for k, v in self._kv.scan(space)]
+
+    def fact_history(self, user_id: str, key: str) -> list[UserFact]:
+        """Every earlier version of the fact, oldest first, then the current one if any.
+
+        Deletions appear as versions whose ``source`` is ``"deleted"`` and value ``None``.
+        """
+        check_id(user_id, "user_id")
+        check_id(key, "key")
+        space = keys.fact_history_space(self._tenant, user_id)
+        versions = [
+            decode(UserFact, v, where=f"{space}/{k}")
+            for k, v in self._kv.scan(space, prefix=f"{key}/")
+        ]
+        versions.sort(key=lambda f: f.updated_at)
+        with contextlib.suppress(FactNotFoundError):
+            versions.append(self.get_fact(user_id, key))
+        return versions
+
+    def delete_fact(self, user_id: str, key: str) -> bool:
+        """Delete a fact, recording a tombstone in its history.
+
+        Returns:
+            Whether the fact existed.
+        """
+        check_id(user_id, "user_id")
+        check_id(key, "key")
+        space = keys.facts_space(self._tenant, user_id)
+        for _ in range(_CAS_ATTEMPTS):
+            (data,) = self._kv.get_many(space, [key])
+            if data is None:
+                return False
+            current = decode(UserFact, data, where=f"{space}/{key}")
+            tombstone = current.model_copy(
+                update={"value": None, "source": _TOMBSTONE_SOURCE, "updated_at": utcnow()}
+            )
+            try:
+                self._kv.commit(
+                    [self._history_put(current), self._history_put(tombstone), Delete(space, key)],
+                    [Check(space, key, data)],
+                )
+            except ConflictError:
+                continue
+            return True
+        raise ConflictError(f"fact {key!r} of user {user_id!r} is changing too fast; retry")
+
+    def delete_user(self, user_id: str) -> None:
+        """Forget every fact of the user, history included."""
+        check_id(user_id, "user_id")
+        self._kv.commit(
+            [
+                DeleteSpace(keys.facts_space(self._tenant, user_id)),
+                DeleteSpace(keys.fact_history_space(self._tenant, user_id)),
+            ]
+        )
+
+    def _history_put(self, fact: UserFact) -> Put:
+        micros = int(fact.updated_at.timestamp() * 1_000_000)
+        space = keys.fact_history_space(self._tenant, fact.user_id)
+        data = encode(fact)
+        # The digest keeps two versions with the same timestamp apart.
+        digest = hashlib.sha256(data).hexdigest()[:12]
+        return Put(space, f"{fact.key}/{micros:020d}-{digest}", data)
+
+    def _build(
+        self,
+        user_id: str,
+        key: str,
+        value: JsonValue,
+        source: str,
+        confidence: float,
+        updated_at: datetime | None,
+    ) -> UserFact:
+        check_id(user_id, "user_id")
+        check_id(key, "key")
+        try:
+            return UserFact(
+                user_id=user_id,
+                key=key,
+                value=value,
+                source=source,
+                confidence=confidence,
+                updated_at=updated_at or utcnow(),
+            )
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            field = ".".join(str(p) for p in first["loc"]) or "value"
+            raise InvalidInputError(
+                f"invalid fact {key!r}: {field}: {first['msg']}", field=field
+            ) from exc

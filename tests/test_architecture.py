@@ -1,0 +1,116 @@
+"""The layering rules of ARCHITECTURE.md, checked on the source."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+import memory
+
+ROOT = Path(__file__).resolve().parents[1]
+LAYERS = ["tiers", "summarizer", "memory", "api"]  # lowest first
+DRIVERS = {
+    "redis": "tiers/backends",
+    "chromadb": "tiers/backends",
+    "sqlite3": "tiers/backends",
+    "onnxruntime": "tiers/backends",
+    "litellm": "summarizer",
+    "fastapi": "api",
+    "starlette": "api",
+    "uvicorn": "api",
+}
+
+
+def imports_of(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text(), filename=str(path))
+    names: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
+            names.add(node.module)
+    return names
+
+
+def package_files(package: str) -> list[Path]:
+    return sorted((ROOT / package).rglob("*.py"))
+
+
+@pytest.mark.parametrize("package", LAYERS)
+def test_imports_point_down_only(package: str) -> None:
+    above = set(LAYERS[LAYERS.index(package) + 1 :])
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in package_files(package)
+        for name in imports_of(path)
+        if name.split(".")[0] in above
+    ]
+    assert offenders == []
+
+
+@pytest.mark.parametrize("driver", sorted(DRIVERS))
+def test_drivers_stay_in_their_room(driver: str) -> None:
+    room = DRIVERS[driver]
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for package in LAYERS
+        for path in package_files(package)
+        for name in imports_of(path)
+        if name.split(".")[0] == driver and not str(path.relative_to(ROOT)).startswith(room)
+    ]
+    assert offenders == []
+
+
+def test_layer_check_sees_a_violation(tmp_path: Path) -> None:
+    # The checker itself must be able to fail.
+    bad = tmp_path / "bad.py"
+    bad.write_text("import api.app\nfrom memory.facade import Memory\n")
+    assert imports_of(bad) == {"api.app", "memory.facade"}
+
+
+def test_public_surface_is_pinned() -> None:
+    assert sorted(memory.__all__) == [
+        "AsyncMemory",
+        "BackendUnavailableError",
+        "Checkpoint",
+        "CheckpointNotFoundError",
+        "ConflictError",
+        "ContextSection",
+        "ContinuationContext",
+        "CorruptRecordError",
+        "ExtractiveSummarizer",
+        "FactCandidate",
+        "FactNotFoundError",
+        "InvalidInputError",
+        "InvalidScopeSnapshotError",
+        "InvalidTranscriptError",
+        "LiteLLMSummarizer",
+        "Memory",
+        "Message",
+        "NotFoundError",
+        "ReadOnlyScopeError",
+        "RecalledSession",
+        "RunHandle",
+        "RunInfo",
+        "RunNotFoundError",
+        "RunStateError",
+        "RunStatus",
+        "ScopeError",
+        "ScopeManager",
+        "SessionNotFoundError",
+        "SessionSummary",
+        "Settings",
+        "StaleWriterError",
+        "Summarization",
+        "Summarizer",
+        "SummarizerError",
+        "SummaryGenerationError",
+        "TierError",
+        "TokenBudgetExceededError",
+        "UserFact",
+        "ValueTooLargeError",
+    ]
+    for name in memory.__all__:
+        assert getattr(memory, name).__module__.split(".")[0] in LAYERS, name

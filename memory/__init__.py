@@ -1,1 +1,120 @@
-"""tiermem memory package."""
+"""tiermem: three-tier memory for LLM agents.
+
+What an app imports::
+
+    from memory import Memory, SessionSummary
+
+    with Memory.open(".tiermem") as memory:
+        memory.set_fact("alice", "language", "fr")
+        print(memory.build_continuation_context("alice", "where were we?"))
+"""
+
+from memory.context import ContextSection, ContinuationContext
+from memory.errors import (
+    InvalidScopeInputError,
+    InvalidScopeSnapshotError,
+    PromptBudgetTooSmallError,
+    ReadOnlyScopeError,
+    ScopeError,
+    TokenBudgetExceededError,
+)
+from memory.facade import AsyncMemory, Memory
+from memory.scope import (
+    PromptContext,
+    ScopeManager,
+    SystemContext,
+    Trace,
+    TraceEntry,
+    WorkingMemory,
+)
+from memory.settings import Settings
+from summarizer import (
+    ExtractiveSummarizer,
+    InvalidTranscriptError,
+    LiteLLMSummarizer,
+    Summarization,
+    Summarizer,
+    SummarizerError,
+    SummarizerUnavailableError,
+    SummaryGenerationError,
+)
+from tiers.errors import (
+    BackendUnavailableError,
+    CheckpointNotFoundError,
+    ConflictError,
+    CorruptRecordError,
+    EmbedderError,
+    FactNotFoundError,
+    InputMismatchError,
+    InvalidInputError,
+    NotFoundError,
+    RunNotFoundError,
+    RunStateError,
+    SessionNotFoundError,
+    StaleWriterError,
+    TierError,
+    ValueTooLargeError,
+)
+from tiers.models import (
+    Checkpoint,
+    FactCandidate,
+    Message,
+    RunInfo,
+    RunStatus,
+    SessionSummary,
+    UserFact,
+)
+from tiers.session import RecalledSession
+from tiers.task import RunHandle
+
+__all__ = [
+    "AsyncMemory",
+    "BackendUnavailableError",
+    "Checkpoint",
+    "CheckpointNotFoundError",
+    "ConflictError",
+    "ContextSection",
+    "ContinuationContext",
+    "CorruptRecordError",
+    "EmbedderError",
+    "ExtractiveSummarizer",
+    "FactCandidate",
+    "FactNotFoundError",
+    "InputMismatchError",
+    "InvalidInputError",
+    "InvalidScopeInputError",
+    "InvalidScopeSnapshotError",
+    "InvalidTranscriptError",
+    "LiteLLMSummarizer",
+    "Memory",
+    "Message",
+    "NotFoundError",
+    "PromptBudgetTooSmallError",
+    "PromptContext",
+    "ReadOnlyScopeError",
+    "RecalledSession",
+    "RunHandle",
+    "RunInfo",
+    "RunNotFoundError",
+    "RunStateError",
+    "RunStatus",
+    "ScopeError",
+    "ScopeManager",
+    "SessionNotFoundError",
+    "SessionSummary",
+    "Settings",
+    "StaleWriterError",
+    "Summarization",
+    "Summarizer",
+    "SummarizerError",
+    "SummarizerUnavailableError",
+    "SummaryGenerationError",
+    "SystemContext",
+    "TierError",
+    "TokenBudgetExceededError",
+    "Trace",
+    "TraceEntry",
+    "UserFact",
+    "ValueTooLargeError",
+    "WorkingMemory",
+]

@@ -119,7 +119,9 @@ def assemble_context(
     sections = []
     if facts_text:
         sections.append(
-            ContextSection(name="user_facts", text=facts_text, tokens=cost(facts_text), items=fact_keys)
+            ContextSection(
+                name="user_facts", text=facts_text, tokens=cost(facts_text), items=fact_keys
+            )
         )
     if chosen:
         sessions_text = _sessions_text(chosen)

@@ -1,1 +1,39 @@
-"""tiermem summarizer package."""
+"""tiermem summarizer: transcript -> SessionSummary (+ user-fact candidates).
+
+Two implementations of the :class:`Summarizer` protocol:
+
+- :class:`ExtractiveSummarizer`, the offline default: rules, no model, deterministic;
+- :class:`LiteLLMSummarizer`: any chat model litellm can call, with validated
+  structured output. litellm itself is imported only when it first summarizes.
+"""
+
+from __future__ import annotations
+
+from summarizer.base import Summarization, Summarizer, Usage, parse_transcript
+from summarizer.errors import (
+    InvalidTranscriptError,
+    SummarizerError,
+    SummarizerRateLimitError,
+    SummarizerTimeoutError,
+    SummarizerUnavailableError,
+    SummaryGenerationError,
+)
+from summarizer.extractive import ExtractiveSummarizer
+from summarizer.llm import LiteLLMSummarizer
+from summarizer.tokens import count_tokens
+
+__all__ = [
+    "ExtractiveSummarizer",
+    "InvalidTranscriptError",
+    "LiteLLMSummarizer",
+    "Summarization",
+    "Summarizer",
+    "SummarizerError",
+    "SummarizerRateLimitError",
+    "SummarizerTimeoutError",
+    "SummarizerUnavailableError",
+    "SummaryGenerationError",
+    "Usage",
+    "count_tokens",
+    "parse_transcript",
+]

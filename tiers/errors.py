@@ -8,7 +8,8 @@ Hierarchy::
 
     TierError
     ├── InvalidInputError            bad input from the caller; nothing was written
-    │   └── ValueTooLargeError       a value over the store's size limit
+    │   ├── ValueTooLargeError       a value over the store's size limit
+    │   └── InputMismatchError       a replayed step / reused idempotency key got another input
     ├── NotFoundError                the thing asked for does not exist
     │   ├── RunNotFoundError
     │   ├── CheckpointNotFoundError
@@ -19,6 +20,7 @@ Hierarchy::
     ├── RunStateError                the run's status forbids the operation
     ├── CorruptRecordError           a stored record failed validation
     └── BackendUnavailableError      the store could not be reached
+        └── EmbedderError            the embedding model is missing, corrupt or failed
 """
 
 from __future__ import annotations
@@ -42,6 +44,24 @@ class InvalidInputError(TierError):
 
 class ValueTooLargeError(InvalidInputError):
     """A value is over the store's configured size limit."""
+
+
+class InputMismatchError(InvalidInputError):
+    """A step was replayed, or an idempotency key reused, with a different input.
+
+    The checkpoint committed under the key stays as it was. Either the caller's
+    input is not deterministic, or a changed step needs a new step name or
+    idempotency key.
+
+    Attributes:
+        step: The step name of the call.
+        idempotency_key: The key whose recorded input differs.
+    """
+
+    def __init__(self, message: str, *, step: str, idempotency_key: str) -> None:
+        super().__init__(message, field="input")
+        self.step = step
+        self.idempotency_key = idempotency_key
 
 
 class NotFoundError(TierError):
@@ -82,3 +102,10 @@ class CorruptRecordError(TierError):
 
 class BackendUnavailableError(TierError):
     """The storage backend could not be reached or failed; retry later."""
+
+
+class EmbedderError(BackendUnavailableError):
+    """The embedding model could not be loaded or run (missing, corrupt or failing).
+
+    The message names the fix, e.g. reinstalling the model's wheel.
+    """

@@ -54,3 +54,18 @@ def fact_history_space(tenant: str, user_id: str) -> str:
 def users_space(tenant: str) -> str:
     """Index of a tenant's users that have anything stored: key user_id -> b"1"."""
     return f"{tenant}:users"
+
+
+def session_outbox_space(tenant: str) -> str:
+    """Session index work not yet confirmed done: key :func:`session_outbox_key` -> a write token."""
+    return f"{tenant}:session-outbox"
+
+
+def session_outbox_key(user_id: str, session_id: str) -> str:
+    """Outbox key of one session (ids cannot contain ``/``, so this is unambiguous)."""
+    return f"{user_id}/{session_id}"
+
+
+def session_vector_id(tenant: str, user_id: str, session_id: str) -> str:
+    """Id of a session's document in the vector index: deterministic, so re-saves replace it."""
+    return f"{tenant}/{user_id}/{session_id}"

@@ -75,6 +75,10 @@ class KVStore(Protocol):
 
         Returns:
             One entry per key, in order: its value, or ``None`` when absent.
+
+        Raises:
+            InvalidInputError: The space or a key is not a str of valid Unicode text.
+            BackendUnavailableError: The store failed or is closed.
         """
         ...
 
@@ -94,11 +98,16 @@ class KVStore(Protocol):
             prefix: Only keys starting with this string.
             start_after: Only keys strictly after this one in the scan's order
                 (strictly before it when ``reverse``); for paging.
-            limit: At most this many items; ``None`` for all.
+            limit: At most this many items (none when ``limit <= 0``); ``None`` for all.
             reverse: Descending order.
 
         Returns:
             ``(key, value)`` pairs. An unknown space gives an empty list.
+
+        Raises:
+            InvalidInputError: The space, prefix or start_after is not a str of
+                valid Unicode text.
+            BackendUnavailableError: The store failed or is closed.
         """
         ...
 
@@ -112,7 +121,11 @@ class KVStore(Protocol):
         Raises:
             ConflictError: A check did not hold; nothing was written.
             ValueTooLargeError: A value exceeds ``max_value_bytes``; nothing was written.
-            BackendUnavailableError: The store failed; nothing was acknowledged.
+            InvalidInputError: An empty or non-text space or key, a value that is not
+                ``bytes``, or a check whose ``expected`` is neither bytes nor ``None``;
+                nothing was written.
+            BackendUnavailableError: The store failed or is closed; nothing was
+                acknowledged (the commit may or may not have been applied).
         """
         ...
 
@@ -121,7 +134,10 @@ class KVStore(Protocol):
         ...
 
     def close(self) -> None:
-        """Release connections. Idempotent."""
+        """Release connections. Idempotent.
+
+        Afterwards every other method raises :class:`BackendUnavailableError`.
+        """
         ...
 
 

@@ -1,27 +1,74 @@
-"""Checks shared by every KV backend, so each refuses bad writes the same way."""
+"""Checks shared by every KV backend, so each refuses bad input the same way."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
-from tiers.backends.base import DeleteSpace, Put, Write
+from tiers.backends.base import Check, DeleteSpace, Put, Write
 from tiers.errors import InvalidInputError, ValueTooLargeError
+
+
+def check_text(value: object, field: str) -> None:
+    """Refuse a space, key or key bound that is not text every backend can store.
+
+    Keys sort by their UTF-8 bytes, so a string that has no UTF-8 form (one
+    holding a lone surrogate, e.g. from ``os.fsdecode`` of a bad file name)
+    cannot be stored or compared.
+
+    Raises:
+        InvalidInputError: ``value`` is not a ``str``, or holds a lone surrogate.
+    """
+    if not isinstance(value, str):
+        raise InvalidInputError(
+            f"a storage {field} must be a str, got {type(value).__name__}", field=field
+        )
+    if value.isascii():
+        return
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError as exc:
+        raise InvalidInputError(
+            f"storage {field} {value!r} has a lone surrogate at index {exc.start} and cannot be "
+            "encoded as UTF-8 (decode the text with errors='replace' first)",
+            field=field,
+        ) from exc
+
+
+def check_reads(space: str, keys: Iterable[str] = ()) -> None:
+    """Refuse a read whose space or keys are not storable text (see :func:`check_text`).
+
+    Raises:
+        InvalidInputError: The space or a key is not a valid string.
+    """
+    check_text(space, "space")
+    for key in keys:
+        check_text(key, "key")
+
+
+def _check_address(space: object, key: object | None) -> None:
+    if not space:
+        raise InvalidInputError("a storage space must not be empty", field="space")
+    check_text(space, "space")
+    if key is None:
+        return
+    if not key:
+        raise InvalidInputError("a storage key must not be empty", field="key")
+    check_text(key, "key")
 
 
 def check_writes(writes: Sequence[Write], max_value_bytes: int) -> None:
     """Refuse a batch before anything is written.
 
     Raises:
-        InvalidInputError: An empty space or key, or a value that is not bytes.
+        InvalidInputError: An empty or non-string space or key, a key that is not
+            valid Unicode text, or a value that is not bytes.
         ValueTooLargeError: A value is larger than ``max_value_bytes``.
     """
     for write in writes:
-        if not write.space:
-            raise InvalidInputError("a storage space must not be empty", field="space")
         if isinstance(write, DeleteSpace):
+            _check_address(write.space, None)
             continue
-        if not write.key:
-            raise InvalidInputError("a storage key must not be empty", field="key")
+        _check_address(write.space, write.key)
         if isinstance(write, Put):
             if not isinstance(write.value, bytes):
                 raise InvalidInputError(
@@ -33,6 +80,22 @@ def check_writes(writes: Sequence[Write], max_value_bytes: int) -> None:
                     f"{max_value_bytes} bytes (raise max_value_bytes to store it)",
                     field="value",
                 )
+
+
+def check_checks(checks: Sequence[Check]) -> None:
+    """Refuse malformed commit preconditions before anything is read or written.
+
+    Raises:
+        InvalidInputError: An empty or invalid space or key, or an ``expected``
+            that is neither bytes nor ``None``.
+    """
+    for check in checks:
+        _check_address(check.space, check.key)
+        if check.expected is not None and not isinstance(check.expected, bytes):
+            raise InvalidInputError(
+                f"a check expects bytes or None, got {type(check.expected).__name__}",
+                field="expected",
+            )
 
 
 def prefix_upper_bound(prefix: str) -> str | None:

@@ -4,6 +4,14 @@ A space is two Redis keys sharing one hash tag (so a cluster keeps them on one
 slot): a hash of key -> value and a sorted set of keys (all score 0, ordered
 lexicographically by bytes) for ordered scans. Commits and scans run as Lua
 scripts, so checks and writes are atomic and a scan is a consistent snapshot.
+All checks run before the first write, and no write command of a commit can
+fail on keys of the right type, so a script never stops half-way (Redis does
+not roll a script back).
+
+A commit is never re-sent by the client after a timeout or dropped connection:
+the first attempt may have been applied, and a re-sent checked commit would
+then report a conflict with itself. Such a failure is a
+:class:`BackendUnavailableError` (not acknowledged; the caller re-reads).
 
 Durability is the server's: run it with ``appendonly yes`` and
 ``appendfsync always`` for commits that survive a power cut.
@@ -16,9 +24,17 @@ from contextlib import contextmanager
 from typing import Any
 
 import redis
+from redis.backoff import NoBackoff
+from redis.retry import Retry
 
 from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, Delete, Put, Write
-from tiers.backends.common import check_writes, prefix_upper_bound
+from tiers.backends.common import (
+    check_checks,
+    check_reads,
+    check_text,
+    check_writes,
+    prefix_upper_bound,
+)
 from tiers.errors import BackendUnavailableError, ConflictError, InvalidInputError
 
 # KEYS: (values-hash, index-zset) per space. ARGV: n_checks, then 4 per check
@@ -30,9 +46,9 @@ for _ = 1, n do
   local s = tonumber(ARGV[i])
   local v = redis.call('HGET', KEYS[2 * s - 1], ARGV[i + 1])
   if ARGV[i + 2] == '0' then
-    if v then return {0, ARGV[i + 1]} end
+    if v then return {0, s, ARGV[i + 1]} end
   elseif (not v) or v ~= ARGV[i + 3] then
-    return {0, ARGV[i + 1]}
+    return {0, s, ARGV[i + 1]}
   end
   i = i + 4
 end
@@ -51,7 +67,7 @@ while i <= #ARGV do
   end
   i = i + 4
 end
-return {1, ''}
+return {1, 0, ''}
 """
 
 # KEYS: values-hash, index-zset. ARGV: min, max, reverse ('1'/'0'), limit (-1 = all).
@@ -71,12 +87,15 @@ else
     keys = redis.call('ZRANGEBYLEX', KEYS[2], ARGV[1], ARGV[2])
   end
 end
-if #keys == 0 then return {} end
-local values = redis.call('HMGET', KEYS[1], unpack(keys))
 local out = {}
-for j = 1, #keys do
-  out[2 * j - 1] = keys[j]
-  out[2 * j] = values[j]
+-- HMGET in chunks: unpack() of more than ~8000 items overflows Lua's C stack.
+for first = 1, #keys, 1000 do
+  local last = math.min(first + 999, #keys)
+  local values = redis.call('HMGET', KEYS[1], unpack(keys, first, last))
+  for j = first, last do
+    out[2 * j - 1] = keys[j]
+    out[2 * j] = values[j - first + 1]
+  end
 end
 return out
 """
@@ -89,7 +108,13 @@ class RedisKVStore:
         url: A ``redis://`` or ``rediss://`` URL.
         key_prefix: Prefix of every Redis key this store touches.
         max_value_bytes: Largest value accepted by :meth:`commit`.
-        client: An existing client to use instead of connecting to ``url``.
+        client: An existing client to use instead of connecting to ``url``. It
+            must not decode responses; its retry policy is the caller's (give it
+            none, or a failed commit may be re-sent), and :meth:`close` leaves
+            it open.
+
+    Raises:
+        InvalidInputError: The URL or ``key_prefix`` is malformed.
     """
 
     def __init__(
@@ -104,9 +129,18 @@ class RedisKVStore:
             raise InvalidInputError("key_prefix must not contain ':' or '{'", field="key_prefix")
         self.max_value_bytes = max_value_bytes
         self._prefix = key_prefix
+        self._closed = False
+        self._owns_client = client is None
         try:
+            # No automatic retry (see the module docstring). A connection the
+            # server dropped while idle is still replaced before use: the pool
+            # checks each connection it hands out.
             self._client: redis.Redis = client or redis.Redis.from_url(
-                url, socket_timeout=10, socket_connect_timeout=5, health_check_interval=30
+                url,
+                socket_timeout=10,
+                socket_connect_timeout=5,
+                health_check_interval=30,
+                retry=Retry(NoBackoff(), 0),
             )
         except ValueError as exc:
             raise InvalidInputError(f"invalid Redis URL {url!r}: {exc}", field="url") from exc
@@ -117,16 +151,27 @@ class RedisKVStore:
         # All Redis key formats of this store live here.
         return f"{self._prefix}:{{{space}}}:v", f"{self._prefix}:{{{space}}}:k"
 
+    def _ensure_open(self) -> None:
+        if self._closed:
+            raise BackendUnavailableError("the Redis store is closed; open a new RedisKVStore")
+
     @contextmanager
     def _translate(self, what: str) -> Iterator[None]:
+        self._ensure_open()
         try:
             yield
         except redis.RedisError as exc:
+            if self._closed:
+                raise BackendUnavailableError(
+                    f"the Redis store was closed during a {what}; open a new RedisKVStore"
+                ) from exc
             raise BackendUnavailableError(f"Redis {what} failed: {exc}") from exc
 
     def get_many(self, space: str, keys: Sequence[str]) -> list[bytes | None]:
         """See :meth:`KVStore.get_many`."""
+        check_reads(space, keys)
         if not keys:
+            self._ensure_open()
             return []
         with self._translate("read"):
             values: list[Any] = self._client.hmget(self._keys(space)[0], list(keys))
@@ -142,6 +187,11 @@ class RedisKVStore:
         reverse: bool = False,
     ) -> list[tuple[str, bytes]]:
         """See :meth:`KVStore.scan`."""
+        check_reads(space)
+        check_text(prefix, "prefix")
+        if start_after is not None:
+            check_text(start_after, "start_after")
+        # Lex ranges compare bytes; UTF-8 bytes order like code points, like str comparison.
         low = f"[{prefix}" if prefix else "-"
         upper = prefix_upper_bound(prefix) if prefix else None
         high = f"({upper}" if upper is not None else "+"
@@ -151,6 +201,7 @@ class RedisKVStore:
             else:
                 low = _tighter_low(low, start_after)
         if limit is not None and limit <= 0:
+            self._ensure_open()
             return []
         with self._translate("scan"):
             flat: list[Any] = self._scan_script(
@@ -166,7 +217,9 @@ class RedisKVStore:
     def commit(self, writes: Sequence[Write], checks: Sequence[Check] = ()) -> None:
         """See :meth:`KVStore.commit`."""
         check_writes(writes, self.max_value_bytes)
+        check_checks(checks)
         if not writes and not checks:
+            self._ensure_open()
             return
         spaces: dict[str, int] = {}
         for item in (*checks, *writes):
@@ -190,9 +243,13 @@ class RedisKVStore:
             else:
                 args += ["X", spaces[write.space], "", b""]
         with self._translate("commit"):
-            ok, key = self._commit_script(keys=keys, args=args)
+            ok, space_no, key = self._commit_script(keys=keys, args=args)
         if int(ok) != 1:
-            raise ConflictError(f"check failed on {bytes(key).decode()!r}: the value changed")
+            space = list(spaces)[int(space_no) - 1]
+            raise ConflictError(
+                f"check failed on {space!r}/{bytes(key).decode()!r}: the value changed; "
+                "re-read and retry"
+            )
 
     def ping(self) -> None:
         """See :meth:`KVStore.ping`."""
@@ -200,8 +257,16 @@ class RedisKVStore:
             self._client.ping()
 
     def close(self) -> None:
-        """See :meth:`KVStore.close`."""
-        self._client.close()
+        """See :meth:`KVStore.close`.
+
+        Afterwards every method raises :class:`BackendUnavailableError`. A client
+        passed to the constructor is left open.
+        """
+        if self._closed:
+            return
+        self._closed = True
+        if self._owns_client:
+            self._client.close()
 
 
 def _tighter_low(low: str, start_after: str) -> str:

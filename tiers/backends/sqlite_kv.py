@@ -3,7 +3,8 @@
 One table ``kv(space, key, value)``; WAL journal with ``synchronous=FULL`` so a
 commit is fsync'd before it is acknowledged. Writes go through one connection
 under a lock (SQLite has one writer anyway); reads use a connection per thread,
-which WAL lets run beside the writer.
+which WAL lets run beside the writer. A reader connection is closed when its
+thread has ended (noticed when another thread opens one) or when the store is.
 """
 
 from __future__ import annotations
@@ -22,7 +23,13 @@ from tiers.backends.base import (
     Put,
     Write,
 )
-from tiers.backends.common import check_writes, prefix_upper_bound
+from tiers.backends.common import (
+    check_checks,
+    check_reads,
+    check_text,
+    check_writes,
+    prefix_upper_bound,
+)
 from tiers.errors import BackendUnavailableError, ConflictError
 
 # Ordered schema migrations: the list index + 1 is the schema version (PRAGMA user_version).
@@ -38,6 +45,19 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 _BUSY_TIMEOUT_S = 30.0
+# Keys per statement in get_many, under SQLite's bound-parameter limit.
+_CHUNK = 500
+
+
+class _Reader:
+    """One thread's read connection; ``lock`` lets :meth:`SqliteKVStore.close` wait for it."""
+
+    __slots__ = ("conn", "lock", "thread")
+
+    def __init__(self, conn: sqlite3.Connection, thread: threading.Thread) -> None:
+        self.conn = conn
+        self.lock = threading.Lock()
+        self.thread = thread
 
 
 class SqliteKVStore:
@@ -49,6 +69,11 @@ class SqliteKVStore:
         durable: ``True`` (default) fsyncs every commit (``synchronous=FULL``);
             ``False`` uses ``synchronous=NORMAL``: a power cut may lose the last
             commits, a process crash loses nothing.
+
+    Raises:
+        BackendUnavailableError: The file cannot be opened or created, is not a
+            SQLite database, or was written by a newer tiermem (its schema
+            version is above ``len(MIGRATIONS)``).
     """
 
     def __init__(
@@ -63,80 +88,117 @@ class SqliteKVStore:
         self._synchronous = "FULL" if durable else "NORMAL"
         self._write_lock = threading.Lock()
         self._local = threading.local()
-        self._readers: list[sqlite3.Connection] = []
+        self._readers: list[_Reader] = []
+        # Guards _readers and _closed, so no reader is registered after close().
         self._readers_lock = threading.Lock()
         self._closed = False
+        writer: sqlite3.Connection | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            self._writer = self._connect()
-            self._migrate()
+            writer = self._connect()
+            writer.execute("PRAGMA journal_mode=WAL")
+            writer.execute(f"PRAGMA synchronous={self._synchronous}")
+            _migrate(writer, self.path)
         except (sqlite3.Error, OSError) as exc:
+            if writer is not None:
+                writer.close()
             raise BackendUnavailableError(
                 f"cannot open SQLite store at {self.path}: {exc}"
             ) from exc
+        except BaseException:
+            if writer is not None:
+                writer.close()
+            raise
+        self._writer = writer
 
     def _connect(self) -> sqlite3.Connection:
-        conn = sqlite3.connect(
+        # check_same_thread=False: close() and the dead-thread sweep close
+        # connections from another thread; every use is serialised by a lock.
+        return sqlite3.connect(
             self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
         )
-        conn.execute("PRAGMA journal_mode=WAL")
-        conn.execute(f"PRAGMA synchronous={self._synchronous}")
-        return conn
-
-    def _migrate(self) -> None:
-        with self._write_lock:
-            conn = self._writer
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                (version,) = conn.execute("PRAGMA user_version").fetchone()
-                for index in range(version, len(MIGRATIONS)):
-                    conn.execute(MIGRATIONS[index])
-                conn.execute(f"PRAGMA user_version={len(MIGRATIONS)}")
-                conn.execute("COMMIT")
-            except BaseException:
-                conn.execute("ROLLBACK")
-                raise
 
     @property
     def schema_version(self) -> int:
         """The schema version of the open database."""
-        (version,) = self._reader().execute("PRAGMA user_version").fetchone()
+        with self._reading("schema read") as conn:
+            (version,) = conn.execute("PRAGMA user_version").fetchone()
         return int(version)
 
-    def _reader(self) -> sqlite3.Connection:
+    def _ensure_open(self) -> None:
         if self._closed:
-            raise BackendUnavailableError("the SQLite store is closed")
-        conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
-        if conn is None:
+            raise self._closed_error()
+
+    def _closed_error(self) -> BackendUnavailableError:
+        return BackendUnavailableError(
+            f"the SQLite store at {self.path} is closed; open a new SqliteKVStore"
+        )
+
+    def _thread_reader(self) -> _Reader:
+        reader: _Reader | None = getattr(self._local, "reader", None)
+        if reader is not None:
+            return reader
+        with self._readers_lock:
+            if self._closed:
+                raise self._closed_error()
+            # Connections of ended threads are unreachable (their thread-local
+            # is gone): close them here, or a pool whose idle threads expire
+            # would leak a file descriptor per thread.
+            alive: list[_Reader] = []
+            for other in self._readers:
+                if other.thread.is_alive():
+                    alive.append(other)
+                else:
+                    other.conn.close()
             conn = self._connect()
-            self._local.conn = conn
-            with self._readers_lock:
-                self._readers.append(conn)
-        return conn
+            conn.execute("PRAGMA query_only=ON")
+            reader = _Reader(conn, threading.current_thread())
+            alive.append(reader)
+            self._readers = alive
+        self._local.reader = reader
+        return reader
+
+    @contextmanager
+    def _reading(self, what: str) -> Iterator[sqlite3.Connection]:
+        with self._translate(what):
+            reader = self._thread_reader()
+            with reader.lock:
+                # close() may have run since this thread last read.
+                if self._closed:
+                    raise self._closed_error()
+                yield reader.conn
 
     @contextmanager
     def _translate(self, what: str) -> Iterator[None]:
         try:
             yield
         except sqlite3.Error as exc:
-            raise BackendUnavailableError(f"SQLite {what} failed: {exc}") from exc
+            raise BackendUnavailableError(f"SQLite {what} failed on {self.path}: {exc}") from exc
 
     def get_many(self, space: str, keys: Sequence[str]) -> list[bytes | None]:
         """See :meth:`KVStore.get_many`."""
+        check_reads(space, keys)
         if not keys:
+            self._ensure_open()
             return []
         found: dict[str, bytes] = {}
-        with self._translate("read"):
-            conn = self._reader()
-            # Chunked to stay under SQLite's bound-parameter limit.
-            for start in range(0, len(keys), 500):
-                chunk = list(keys[start : start + 500])
-                marks = ",".join("?" * len(chunk))
-                rows = conn.execute(
-                    f"SELECT key, value FROM kv WHERE space = ? AND key IN ({marks})",  # noqa: S608
-                    [space, *chunk],
-                ).fetchall()
-                found.update((k, bytes(v)) for k, v in rows)
+        with self._reading("read") as conn:
+            chunked = len(keys) > _CHUNK
+            if chunked:
+                # One read transaction, so every chunk sees the same snapshot.
+                conn.execute("BEGIN")
+            try:
+                for start in range(0, len(keys), _CHUNK):
+                    chunk = list(keys[start : start + _CHUNK])
+                    marks = ",".join("?" * len(chunk))
+                    rows = conn.execute(
+                        f"SELECT key, value FROM kv WHERE space = ? AND key IN ({marks})",  # noqa: S608
+                        [space, *chunk],
+                    ).fetchall()
+                    found.update((k, bytes(v)) for k, v in rows)
+            finally:
+                if chunked:
+                    _end_transaction(conn, "COMMIT")
         return [found.get(k) for k in keys]
 
     def scan(
@@ -149,6 +211,14 @@ class SqliteKVStore:
         reverse: bool = False,
     ) -> list[tuple[str, bytes]]:
         """See :meth:`KVStore.scan`."""
+        check_reads(space)
+        check_text(prefix, "prefix")
+        if start_after is not None:
+            check_text(start_after, "start_after")
+        if limit is not None and limit <= 0:
+            self._ensure_open()
+            return []
+        # The column's BINARY collation compares the UTF-8 bytes: the protocol's order.
         sql = ["SELECT key, value FROM kv WHERE space = ?"]
         args: list[object] = [space]
         if prefix:
@@ -164,20 +234,24 @@ class SqliteKVStore:
         sql.append("ORDER BY key DESC" if reverse else "ORDER BY key")
         if limit is not None:
             sql.append("LIMIT ?")
-            args.append(max(limit, 0))
-        with self._translate("scan"):
-            rows = self._reader().execute(" ".join(sql), args).fetchall()
+            args.append(limit)
+        with self._reading("scan") as conn:
+            rows = conn.execute(" ".join(sql), args).fetchall()
         return [(k, bytes(v)) for k, v in rows]
 
     def commit(self, writes: Sequence[Write], checks: Sequence[Check] = ()) -> None:
         """See :meth:`KVStore.commit`."""
         check_writes(writes, self.max_value_bytes)
+        check_checks(checks)
         if not writes and not checks:
+            self._ensure_open()
             return
         with self._write_lock, self._translate("commit"):
             if self._closed:
-                raise BackendUnavailableError("the SQLite store is closed")
+                raise self._closed_error()
             conn = self._writer
+            # IMMEDIATE takes the write lock first, so the checks and the writes
+            # see the same state even with other processes on the file.
             conn.execute("BEGIN IMMEDIATE")
             try:
                 for check in checks:
@@ -187,7 +261,8 @@ class SqliteKVStore:
                     actual = None if row is None else bytes(row[0])
                     if actual != check.expected:
                         raise ConflictError(
-                            f"check failed on {check.space!r}/{check.key!r}: the value changed"
+                            f"check failed on {check.space!r}/{check.key!r}: the value changed; "
+                            "re-read and retry"
                         )
                 for write in writes:
                     if isinstance(write, Put):
@@ -204,22 +279,60 @@ class SqliteKVStore:
                         conn.execute("DELETE FROM kv WHERE space = ?", (write.space,))
                 conn.execute("COMMIT")
             except BaseException:
-                conn.execute("ROLLBACK")
+                _end_transaction(conn, "ROLLBACK")
                 raise
 
     def ping(self) -> None:
         """See :meth:`KVStore.ping`."""
-        with self._translate("ping"):
-            self._reader().execute("SELECT 1").fetchone()
+        with self._reading("ping") as conn:
+            conn.execute("SELECT 1").fetchone()
 
     def close(self) -> None:
-        """See :meth:`KVStore.close`."""
-        if self._closed:
-            return
-        self._closed = True
+        """See :meth:`KVStore.close`.
+
+        Waits for a commit or read in progress in another thread; after it, every
+        method raises :class:`BackendUnavailableError`.
+        """
+        with self._readers_lock:
+            if self._closed:
+                return
+            self._closed = True
+            readers, self._readers = self._readers, []
         with self._write_lock:
             self._writer.close()
-        with self._readers_lock:
-            for conn in self._readers:
-                conn.close()
-            self._readers.clear()
+        for reader in readers:
+            with reader.lock:
+                reader.conn.close()
+
+
+def _migrate(conn: sqlite3.Connection, path: Path) -> None:
+    """Apply the migrations the database lacks, once each, in one transaction."""
+    conn.execute("BEGIN IMMEDIATE")
+    try:
+        # Read under the write lock: another process may be migrating the same file.
+        (version,) = conn.execute("PRAGMA user_version").fetchone()
+        if version > len(MIGRATIONS):
+            raise BackendUnavailableError(
+                f"the SQLite store at {path} has schema version {version}, newer than the "
+                f"{len(MIGRATIONS)} this tiermem knows: upgrade tiermem to open it"
+            )
+        for index in range(version, len(MIGRATIONS)):
+            conn.execute(MIGRATIONS[index])
+        if version != len(MIGRATIONS):
+            conn.execute(f"PRAGMA user_version={len(MIGRATIONS)}")
+        conn.execute("COMMIT")
+    except BaseException:
+        _end_transaction(conn, "ROLLBACK")
+        raise
+
+
+def _end_transaction(conn: sqlite3.Connection, how: str) -> None:
+    """End the open transaction, if any, without masking the error being raised."""
+    if not conn.in_transaction:
+        return
+    try:
+        conn.execute(how)
+    except sqlite3.Error:
+        # The connection is broken; the error that brought us here says more.
+        if how != "ROLLBACK":
+            raise

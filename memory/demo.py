@@ -1,0 +1,238 @@
+"""``tiermem demo``: the three tiers end to end, with a real crash and resume.
+
+The story: a support agent helps Maria with a refund. Her preferences are
+stored; a 6-step refund workflow runs in a worker process that is killed with
+SIGKILL after step 4; a fresh process resumes it and every side effect runs
+exactly once; the session is summarized and saved; the next session starts
+with a continuation context built from what was remembered.
+
+The worker is this module run as ``python -m memory.demo worker ...``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections import Counter
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from pydantic import JsonValue
+from rich.console import Console
+from rich.panel import Panel
+from rich.table import Table
+
+from memory.facade import Memory
+
+USER = "maria"
+RUN_ID = "refund-ord-5521"
+STEPS = (
+    "authenticate",
+    "validate_order",
+    "compute_amount",
+    "issue_credit",
+    "send_confirmation",
+    "update_crm",
+)
+KILL_AFTER_STEP = 4
+
+TRANSCRIPT = [
+    {
+        "role": "user",
+        "content": "Hi, I need a refund for order ORD-5521. The blender arrived broken.",
+    },
+    {
+        "role": "assistant",
+        "content": "Sorry to hear that, Maria. I've verified your identity and found order ORD-5521.",
+    },
+    {
+        "role": "user",
+        "content": "I prefer store credit rather than a card refund, it's faster for me.",
+    },
+    {
+        "role": "assistant",
+        "content": "Understood. We decided to issue the refund as store credit of $89.99.",
+    },
+    {
+        "role": "assistant",
+        "content": "I've issued the credit and sent you a confirmation email. The CRM record is updated.",
+    },
+    {
+        "role": "user",
+        "content": "Thanks. Can I also get the replacement shipped to my new address in Lyon?",
+    },
+    {
+        "role": "assistant",
+        "content": "I'm not sure the warehouse ships to France yet, I need to check with logistics.",
+    },
+    {
+        "role": "assistant",
+        "content": "Next step: follow up with logistics about shipping the replacement to Lyon.",
+    },
+]
+
+EARLIER_SESSIONS: list[dict[str, JsonValue]] = [
+    {
+        "session_id": "s-2026-09-02",
+        "task_description": "Maria asked how to change the email address on her account.",
+        "work_completed": ["Updated the account email to maria@example.org."],
+        "next_recommended_steps": ["Confirm the new email is verified."],
+        "days_ago": 80,
+    },
+    {
+        "session_id": "s-2026-10-15",
+        "task_description": "Maria reported a late delivery for order ORD-4410 (coffee grinder).",
+        "decisions_made": ["Offered a $10 voucher for the late delivery."],
+        "work_completed": ["Voucher VCH-10 applied to her account."],
+        "days_ago": 38,
+    },
+]
+
+
+def run_step(step: str, effects_log: Path) -> Callable[[], JsonValue]:
+    """The body of one refund step: records its side effect, returns its output."""
+
+    def body() -> JsonValue:
+        if step == "send_confirmation" and os.environ.get("TIERMEM_DEMO_HANG") == "1":
+            # The worker that is about to be killed parks here, before the effect.
+            print("HANGING", flush=True)
+            time.sleep(600)
+        with effects_log.open("a") as log:
+            log.write(f"{step}\n")
+            log.flush()
+            os.fsync(log.fileno())
+        outputs: dict[str, JsonValue] = {
+            "authenticate": {"customer": USER, "verified": True},
+            "validate_order": {"order": "ORD-5521", "item": "blender", "eligible": True},
+            "compute_amount": {"amount": 89.99, "currency": "USD"},
+            "issue_credit": {"credit_id": "CR-88213", "amount": 89.99},
+            "send_confirmation": {"email": "sent", "to": "maria@example.org"},
+            "update_crm": {"crm_case": "CASE-1203", "status": "resolved"},
+        }
+        return outputs[step]
+
+    return body
+
+
+def worker(data_dir: Path) -> None:
+    """Run (or resume) the refund workflow; prints one line per committed step."""
+    with Memory.open(data_dir) as memory:
+        run = memory.start_run(USER, RUN_ID)
+        for index, step in enumerate(STEPS, start=1):
+            output = run.step(step, run_step(step, data_dir / "effects.log"), input={"n": index})
+            print(json.dumps({"step": index, "name": step, "output": output}), flush=True)
+        run.complete({"refund": "done"})
+
+
+def main(data_dir: Path | None = None) -> None:
+    """Run the scripted story and print it."""
+    console = Console(highlight=False)
+    workdir = data_dir or Path(tempfile.mkdtemp(prefix="tiermem-demo-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    console.print(
+        Panel.fit(f"[bold]tiermem demo[/] - data in [cyan]{workdir}[/]", border_style="blue")
+    )
+
+    console.rule("[bold blue]1. User tier: Maria's standing preferences")
+    with Memory.open(workdir) as memory:
+        memory.set_facts(USER, {"language": "en", "tone": "concise", "contact": "email"})
+        now = datetime.now(UTC)
+        for earlier in EARLIER_SESSIONS:
+            fields = {k: v for k, v in earlier.items() if k != "days_ago"}
+            days = earlier["days_ago"]
+            assert isinstance(days, int)
+            memory.save_session(
+                {"user_id": USER, **fields, "created_at": now - timedelta(days=days)}
+            )
+        for fact in memory.get_facts(USER):
+            console.print(
+                f"  [green]{fact.key}[/] = {fact.value!r}  [dim](source: {fact.source})[/]"
+            )
+        console.print(f"  [dim]+ {len(EARLIER_SESSIONS)} earlier sessions backfilled[/]")
+
+    console.rule("[bold blue]2. Task tier: a 6-step refund workflow, killed after step 4")
+    worker_cmd = [sys.executable, "-m", "memory.demo", "worker", str(workdir)]
+    env = {**os.environ, "TIERMEM_DEMO_HANG": "1"}
+    proc = subprocess.Popen(worker_cmd, stdout=subprocess.PIPE, text=True, env=env)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        if line.startswith("HANGING"):
+            break
+        event = json.loads(line)
+        console.print(
+            f"  [green]✔[/] step {event['step']} [bold]{event['name']}[/] -> {event['output']}"
+        )
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    console.print(
+        f"  [bold red]✘ worker pid {proc.pid} killed with SIGKILL[/] during step {KILL_AFTER_STEP + 1}"
+        f" (exit {proc.returncode})"
+    )
+
+    console.print("  [yellow]↻ a new worker process resumes the run[/]")
+    resumed = subprocess.run(worker_cmd, capture_output=True, text=True, check=True)
+    for line in resumed.stdout.splitlines():
+        event = json.loads(line)
+        replayed = event["step"] <= KILL_AFTER_STEP
+        mark = "[dim]↺ replayed from checkpoint[/]" if replayed else "[green]✔ executed[/]"
+        console.print(f"  {mark} step {event['step']} [bold]{event['name']}[/]")
+
+    effects = Counter((workdir / "effects.log").read_text().split())
+    table = Table(title="side effects executed (must be 1 each)", title_style="bold")
+    table.add_column("step")
+    table.add_column("times", justify="right")
+    for step in STEPS:
+        count = effects[step]
+        table.add_row(step, f"[green]{count}[/]" if count == 1 else f"[bold red]{count}[/]")
+    console.print(table)
+
+    with Memory.open(workdir) as memory:
+        info = memory.get_run(RUN_ID)
+        history = memory.run_history(RUN_ID)
+        console.print(
+            f"  run [bold]{RUN_ID}[/]: status [green]{info.status.value}[/], "
+            f"{len(history)} checkpoints, seq {[c.seq for c in history]}"
+        )
+
+        console.rule("[bold blue]3. Session tier: end of session, summarized and saved")
+        summary = memory.end_session(USER, "s-refund-5521", TRANSCRIPT)
+        console.print(Panel(summary.render(), title="stored summary", border_style="green"))
+        learned = [f for f in memory.get_facts(USER) if f.source.startswith("session:")]
+        for fact in learned:
+            console.print(
+                f"  [green]learned fact[/] {fact.key} = {fact.value!r} [dim]({fact.source})[/]"
+            )
+
+        console.rule("[bold blue]4. Next session: continuation context")
+        query = "Maria is back: any news on her replacement blender shipping?"
+        console.print(f"  query: [italic]{query}[/]")
+        context = memory.continuation_context(USER, query, max_tokens=320)
+        console.print(
+            Panel(
+                context.text,
+                title=f"continuation context ({context.tokens} tokens)",
+                border_style="magenta",
+            )
+        )
+
+    ok = all(effects[step] == 1 for step in STEPS)
+    console.print(
+        "[bold green]All side effects ran exactly once across the crash.[/]"
+        if ok
+        else "[bold red]A side effect ran more than once![/]"
+    )
+    if not ok:
+        raise SystemExit(1)
+
+
+if __name__ == "__main__":
+    if len(sys.argv) == 3 and sys.argv[1] == "worker":
+        worker(Path(sys.argv[2]))
+    else:
+        main(Path(sys.argv[1]) if len(sys.argv) > 1 else None)

@@ -1,0 +1,76 @@
+"""Errors raised by the scope manager (:mod:`memory.scope`).
+
+Every scope error derives from :class:`ScopeError`. A scope operation that
+raises leaves the scopes exactly as they were.
+
+Hierarchy::
+
+    ScopeError                           root of every scope-manager error
+    ├── InvalidScopeInputError           a bad argument (key, kind, phase, value, budget)
+    ├── ReadOnlyScopeError               an attempt to change the read-only system context
+    ├── TokenBudgetExceededError         content does not fit a token budget; nothing changed
+    │   └── PromptBudgetTooSmallError    max_tokens cannot hold even the system context
+    └── InvalidScopeSnapshotError        a snapshot failed validation; nothing was restored
+"""
+
+from __future__ import annotations
+
+
+class ScopeError(Exception):
+    """Root of every error raised by the scope manager."""
+
+
+class InvalidScopeInputError(ScopeError):
+    """An argument was refused; the scopes were not changed.
+
+    Attributes:
+        field: Name of the offending argument, when there is one.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field
+
+
+class ReadOnlyScopeError(ScopeError):
+    """The system context is read-only for the whole run.
+
+    Build a new :class:`~memory.scope.ScopeManager` with a different system
+    context instead of changing it in place.
+    """
+
+
+class TokenBudgetExceededError(ScopeError):
+    """Content would exceed a token budget, so it was refused (never truncated).
+
+    Attributes:
+        needed: Tokens the refused content needs.
+        remaining: Tokens still free in the budget.
+        budget: The whole budget, in tokens.
+    """
+
+    def __init__(self, message: str, *, needed: int, remaining: int, budget: int) -> None:
+        super().__init__(message)
+        self.needed = needed
+        self.remaining = remaining
+        self.budget = budget
+
+
+class PromptBudgetTooSmallError(TokenBudgetExceededError):
+    """``max_tokens`` of a prompt context cannot hold the whole system context.
+
+    The system context is never cut, so the caller must allow more tokens or
+    shorten the system context.
+    """
+
+
+class InvalidScopeSnapshotError(ScopeError):
+    """A scope snapshot is malformed, from an unknown schema version, or inconsistent.
+
+    Attributes:
+        field: Path of the offending field (e.g. ``trace[3].seq``), when known.
+    """
+
+    def __init__(self, message: str, *, field: str | None = None) -> None:
+        super().__init__(message)
+        self.field = field

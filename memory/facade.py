@@ -1,0 +1,460 @@
+"""The Memory facade: the one object an agent or app backend talks to."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from pathlib import Path
+from types import TracebackType
+from typing import Any, Self, TypeVar
+
+import anyio.to_thread
+from pydantic import JsonValue, ValidationError
+
+from memory.context import ContinuationContext, assemble_context
+from memory.settings import Settings
+from summarizer import ExtractiveSummarizer, LiteLLMSummarizer, Summarizer
+from summarizer.embeddings import LiteLLMEmbedder
+from tiers.backends import open_kv_store
+from tiers.backends.base import Embedder, KVStore, VectorIndex
+from tiers.backends.chroma_index import ChromaVectorIndex
+from tiers.backends.embedders import MiniLMEmbedder
+from tiers.errors import InvalidInputError
+from tiers.ids import check_id
+from tiers.models import Checkpoint, Message, RunInfo, RunStatus, SessionSummary, UserFact
+from tiers.session import RecalledSession, SessionTier
+from tiers.task import RunHandle, TaskTier
+from tiers.user import UserTier
+
+T = TypeVar("T")
+
+DEFAULT_TOP_K = 5
+
+
+class Memory:
+    """Three-tier memory for LLM agents: task runs, session summaries, user facts.
+
+    Thread-safe: one instance is meant to be shared by every thread of a process.
+    Open it with :meth:`open` (embedded default in a folder) or
+    :meth:`from_settings` (``TIERMEM_*`` environment), or pass the parts.
+
+    Args:
+        kv: The authoritative KV store of all three tiers.
+        index: The vector index of session summaries.
+        embedder: Embeds summaries and queries.
+        summarizer: Turns transcripts into summaries; default offline extractive.
+        tenant: Namespace of every key this instance touches.
+        context_max_tokens: Default budget of :meth:`build_continuation_context`.
+    """
+
+    def __init__(
+        self,
+        *,
+        kv: KVStore,
+        index: VectorIndex,
+        embedder: Embedder,
+        summarizer: Summarizer | None = None,
+        tenant: str = "default",
+        context_max_tokens: int = 2000,
+    ) -> None:
+        self.kv = kv
+        self.index = index
+        self.embedder = embedder
+        self.summarizer: Summarizer = summarizer or ExtractiveSummarizer()
+        self.tenant = check_id(tenant, "tenant")
+        self.context_max_tokens = context_max_tokens
+        self.tasks = TaskTier(kv, tenant=self.tenant)
+        self.sessions = SessionTier(kv, index, embedder, tenant=self.tenant)
+        self.users = UserTier(kv, tenant=self.tenant)
+
+    @classmethod
+    def open(cls, data_dir: str | os.PathLike[str] = ".tiermem", **overrides: Any) -> Memory:
+        """Open the embedded default (SQLite + embedded Chroma + local embedder) in ``data_dir``.
+
+        Args:
+            data_dir: Folder of the stores; created if missing.
+            **overrides: Any other :class:`Settings` field.
+        """
+        return cls.from_settings(Settings(data_dir=Path(data_dir), **overrides))
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> Memory:
+        """Open the stores and models that ``settings`` (default: from the environment) name."""
+        settings = settings or Settings()
+        kv_url = settings.kv_url or str(settings.data_dir / "tiermem.sqlite3")
+        kv = open_kv_store(
+            kv_url, max_value_bytes=settings.max_value_bytes, durable=settings.durable
+        )
+        embedder: Embedder
+        if settings.embedding_model:
+            embedder = LiteLLMEmbedder(settings.embedding_model)
+        else:
+            embedder = MiniLMEmbedder()
+        index = ChromaVectorIndex(
+            settings.vector_url or settings.data_dir / "chroma", embedder=embedder
+        )
+        summarizer: Summarizer | None = None
+        if settings.summarizer_model:
+            api_key = settings.summarizer_api_key
+            summarizer = LiteLLMSummarizer(
+                settings.summarizer_model,
+                api_base=settings.summarizer_api_base,
+                api_key=api_key.get_secret_value() if api_key else None,
+            )
+        return cls(
+            kv=kv,
+            index=index,
+            embedder=embedder,
+            summarizer=summarizer,
+            tenant=settings.tenant,
+            context_max_tokens=settings.context_max_tokens,
+        )
+
+    # -- session tier -------------------------------------------------------
+
+    def save_session(self, summary: SessionSummary | Mapping[str, Any]) -> SessionSummary:
+        """Store a structured session summary (KV record + vector document).
+
+        Idempotent by ``(user_id, session_id)``: saving again replaces it.
+        ``created_at`` may be given to backfill past sessions.
+
+        Raises:
+            InvalidInputError: The summary is malformed (the message names the field).
+        """
+        if not isinstance(summary, SessionSummary):
+            summary = _validate_summary(summary)
+        return self.sessions.save_session(summary)
+
+    def end_session(
+        self,
+        user_id: str,
+        session_id: str,
+        transcript: Sequence[Message | Mapping[str, Any]],
+        *,
+        created_at: datetime | None = None,
+    ) -> SessionSummary:
+        """Summarize a finished session's transcript and save it.
+
+        User facts the summarizer proposes are stored with the session as
+        their source; an older fact never overwrites a newer one.
+
+        Args:
+            user_id: The user.
+            session_id: The session; saving the same id again replaces it.
+            transcript: OpenAI-style ``{"role", "content"}`` messages.
+            created_at: When the session ended; default now.
+        """
+        check_id(user_id, "user_id")
+        check_id(session_id, "session_id")
+        result = self.summarizer.summarize(
+            transcript, user_id=user_id, session_id=session_id, created_at=created_at
+        )
+        saved = self.sessions.save_session(result.summary)
+        for fact in result.facts:
+            self.users.set_fact(
+                user_id,
+                fact.key,
+                fact.value,
+                source=f"session:{session_id}",
+                confidence=fact.confidence,
+                updated_at=saved.created_at,
+            )
+        return saved
+
+    def get_session(self, user_id: str, session_id: str) -> SessionSummary:
+        """The stored summary of one session (``SessionNotFoundError`` if none)."""
+        return self.sessions.get_session(user_id, session_id)
+
+    def list_sessions(self, user_id: str, *, limit: int | None = None) -> list[SessionSummary]:
+        """The user's session summaries, newest first."""
+        return self.sessions.list_sessions(user_id, limit=limit)
+
+    def delete_session(self, user_id: str, session_id: str) -> bool:
+        """Delete one session from the KV store and the vector index."""
+        return self.sessions.delete_session(user_id, session_id)
+
+    def recall_relevant(
+        self, user_id: str, query: str, top_k: int = DEFAULT_TOP_K
+    ) -> list[RecalledSession]:
+        """The user's earlier sessions most relevant to ``query``, best first."""
+        return self.sessions.recall_relevant(user_id, query, top_k=top_k)
+
+    def continuation_context(
+        self,
+        user_id: str,
+        query: str = "",
+        max_tokens: int | None = None,
+        *,
+        top_k: int = DEFAULT_TOP_K,
+    ) -> ContinuationContext:
+        """Like :meth:`build_continuation_context`, with the sections and token counts used."""
+        check_id(user_id, "user_id")
+        budget = self.context_max_tokens if max_tokens is None else max_tokens
+        latest = self.sessions.list_sessions(user_id, limit=1)
+        ranked: list[SessionSummary]
+        if query.strip():
+            ranked = [
+                hit.summary for hit in self.sessions.recall_relevant(user_id, query, top_k=top_k)
+            ]
+        else:
+            ranked = self.sessions.list_sessions(user_id, limit=top_k)
+        return assemble_context(
+            user_id,
+            facts=self.users.get_facts(user_id),
+            ranked_sessions=ranked,
+            most_recent=latest[0] if latest else None,
+            max_tokens=budget,
+        )
+
+    def build_continuation_context(
+        self, user_id: str, query: str = "", max_tokens: int | None = None
+    ) -> str:
+        """Prompt-ready context for a new session: the user's facts and relevant earlier sessions.
+
+        The most recent session is always included when it fits; whole
+        summaries are left out, least relevant first, to stay within
+        ``max_tokens`` (default ``context_max_tokens``).
+        """
+        return self.continuation_context(user_id, query, max_tokens).text
+
+    # -- user tier ----------------------------------------------------------
+
+    def set_fact(
+        self, user_id: str, key: str, value: JsonValue, *, source: str = "api"
+    ) -> UserFact:
+        """Set a user fact or preference; the old value goes to its history."""
+        return self.users.set_fact(user_id, key, value, source=source)
+
+    def set_facts(
+        self, user_id: str, facts: dict[str, JsonValue], *, source: str = "api"
+    ) -> list[UserFact]:
+        """Set several user facts at once."""
+        return self.users.set_facts(user_id, facts, source=source)
+
+    def get_fact(self, user_id: str, key: str) -> UserFact:
+        """One user fact (``FactNotFoundError`` if none)."""
+        return self.users.get_fact(user_id, key)
+
+    def get_facts(self, user_id: str) -> list[UserFact]:
+        """Every current fact of a user, sorted by key."""
+        return self.users.get_facts(user_id)
+
+    def fact_history(self, user_id: str, key: str) -> list[UserFact]:
+        """Every version of a fact, oldest first."""
+        return self.users.fact_history(user_id, key)
+
+    def delete_fact(self, user_id: str, key: str) -> bool:
+        """Delete a fact (its history keeps a tombstone). Returns whether it existed."""
+        return self.users.delete_fact(user_id, key)
+
+    def forget_user(self, user_id: str) -> None:
+        """Delete everything stored about a user: facts, fact history and sessions."""
+        self.users.delete_user(user_id)
+        self.sessions.delete_user_sessions(user_id)
+
+    # -- task tier ----------------------------------------------------------
+
+    def start_run(
+        self, user_id: str, run_id: str | None = None, *, resume: bool = True
+    ) -> RunHandle:
+        """Start a run, or resume it (taking its lease) if it exists."""
+        return self.tasks.start_run(user_id, run_id, resume=resume)
+
+    def get_run(self, run_id: str) -> RunInfo:
+        """Status and head of a run (``RunNotFoundError`` if none)."""
+        return self.tasks.get_run(run_id)
+
+    def run_history(self, run_id: str) -> list[Checkpoint]:
+        """Every checkpoint of a run, in sequence order."""
+        return self.tasks.history(run_id)
+
+    def list_runs(
+        self, *, user_id: str | None = None, status: RunStatus | None = None
+    ) -> list[RunInfo]:
+        """Runs of this tenant, optionally filtered."""
+        return self.tasks.list_runs(user_id=user_id, status=status)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def ping(self) -> None:
+        """Raise ``BackendUnavailableError`` unless the KV store and vector index answer."""
+        self.kv.ping()
+        self.index.ping()
+
+    def close(self) -> None:
+        """Close the stores. Idempotent."""
+        self.index.close()
+        self.kv.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+def _validate_summary(data: Mapping[str, Any]) -> SessionSummary:
+    try:
+        return SessionSummary.model_validate(dict(data))
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "summary"
+        raise InvalidInputError(
+            f"invalid session summary: {field}: {first['msg']}", field=field
+        ) from exc
+
+
+class AsyncMemory:
+    """Async twin of :class:`Memory`: the same methods, run in a worker thread.
+
+    Holds no logic of its own; every method delegates to the sync core.
+    """
+
+    def __init__(self, memory: Memory) -> None:
+        self.sync = memory
+
+    @classmethod
+    def open(cls, data_dir: str | os.PathLike[str] = ".tiermem", **overrides: Any) -> AsyncMemory:
+        """See :meth:`Memory.open`."""
+        return cls(Memory.open(data_dir, **overrides))
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> AsyncMemory:
+        """See :meth:`Memory.from_settings`."""
+        return cls(Memory.from_settings(settings))
+
+    async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
+        return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+
+    async def save_session(self, summary: SessionSummary | Mapping[str, Any]) -> SessionSummary:
+        """See :meth:`Memory.save_session`."""
+        return await self._call(self.sync.save_session, summary)
+
+    async def end_session(
+        self,
+        user_id: str,
+        session_id: str,
+        transcript: Sequence[Message | Mapping[str, Any]],
+        *,
+        created_at: datetime | None = None,
+    ) -> SessionSummary:
+        """See :meth:`Memory.end_session`."""
+        return await self._call(
+            self.sync.end_session, user_id, session_id, transcript, created_at=created_at
+        )
+
+    async def get_session(self, user_id: str, session_id: str) -> SessionSummary:
+        """See :meth:`Memory.get_session`."""
+        return await self._call(self.sync.get_session, user_id, session_id)
+
+    async def list_sessions(
+        self, user_id: str, *, limit: int | None = None
+    ) -> list[SessionSummary]:
+        """See :meth:`Memory.list_sessions`."""
+        return await self._call(self.sync.list_sessions, user_id, limit=limit)
+
+    async def delete_session(self, user_id: str, session_id: str) -> bool:
+        """See :meth:`Memory.delete_session`."""
+        return await self._call(self.sync.delete_session, user_id, session_id)
+
+    async def recall_relevant(
+        self, user_id: str, query: str, top_k: int = DEFAULT_TOP_K
+    ) -> list[RecalledSession]:
+        """See :meth:`Memory.recall_relevant`."""
+        return await self._call(self.sync.recall_relevant, user_id, query, top_k)
+
+    async def continuation_context(
+        self,
+        user_id: str,
+        query: str = "",
+        max_tokens: int | None = None,
+        *,
+        top_k: int = DEFAULT_TOP_K,
+    ) -> ContinuationContext:
+        """See :meth:`Memory.continuation_context`."""
+        return await self._call(
+            self.sync.continuation_context, user_id, query, max_tokens, top_k=top_k
+        )
+
+    async def build_continuation_context(
+        self, user_id: str, query: str = "", max_tokens: int | None = None
+    ) -> str:
+        """See :meth:`Memory.build_continuation_context`."""
+        return await self._call(self.sync.build_continuation_context, user_id, query, max_tokens)
+
+    async def set_fact(
+        self, user_id: str, key: str, value: JsonValue, *, source: str = "api"
+    ) -> UserFact:
+        """See :meth:`Memory.set_fact`."""
+        return await self._call(self.sync.set_fact, user_id, key, value, source=source)
+
+    async def set_facts(
+        self, user_id: str, facts: dict[str, JsonValue], *, source: str = "api"
+    ) -> list[UserFact]:
+        """See :meth:`Memory.set_facts`."""
+        return await self._call(self.sync.set_facts, user_id, facts, source=source)
+
+    async def get_fact(self, user_id: str, key: str) -> UserFact:
+        """See :meth:`Memory.get_fact`."""
+        return await self._call(self.sync.get_fact, user_id, key)
+
+    async def get_facts(self, user_id: str) -> list[UserFact]:
+        """See :meth:`Memory.get_facts`."""
+        return await self._call(self.sync.get_facts, user_id)
+
+    async def fact_history(self, user_id: str, key: str) -> list[UserFact]:
+        """See :meth:`Memory.fact_history`."""
+        return await self._call(self.sync.fact_history, user_id, key)
+
+    async def delete_fact(self, user_id: str, key: str) -> bool:
+        """See :meth:`Memory.delete_fact`."""
+        return await self._call(self.sync.delete_fact, user_id, key)
+
+    async def forget_user(self, user_id: str) -> None:
+        """See :meth:`Memory.forget_user`."""
+        await self._call(self.sync.forget_user, user_id)
+
+    async def start_run(
+        self, user_id: str, run_id: str | None = None, *, resume: bool = True
+    ) -> RunHandle:
+        """See :meth:`Memory.start_run`. The handle's own methods are synchronous."""
+        return await self._call(self.sync.start_run, user_id, run_id, resume=resume)
+
+    async def get_run(self, run_id: str) -> RunInfo:
+        """See :meth:`Memory.get_run`."""
+        return await self._call(self.sync.get_run, run_id)
+
+    async def run_history(self, run_id: str) -> list[Checkpoint]:
+        """See :meth:`Memory.run_history`."""
+        return await self._call(self.sync.run_history, run_id)
+
+    async def list_runs(
+        self, *, user_id: str | None = None, status: RunStatus | None = None
+    ) -> list[RunInfo]:
+        """See :meth:`Memory.list_runs`."""
+        return await self._call(self.sync.list_runs, user_id=user_id, status=status)
+
+    async def ping(self) -> None:
+        """See :meth:`Memory.ping`."""
+        await self._call(self.sync.ping)
+
+    async def close(self) -> None:
+        """See :meth:`Memory.close`."""
+        await self._call(self.sync.close)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        await self.close()

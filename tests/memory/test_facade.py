@@ -1,0 +1,188 @@
+"""The Memory facade end to end on the embedded default and on Redis."""
+
+from __future__ import annotations
+
+import inspect
+import subprocess
+import sys
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+import anyio
+import pytest
+
+from memory import (
+    AsyncMemory,
+    InvalidInputError,
+    InvalidTranscriptError,
+    Memory,
+    RunNotFoundError,
+    SessionSummary,
+)
+from memory.settings import Settings
+from summarizer.tokens import count_tokens
+
+TRANSCRIPT = [
+    {
+        "role": "user",
+        "content": "I need help migrating our billing service from MySQL to Postgres.",
+    },
+    {"role": "assistant", "content": "We decided to use logical replication for the cutover."},
+    {"role": "assistant", "content": "I've written the schema conversion script and tested it."},
+    {"role": "user", "content": "I prefer short answers with code samples."},
+    {"role": "user", "content": "What about the stored procedures?"},
+    {"role": "assistant", "content": "Next step: port the three stored procedures to PL/pgSQL."},
+]
+
+
+@pytest.fixture(params=["embedded", "redis"])
+def memory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Memory]:
+    kv_url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    mem = Memory.from_settings(Settings(data_dir=tmp_path / "data", kv_url=kv_url))
+    yield mem
+    mem.close()
+
+
+def summary(session_id: str, task: str, days_ago: int, **lists: list[str]) -> SessionSummary:
+    return SessionSummary(
+        session_id=session_id,
+        user_id="u1",
+        task_description=task,
+        created_at=datetime.now(UTC) - timedelta(days=days_ago),
+        **lists,
+    )
+
+
+def test_end_session_saves_summary_and_learns_facts(memory: Memory) -> None:
+    saved = memory.end_session("u1", "s1", TRANSCRIPT)
+    assert saved.session_id == "s1"
+    assert memory.get_session("u1", "s1") == saved
+    assert any("replication" in d for d in saved.decisions_made)
+    learned = [f for f in memory.get_facts("u1") if f.source == "session:s1"]
+    assert learned, "the user's stated preference should become a fact"
+    hits = memory.recall_relevant("u1", "Postgres migration", top_k=3)
+    assert hits[0].summary.session_id == "s1"
+
+
+def test_continuation_context_fits_budget_and_keeps_latest(memory: Memory) -> None:
+    memory.set_fact("u1", "language", "en")
+    memory.save_session(
+        summary(
+            "old-db",
+            "Tune Postgres indexes for the billing tables.",
+            30,
+            work_completed=["Added a BRIN index on invoices.created_at."],
+        )
+    )
+    memory.save_session(
+        summary(
+            "mid-ui",
+            "Redesign the settings page colours.",
+            10,
+            decisions_made=["Use the brand palette."],
+        )
+    )
+    memory.save_session(summary("latest", "Write release notes for v2.3.", 1))
+    context = memory.continuation_context("u1", "postgres index performance", max_tokens=2000)
+    assert "language: en" in context.text
+    assert "old-db" in context.text
+    assert "latest" in context.text
+    assert context.tokens == count_tokens(context.text) <= 2000
+
+    small = memory.continuation_context("u1", "postgres index performance", max_tokens=120)
+    assert small.tokens <= 120
+    assert "latest" in small.text  # the most recent session always comes first
+    assert small.omitted_session_ids  # others were dropped whole, not cut
+    for sid in small.omitted_session_ids:
+        assert f"Session {sid} " not in small.text
+    assert memory.build_continuation_context("u1", "postgres", 120) == small.text
+
+
+def test_empty_user_has_empty_context(memory: Memory) -> None:
+    assert memory.build_continuation_context("nobody", "anything") == ""
+
+
+def test_save_session_from_mapping_and_bad_input(memory: Memory) -> None:
+    saved = memory.save_session({"user_id": "u1", "session_id": "m1", "task_description": "x"})
+    assert saved.task_description == "x"
+    with pytest.raises(InvalidInputError) as info:
+        memory.save_session({"user_id": "u1", "session_id": "m2", "decisions_made": "not a list"})
+    assert info.value.field == "decisions_made"
+    with pytest.raises(InvalidInputError) as info:
+        memory.save_session({"user_id": "", "session_id": "m3"})
+    assert info.value.field == "user_id"
+    assert [s.session_id for s in memory.list_sessions("u1")] == ["m1"]
+
+
+def test_malformed_transcript_is_refused_and_nothing_stored(memory: Memory) -> None:
+    with pytest.raises(InvalidTranscriptError):
+        memory.end_session("u1", "bad", [{"role": "wizard", "content": "hi"}])
+    with pytest.raises(InvalidInputError):
+        memory.end_session("", "s", TRANSCRIPT)
+    assert memory.list_sessions("u1") == []
+
+
+def test_unknown_run_is_a_typed_error(memory: Memory) -> None:
+    with pytest.raises(RunNotFoundError):
+        memory.get_run("no-such-run")
+
+
+def test_forget_user_removes_everything(memory: Memory) -> None:
+    memory.end_session("u1", "s1", TRANSCRIPT)
+    memory.set_fact("u1", "k", "v")
+    memory.forget_user("u1")
+    assert memory.get_facts("u1") == []
+    assert memory.list_sessions("u1") == []
+    assert memory.recall_relevant("u1", "Postgres", top_k=3) == []
+
+
+def test_async_memory_mirrors_memory() -> None:
+    def public(cls: type) -> set[str]:
+        return {n for n, _ in inspect.getmembers(cls, inspect.isfunction) if not n.startswith("_")}
+
+    assert public(AsyncMemory) == public(Memory)
+    for name in public(Memory) - {"open", "from_settings"}:
+        assert inspect.iscoroutinefunction(getattr(AsyncMemory, name)), name
+        sync_params = list(inspect.signature(getattr(Memory, name)).parameters)
+        async_params = list(inspect.signature(getattr(AsyncMemory, name)).parameters)
+        assert sync_params == async_params, name
+
+
+def test_async_memory_works(tmp_path: Path) -> None:
+    async def scenario() -> str:
+        async with AsyncMemory.open(tmp_path / "data") as memory:
+            await memory.set_fact("u2", "tone", "formal")
+            await memory.end_session("u2", "s1", TRANSCRIPT)
+            return await memory.build_continuation_context("u2", "billing migration")
+
+    text = anyio.run(scenario)
+    assert "tone: formal" in text
+    assert "Session s1" in text
+
+
+@pytest.mark.slow
+def test_demo_runs_and_shows_exactly_once(tmp_path: Path) -> None:
+    result = subprocess.run(
+        [sys.executable, "-m", "memory.cli", "demo", "--data-dir", str(tmp_path / "demo")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+        check=False,
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = result.stdout
+    assert "killed with SIGKILL" in out
+    assert "All side effects ran exactly once" in out
+    assert "continuation context" in out
+    effects = (tmp_path / "demo" / "effects.log").read_text().split()
+    assert sorted(effects) == sorted(
+        [
+            "authenticate",
+            "validate_order",
+            "compute_amount",
+            "issue_credit",
+            "send_confirmation",
+            "update_crm",
+        ]
+    )

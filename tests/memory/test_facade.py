@@ -142,7 +142,7 @@ def test_async_memory_mirrors_memory() -> None:
         return {n for n, _ in inspect.getmembers(cls, inspect.isfunction) if not n.startswith("_")}
 
     assert public(AsyncMemory) == public(Memory)
-    for name in public(Memory) - {"open", "from_settings"}:
+    for name in public(Memory) - {"open", "from_settings", "for_tenant"}:
         assert inspect.iscoroutinefunction(getattr(AsyncMemory, name)), name
         sync_params = list(inspect.signature(getattr(Memory, name)).parameters)
         async_params = list(inspect.signature(getattr(AsyncMemory, name)).parameters)
@@ -186,3 +186,20 @@ def test_demo_runs_and_shows_exactly_once(tmp_path: Path) -> None:
             "update_crm",
         ]
     )
+
+
+def test_tenant_views_share_stores_but_not_data(memory: Memory) -> None:
+    other = memory.for_tenant("acme")
+    assert memory.for_tenant("acme") is other
+    memory.set_fact("u1", "k", "default-tenant")
+    other.set_fact("u1", "k", "acme-tenant")
+    other.end_session("u1", "s1", TRANSCRIPT)
+    assert memory.get_fact("u1", "k").value == "default-tenant"
+    assert other.get_fact("u1", "k").value == "acme-tenant"
+    assert memory.list_sessions("u1") == []
+    assert memory.recall_relevant("u1", "Postgres", top_k=3) == []
+    assert [h.summary.session_id for h in other.recall_relevant("u1", "Postgres", top_k=3)] == [
+        "s1"
+    ]
+    other.close()  # a view does not close the shared stores
+    memory.ping()

@@ -543,3 +543,19 @@ def _crash_trials(store: str, tasks: TaskTier, tmp_path: Path) -> None:
         assert (info.status, info.result, info.head_seq) == (RunStatus.COMPLETED, expected, 6)
 
     assert interrupted > 0, "no kill landed before the run completed"
+
+
+def test_attach_keeps_writing_with_the_current_epoch_only(kv: KVStore) -> None:
+    tier = TaskTier(kv)
+    first = tier.start_run("u1", "r-attach")
+    attached = tier.attach("r-attach", first.epoch)
+    attached.append_checkpoint("a", {"x": 1})
+    assert tier.get_run("r-attach").lease_epoch == first.epoch  # attach took no lease
+    second = tier.start_run("u1", "r-attach")
+    with pytest.raises(StaleWriterError):
+        tier.attach("r-attach", first.epoch)
+    with pytest.raises(RunNotFoundError):
+        tier.attach("nope", 1)
+    second.complete()
+    with pytest.raises(RunStateError):
+        tier.attach("r-attach", second.epoch)

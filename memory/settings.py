@@ -7,6 +7,7 @@ at import time; everything below takes explicit constructor arguments.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Literal
 
 from pydantic import Field, SecretStr
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -46,3 +47,42 @@ class Settings(BaseSettings):
     max_value_bytes: int = Field(default=DEFAULT_MAX_VALUE_BYTES, gt=0)
     durable: bool = Field(default=True, description="fsync every SQLite commit.")
     context_max_tokens: int = Field(default=2000, gt=0)
+
+    # -- HTTP service (``tiermem serve``, ``api.create_app``) --------------------------------
+    auth_enabled: bool = Field(
+        default=True,
+        description="Require an API key on /v1 routes; turn off only for local development.",
+    )
+    auth_cache_seconds: float = Field(
+        default=2.0,
+        ge=0,
+        description="How long a verified API key is trusted without re-reading it; "
+        "a revocation takes effect within this time (0: check on every request).",
+    )
+    max_request_bytes: int = Field(
+        default=2 * 1024 * 1024, gt=0, description="Largest request body accepted (HTTP 413)."
+    )
+    api_host: str = Field(default="127.0.0.1", description="Interface `tiermem serve` binds.")
+    api_port: int = Field(default=8080, ge=0, le=65535, description="Port `tiermem serve` binds.")
+    summarize_workers: int = Field(
+        default=2, gt=0, description="Threads that summarize posted transcripts in the background."
+    )
+    max_pending_jobs: int = Field(
+        default=256,
+        gt=0,
+        description="Background summaries queued at most; more are refused with HTTP 429.",
+    )
+    job_retention_seconds: float = Field(
+        default=3600.0, gt=0, description="How long a finished background job's status is kept."
+    )
+    shutdown_timeout_seconds: float = Field(
+        default=30.0, gt=0, description="Graceful shutdown: time allowed for in-flight requests."
+    )
+    access_log: bool = Field(default=True, description="One JSON log line per HTTP request.")
+    log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
+        default="info", description="Log level of `tiermem serve`."
+    )
+
+    def kv_location(self) -> str:
+        """The KV store's URL or path: ``kv_url``, else the SQLite file in ``data_dir``."""
+        return self.kv_url or str(self.data_dir / "tiermem.sqlite3")

@@ -16,8 +16,16 @@ Hierarchy::
     │   ├── SessionNotFoundError
     │   └── FactNotFoundError
     ├── ConflictError                a concurrent writer won; re-read and retry
-    │   └── StaleWriterError         this writer was fenced out by a newer one
+    │   ├── StaleWriterError         this writer was fenced out by a newer one
+    │   ├── LeaseHeldError           another live worker holds the run's lease
+    │   └── PlanMismatchError        an approval names another plan than the one requested
     ├── RunStateError                the run's status forbids the operation
+    │   ├── RunCancelledError        the run was cancelled; stop at this step boundary
+    │   ├── RunPausedError           the run is paused
+    │   │   └── ApprovalPendingError     it waits for a human approval of a plan
+    │   ├── EffectOutcomeUnknownError    an effect was invoked but never recorded
+    │   ├── BudgetExceededError      the run spent its token / cost budget
+    │   └── CompensationError        a compensation is missing or failed; escalate
     ├── CorruptRecordError           a stored record failed validation
     └── BackendUnavailableError      the store could not be reached
         └── EmbedderError            the embedding model is missing, corrupt or failed
@@ -109,3 +117,79 @@ class EmbedderError(BackendUnavailableError):
 
     The message names the fix, e.g. reinstalling the model's wheel.
     """
+
+
+class LeaseHeldError(ConflictError):
+    """Another worker holds a live lease on the run.
+
+    Wait for it to expire (the holder stopped heartbeating), or pass
+    ``steal=True`` to take it over and fence the holder out.
+
+    Attributes:
+        owner: The worker holding the lease.
+        expires_at: When the lease expires unless renewed (ISO 8601 text).
+    """
+
+    def __init__(self, message: str, *, owner: str, expires_at: str) -> None:
+        super().__init__(message)
+        self.owner = owner
+        self.expires_at = expires_at
+
+
+class PlanMismatchError(ConflictError):
+    """An approval decision names a plan hash other than the one the run waits on."""
+
+
+class RunCancelledError(RunStateError):
+    """The run was cancelled; a worker raises it at its next step boundary."""
+
+
+class RunPausedError(RunStateError):
+    """The run is paused; nothing may be appended until it is resumed."""
+
+
+class ApprovalPendingError(RunPausedError):
+    """The run is paused at a human-approval gate.
+
+    Not a failure: the worker should stop; ``TaskTier.approve`` or ``reject``
+    makes the run resumable, and the resumed run passes the gate.
+
+    Attributes:
+        run_id: The paused run.
+        plan_hash: SHA-256 of the frozen plan awaiting approval.
+        approval_key: Key of the gate.
+    """
+
+    def __init__(self, message: str, *, run_id: str, plan_hash: str, approval_key: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.plan_hash = plan_hash
+        self.approval_key = approval_key
+
+
+class EffectOutcomeUnknownError(RunStateError):
+    """An effect was invoked but its result was never recorded (the worker died in between).
+
+    The run cannot continue past it automatically: pass a ``reconcile``
+    callback to the effect (it probes the external system by idempotency key),
+    or decide with ``TaskTier.resolve_effect``.
+
+    Attributes:
+        run_id: The run.
+        effect_key: The effect's idempotency key.
+        effect_name: The effect's name.
+    """
+
+    def __init__(self, message: str, *, run_id: str, effect_key: str, effect_name: str) -> None:
+        super().__init__(message)
+        self.run_id = run_id
+        self.effect_key = effect_key
+        self.effect_name = effect_name
+
+
+class BudgetExceededError(RunStateError):
+    """The run has spent its token or cost budget; no further step may start."""
+
+
+class CompensationError(RunStateError):
+    """A compensation could not run (none registered, or it raised): a human must take over."""

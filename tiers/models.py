@@ -6,6 +6,7 @@ Each is a pydantic model stored as JSON (``model_dump_json``) with a
 
 from __future__ import annotations
 
+import re
 from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
@@ -15,6 +16,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, fi
 from tiers.ids import Id
 
 SCHEMA_VERSION = 1
+
+_SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 MAX_TEXT = 20_000
 MAX_ITEMS = 200
@@ -135,13 +138,28 @@ class Checkpoint(Record):
     scope: dict[str, Any] | None = None
     started_at: UtcDatetime
     created_at: UtcDatetime = Field(default_factory=utcnow)
+    # What made the checkpoint: "step", "effect" (a top-level effect), "update"
+    # (a human edit of the state, see TaskTier.update_state), "compensation", "fork".
+    kind: Annotated[str, Field(min_length=1, max_length=32)] = "step"
+    # Keys this checkpoint set in the run's state (a shallow merge); only the change is stored.
+    state_delta: dict[str, JsonValue] | None = None
+    # Seq of the event (tiers.task_events.Event) that committed this checkpoint.
+    event_seq: int | None = Field(default=None, ge=1)
 
     @field_validator("input_hash")
     @classmethod
     def _hex_digest(cls, value: str) -> str:
-        if len(value) != 64 or any(c not in "0123456789abcdef" for c in value):
+        if _SHA256_HEX.fullmatch(value) is None:
             raise ValueError("input_hash must be a lowercase hex SHA-256 digest")
         return value
+
+
+class PendingApproval(Record):
+    """The approval gate a paused run waits at (see ``RunHandle.await_approval``)."""
+
+    key: Annotated[str, Field(min_length=1, max_length=512)]
+    plan_hash: str
+    requested_at: UtcDatetime
 
 
 class RunInfo(Record):
@@ -158,6 +176,42 @@ class RunInfo(Record):
     created_at: UtcDatetime = Field(default_factory=utcnow)
     updated_at: UtcDatetime = Field(default_factory=utcnow)
     last_checkpoint_at: UtcDatetime | None = None
+    # Seq of the run's last event; events are gap-free 1..event_seq.
+    event_seq: int = Field(default=0, ge=0)
+    # Event seq of the latest state snapshot (0: none yet).
+    snapshot_event_seq: int = Field(default=0, ge=0)
+    # Events up to this seq were compacted away (their effect is in a snapshot).
+    compacted_through: int = Field(default=0, ge=0)
+    # The lease: who holds it and until when (None: no expiry, a takeover needs no wait).
+    lease_owner: Annotated[str, Field(max_length=256)] | None = None
+    lease_expires_at: UtcDatetime | None = None
+    lease_ttl_s: float | None = Field(default=None, gt=0)
+    # A run forked from another keeps a link to where it came from.
+    parent_run_id: Id | None = None
+    parent_checkpoint_id: str | None = None
+    # The approval gate the run waits at, while status is paused.
+    pending_approval: PendingApproval | None = None
+    # Token / cost budgets (None: unlimited) and what was spent, debited atomically.
+    budget_tokens: int | None = Field(default=None, ge=0)
+    budget_cost: float | None = Field(default=None, ge=0)
+    spent_tokens: int = Field(default=0, ge=0)
+    spent_cost: float = Field(default=0.0, ge=0)
+    # Checkpoint seq ranges [first, last] left behind by update_state (another branch).
+    superseded: list[tuple[int, int]] = Field(default_factory=list)
+    finished_at: UtcDatetime | None = None
+
+    def lease_live(self, now: datetime) -> bool:
+        """Whether a worker holds an unexpired lease at ``now`` (only leases with a TTL expire)."""
+        return (
+            not self.status.finished
+            and self.lease_owner is not None
+            and self.lease_expires_at is not None
+            and self.lease_expires_at > now
+        )
+
+    def in_lineage(self, seq: int) -> bool:
+        """Whether checkpoint ``seq`` is on the run's current branch (not superseded)."""
+        return 1 <= seq <= self.head_seq and not any(a <= seq <= b for a, b in self.superseded)
 
 
 class Message(BaseModel):

@@ -1,14 +1,35 @@
-"""The session tier: one structured summary per finished session, recallable by meaning.
+"""The session tier: a structured summary (and the raw transcript) per finished session.
 
-The KV store is the truth; the vector index is derived from it and converges
-to it. Every change commits, in ONE KV commit, the summary record (or its
-deletion) together with an *outbox* entry saying "this session's vector may be
-stale". The index is then brought in line with the KV record and the outbox
-entry is removed, but only if it still holds the token this writer put there
-(a newer writer's entry stays until that writer is done). A crash anywhere
-leaves the entry behind, and :meth:`SessionTier.repair` (also run when the tier
-is constructed) replays it, so an acknowledged summary always ends up
-recallable and a deleted one never lingers in the index.
+**Storage.** The KV store is the truth: per user, the summaries
+(``sessions_space``) and the raw transcripts (``transcripts_space``, see
+:mod:`tiers.transcripts`). A transcript is saved on its own, before the
+summary exists, so a failed summarization never loses it.
+
+**Index.** A session is indexed as several vectors (:mod:`tiers.chunking`):
+one for its summary, and one per overlapping window of its transcript, ids
+``<tenant>/<user>/<session>`` and ``...#1``, ``...#2``. How many window
+vectors a session may have in the index is kept in the KV store
+(``session_vectors_space``) as an upper bound, raised *before* vectors are
+added and lowered only after the extra ones are deleted, so deletion can
+always find every vector: no orphans.
+
+**Convergence.** Every change commits, in ONE KV commit, the records (or their
+deletion), an *outbox* entry saying "this session's vectors may be stale", and
+a new *revision* token for the user. The index is then brought in line with
+the KV records and the outbox entry is removed, but only if it still holds the
+token this writer put there (a newer writer's entry stays until that writer
+is done). A crash anywhere leaves the entry behind, and :meth:`SessionTier.repair`
+(also run when the tier is constructed) replays it, so an acknowledged summary
+always ends up recallable and a deleted one never lingers in the index. With
+``background=True`` the index work runs in a worker thread, batched, and a
+save returns once the KV commit is durable.
+
+**Recall.** :meth:`SessionTier.recall_relevant` ranks every session of the user
+by dense similarity (best vector), BM25 over summary + transcript, and a mild
+recency prior (:mod:`tiers.recall`). Work still queued for the user is done
+first, so a caller always recalls its own acknowledged writes. What ranking
+needs is cached per user and revalidated against the revision token on every
+call (:mod:`tiers.session_view`).
 
 Within one process index updates are serialised, so a slower writer can never
 overwrite a newer vector with an older one.
@@ -17,9 +38,10 @@ overwrite a newer vector with an older one.
 from __future__ import annotations
 
 import logging
-import threading
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from datetime import datetime
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -33,31 +55,40 @@ from tiers.backends.base import (
     KVStore,
     Put,
     VectorIndex,
-    VectorItem,
     Write,
 )
 from tiers.codec import decode, encode
 from tiers.errors import (
     BackendUnavailableError,
     ConflictError,
-    CorruptRecordError,
     InvalidInputError,
     SessionNotFoundError,
     ValueTooLargeError,
 )
 from tiers.ids import check_id
-from tiers.models import MAX_TEXT, SessionSummary
+from tiers.models import MAX_TEXT, Message, SessionSummary
+from tiers.recall import FusionWeights, fuse
+from tiers.session_index import BATCH, Ref, SessionIndexer, users_of
+from tiers.session_view import UserView, ViewCache, build_view
+from tiers.transcripts import (
+    TranscriptHeader,
+    decode_header,
+    decode_transcript,
+    delete_writes,
+    header_key,
+    is_header_key,
+    page_key,
+    parse_messages,
+    read_header,
+    transcript_writes,
+)
 
-__all__ = ["RecalledSession", "SessionSummary", "SessionTier"]
+__all__ = ["RecalledSession", "ReindexProgress", "SessionSummary", "SessionTier"]
 
 logger = logging.getLogger(__name__)
 
 MAX_TOP_K = 100
-_CHUNK = 256  # summaries per KV commit / index upsert in batch saves
-_SYNC_ATTEMPTS = 5
-_OVERFETCH = 10  # extra index hits asked for, in case some KV records are gone
-
-Ref = tuple[str, str]  # (user_id, session_id)
+_CAS_ATTEMPTS = 16
 
 
 class RecalledSession(BaseModel):
@@ -65,18 +96,40 @@ class RecalledSession(BaseModel):
 
     Attributes:
         summary: The stored summary, read from the KV store.
-        score: Cosine similarity between the query and the summary, in
-            [-1, 1]; higher is more relevant.
+        score: Fused relevance in [0, 1] (dense similarity, keyword match and
+            recency, see :mod:`tiers.recall`); higher is more relevant.
+        similarity: Best cosine similarity between the query and the
+            session's vectors (summary or a transcript window), or ``None``
+            when the session is not indexed yet.
+        keyword: The session's BM25 score relative to the query's best
+            keyword match, in [0, 1].
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
     summary: SessionSummary
     score: Annotated[float, Field(ge=-1.0, le=1.0)]
+    similarity: Annotated[float, Field(ge=-1.0, le=1.0)] | None = None
+    keyword: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+
+
+@dataclass(frozen=True, slots=True)
+class ReindexProgress:
+    """Progress of :meth:`SessionTier.reindex`, passed to its callback after each batch.
+
+    Attributes:
+        done: Sessions processed so far.
+        total: Sessions to process.
+        user_id: The user of the last batch.
+    """
+
+    done: int
+    total: int
+    user_id: str
 
 
 class SessionTier:
-    """Session summaries of a tenant's users, in a KV store with a vector index beside it.
+    """Session summaries and transcripts of a tenant's users, with a vector index beside them.
 
     Thread-safe. Construction replays index work a crash left behind
     (:meth:`repair`); if the index is unreachable then, the work stays queued
@@ -85,16 +138,29 @@ class SessionTier:
     Args:
         kv: The authoritative store.
         index: The vector index; rebuilt from ``kv`` whenever they disagree.
-        embedder: Turns summaries and queries into vectors. Its dimension must
-            match the index's.
+        embedder: Turns summaries, transcript windows and queries into
+            vectors. Its dimension must match the index's.
         tenant: Namespace of every key and vector this tier writes.
+        background: Index in a worker thread: saves return once the KV
+            commit is durable and many saves share one embedding batch. Call
+            :meth:`flush` to wait for the index, :meth:`close` to stop.
+        cache_users: How many users' recall data to keep in memory.
+        weights: How dense, keyword and recency signals are fused.
 
     Raises:
         InvalidInputError: A bad tenant, or an embedder that does not match the index.
     """
 
     def __init__(
-        self, kv: KVStore, index: VectorIndex, embedder: Embedder, *, tenant: str = "default"
+        self,
+        kv: KVStore,
+        index: VectorIndex,
+        embedder: Embedder,
+        *,
+        tenant: str = "default",
+        background: bool = False,
+        cache_users: int = 256,
+        weights: FusionWeights | None = None,
     ) -> None:
         self._kv = kv
         self._index = index
@@ -107,14 +173,24 @@ class SessionTier:
                 f"{embedder.name!r} makes {embedder.dimension}: open the index with this embedder",
                 field="embedder",
             )
+        self._weights = weights or FusionWeights()
         self._outbox = keys.session_outbox_space(self._tenant)
-        self._sync_lock = threading.Lock()
-        self._needs_repair = threading.Event()
+        self._revisions = keys.session_revisions_space(self._tenant)
+        self._views = ViewCache(cache_users)
+        self._indexer = SessionIndexer(
+            kv,
+            index,
+            embedder,
+            tenant=self._tenant,
+            on_indexed=self._views.invalidate,
+            background=background,
+        )
+        if background:
+            return  # the worker replays the outbox first; construction does not wait for it
         try:
             self.repair()
         except BackendUnavailableError as exc:
-            logger.warning("session index repair postponed: %s", exc)
-            self._needs_repair.set()
+            self._indexer.postpone(exc)
 
     @property
     def tenant(self) -> str:
@@ -126,9 +202,11 @@ class SessionTier:
     def save_session(self, summary: SessionSummary) -> SessionSummary:
         """Save a summary; saving the same (user, session) again replaces it.
 
-        The summary is durable in the KV store when this returns. Its vector
-        is written right after; if the index or embedder is down, that work
-        stays queued and :meth:`repair` (run automatically later) finishes it.
+        The summary is durable in the KV store when this returns. Its vectors
+        (summary and, if a transcript is stored, transcript windows) are
+        written right after, or by the worker with ``background=True``; if the
+        index or embedder is down, that work stays queued and :meth:`repair`
+        (run automatically later) finishes it.
 
         Returns:
             The summary as stored.
@@ -174,61 +252,140 @@ class SessionTier:
                     field="summary",
                 )
             encoded.append(data)
-        self._repair_if_needed()
-        latest: dict[Ref, tuple[SessionSummary, bytes]] = {}
+        self._indexer.repair_if_needed()
+        latest: dict[Ref, bytes] = {}
         for summary, data in zip(items, encoded, strict=True):
-            latest[(summary.user_id, summary.session_id)] = (summary, data)
+            latest[(summary.user_id, summary.session_id)] = data
         pending = list(latest.items())
-        for start in range(0, len(pending), _CHUNK):
-            self._save_chunk(dict(pending[start : start + _CHUNK]))
+        for start in range(0, len(pending), BATCH):
+            chunk = pending[start : start + BATCH]
+            token = self._token()
+            writes: list[Write] = []
+            for (user_id, session_id), data in chunk:
+                writes.append(Put(keys.sessions_space(self._tenant, user_id), session_id, data))
+                writes.append(
+                    Put(self._outbox, keys.session_outbox_key(user_id, session_id), token)
+                )
+            writes.extend(self._touch_users([user for (user, _), _ in chunk], token))
+            self._kv.commit(writes)
+            # Acknowledged from here on: everything below only brings the index in line.
+            self._index_later([ref for ref, _ in chunk])
         return items
 
-    def _save_chunk(self, chunk: dict[Ref, tuple[SessionSummary, bytes]]) -> None:
-        token = self._token()
-        writes: list[Write] = []
-        for (user_id, session_id), (_, data) in chunk.items():
-            writes.append(Put(keys.sessions_space(self._tenant, user_id), session_id, data))
-            writes.append(Put(self._outbox, keys.session_outbox_key(user_id, session_id), token))
-        for user_id in dict.fromkeys(user for user, _ in chunk):
-            writes.append(Put(keys.users_space(self._tenant), user_id, b"1"))
-        self._kv.commit(writes)
-        # Acknowledged from here on: everything below only brings the index in line.
-        try:
-            vectors = self._embedder.embed([summary.render() for summary, _ in chunk.values()])
-        except BackendUnavailableError as exc:
-            self._postpone(exc)
-            return
-        prepared = {
-            ref: (data, vector)
-            for (ref, (_, data)), vector in zip(chunk.items(), vectors, strict=True)
-        }
-        self._settle(list(chunk), prepared)
+    def save_transcript(
+        self,
+        user_id: str,
+        session_id: str,
+        messages: Sequence[Message | Mapping[str, object]],
+        *,
+        created_at: datetime | None = None,
+    ) -> TranscriptHeader:
+        """Store a session's raw transcript (replacing any earlier one), before it is summarized.
 
-    def delete_session(self, user_id: str, session_id: str) -> bool:
-        """Delete one session summary from the KV store and the index.
+        Saved on its own, so a summarizer failure never loses it: summarize
+        later from :meth:`get_transcript`. Once the session also has a
+        summary, its transcript is indexed (windows of it are embedded and
+        its words count for keyword search).
+
+        Args:
+            user_id: The user.
+            session_id: The session.
+            messages: OpenAI-style ``{"role", "content"}`` messages (or
+                :class:`~tiers.models.Message`), oldest first.
+            created_at: When the session ended; default now. Kept in the
+                header, for summarizing later with the right date.
 
         Returns:
-            Whether the summary existed.
+            The stored transcript's header (size, pages, checksum).
+
+        Raises:
+            InvalidInputError: A bad id, or messages that are not a non-empty
+                list of valid messages; nothing was written.
+            ConflictError: Other writers kept changing the session; retry.
+            BackendUnavailableError: The KV store failed.
+        """
+        check_id(user_id, "user_id")
+        check_id(session_id, "session_id")
+        parsed = parse_messages(messages)
+        space = keys.transcripts_space(self._tenant, user_id)
+        sessions = keys.sessions_space(self._tenant, user_id)
+        for _ in range(_CAS_ATTEMPTS):
+            (old_header,) = self._kv.get_many(space, [header_key(session_id)])
+            (summary,) = self._kv.get_many(sessions, [session_id])
+            header, _, writes = transcript_writes(
+                space,
+                user_id,
+                session_id,
+                parsed,
+                max_value_bytes=self._kv.max_value_bytes,
+                old_header=read_header(old_header, where=f"{space}/{session_id}"),
+                created_at=created_at,
+            )
+            token = self._token()
+            writes.extend(self._touch_users([user_id], token))
+            if summary is not None:
+                writes.append(
+                    Put(self._outbox, keys.session_outbox_key(user_id, session_id), token)
+                )
+            try:
+                # The summary check: if one appears meanwhile, its indexing may have read the
+                # old transcript, so this write must queue index work; retry to find out.
+                self._kv.commit(
+                    writes,
+                    [
+                        Check(space, header_key(session_id), old_header),
+                        Check(sessions, session_id, summary),
+                    ],
+                )
+            except ConflictError:
+                continue
+            if summary is not None:
+                self._index_later([(user_id, session_id)])
+            return header
+        raise ConflictError(
+            f"transcript of session {session_id!r} of user {user_id!r} kept changing while "
+            "being saved: retry"
+        )
+
+    def delete_session(self, user_id: str, session_id: str) -> bool:
+        """Delete one session (summary, transcript and vectors) from the KV store and the index.
+
+        Returns:
+            Whether the session had a summary or a transcript.
 
         Raises:
             InvalidInputError: A bad id.
+            ConflictError: Other writers kept changing the session; retry.
             BackendUnavailableError: The KV store failed; nothing was deleted.
         """
         check_id(user_id, "user_id")
         check_id(session_id, "session_id")
         space = keys.sessions_space(self._tenant, user_id)
-        (existing,) = self._kv.get_many(space, [session_id])
-        self._kv.commit(
-            [
+        transcripts = keys.transcripts_space(self._tenant, user_id)
+        for _ in range(_CAS_ATTEMPTS):
+            (existing,) = self._kv.get_many(space, [session_id])
+            (raw_header,) = self._kv.get_many(transcripts, [header_key(session_id)])
+            header = read_header(raw_header, where=f"{transcripts}/{session_id}")
+            token = self._token()
+            writes: list[Write] = [
                 Delete(space, session_id),
-                Put(self._outbox, keys.session_outbox_key(user_id, session_id), self._token()),
+                Put(self._outbox, keys.session_outbox_key(user_id, session_id), token),
+                Put(self._revisions, user_id, token),
             ]
-        )
-        self._settle([(user_id, session_id)], {})
-        return existing is not None
+            if header is not None:
+                writes.extend(delete_writes(transcripts, header))
+            elif raw_header is not None:
+                writes.append(Delete(transcripts, header_key(session_id)))
+            try:
+                self._kv.commit(writes, [Check(transcripts, header_key(session_id), raw_header)])
+            except ConflictError:
+                continue
+            self._index_later([(user_id, session_id)])
+            return existing is not None or raw_header is not None
+        raise ConflictError(f"session {session_id!r} of user {user_id!r} kept changing: retry")
 
     def delete_user_sessions(self, user_id: str) -> int:
-        """Delete every session summary of a user, from the KV store and the index.
+        """Delete every session (summaries, transcripts, vectors) of a user.
 
         Any vector of the user the index still holds without a KV record is
         removed too.
@@ -242,21 +399,30 @@ class SessionTier:
         """
         check_id(user_id, "user_id")
         space = keys.sessions_space(self._tenant, user_id)
-        session_ids = [key for key, _ in self._kv.scan(space)]
+        transcripts = keys.transcripts_space(self._tenant, user_id)
+        summarized = [key for key, _ in self._kv.scan(space)]
+        session_ids = set(summarized)
+        session_ids.update(key for key, _ in self._kv.scan(transcripts) if is_header_key(key))
+        vectors_space = keys.session_vectors_space(self._tenant, user_id)
+        session_ids.update(key for key, _ in self._kv.scan(vectors_space))
         token = self._token()
-        writes: list[Write] = [DeleteSpace(space)]
+        writes: list[Write] = [
+            DeleteSpace(space),
+            DeleteSpace(transcripts),
+            Put(self._revisions, user_id, token),
+        ]
         writes.extend(
-            Put(self._outbox, keys.session_outbox_key(user_id, sid), token) for sid in session_ids
+            Put(self._outbox, keys.session_outbox_key(user_id, sid), token)
+            for sid in sorted(session_ids)
         )
         self._kv.commit(writes)
-        refs: list[Ref] = [(user_id, sid) for sid in session_ids]
+        self._views.invalidate([user_id])
         try:
-            refs.extend(self._indexed_refs(user_id))
+            self._indexer.sync([(user_id, sid) for sid in sorted(session_ids)])
+            self._indexer.drop_strays(user_id)
         except BackendUnavailableError as exc:
-            self._postpone(exc)
-            return len(session_ids)
-        self._settle(refs, {})
-        return len(session_ids)
+            self._indexer.postpone(exc)
+        return len(summarized)
 
     def repair(self) -> int:
         """Bring the index in line with the KV store for every session with queued work.
@@ -270,18 +436,75 @@ class SessionTier:
             BackendUnavailableError: The KV store, index or embedder failed;
                 the work stays queued.
         """
-        entries = self._kv.scan(self._outbox)
-        refs: list[Ref] = []
-        for key, _ in entries:
-            user_id, _, session_id = key.partition("/")
-            if user_id and session_id:
-                refs.append((user_id, session_id))
-        for start in range(0, len(refs), _CHUNK):
-            self._sync(refs[start : start + _CHUNK], {})
-        self._needs_repair.clear()
-        if refs:
-            logger.info("session index repair processed %d queued session(s)", len(refs))
-        return len(refs)
+        return self._indexer.repair()
+
+    def reindex(
+        self,
+        user_ids: Iterable[str] | None = None,
+        *,
+        progress: Callable[[ReindexProgress], None] | None = None,
+        batch_size: int = BATCH,
+    ) -> int:
+        """Rebuild the index from the KV store: re-embed every session, drop what has no record.
+
+        For a changed chunking or a damaged index; the KV store is not
+        changed. Recall keeps working meanwhile (each session's vectors are
+        replaced in place).
+
+        Args:
+            user_ids: Users to rebuild; ``None`` for every user of the tenant.
+            progress: Called after each batch with the sessions done and the total.
+            batch_size: Sessions per embedding batch.
+
+        Returns:
+            How many sessions were processed.
+
+        Raises:
+            InvalidInputError: A bad user id or batch size.
+            BackendUnavailableError: The KV store, index or embedder failed;
+                sessions not yet processed are unchanged (run it again).
+        """
+        if batch_size < 1:
+            raise InvalidInputError("batch_size must be at least 1", field="batch_size")
+        if user_ids is None:
+            users = [key for key, _ in self._kv.scan(keys.users_space(self._tenant))]
+        else:
+            users = [check_id(user, "user_id") for user in user_ids]
+        work: list[tuple[str, list[Ref]]] = []
+        for user_id in users:
+            sessions = keys.sessions_space(self._tenant, user_id)
+            session_ids = {key for key, _ in self._kv.scan(sessions)}
+            vectors_space = keys.session_vectors_space(self._tenant, user_id)
+            session_ids.update(key for key, _ in self._kv.scan(vectors_space))
+            work.append((user_id, [(user_id, sid) for sid in sorted(session_ids)]))
+        total = sum(len(refs) for _, refs in work)
+        done = 0
+        for user_id, refs in work:
+            self._indexer.drop_strays(user_id)
+            for start in range(0, len(refs), batch_size):
+                batch = refs[start : start + batch_size]
+                self._indexer.rebuild(batch)
+                done += len(batch)
+                if progress is not None:
+                    progress(ReindexProgress(done=done, total=total, user_id=user_id))
+        return done
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until every index update queued so far is done.
+
+        Returns:
+            True when nothing is left queued; False on timeout, or when work is
+            left for a later repair (e.g. the index is down).
+        """
+        return self._indexer.flush(timeout)
+
+    def close(self, timeout: float | None = 10.0) -> None:
+        """Stop the background worker after it finishes what is queued (up to ``timeout``).
+
+        Work not done by then stays in the KV outbox and is replayed by the
+        next tier opened on this store. Does not close the stores. Idempotent.
+        """
+        self._indexer.close(timeout)
 
     # -- reads --------------------------------------------------------------------------------
 
@@ -301,6 +524,51 @@ class SessionTier:
             raise SessionNotFoundError(f"user {user_id!r} has no session {session_id!r}")
         return decode(SessionSummary, data, where=f"{space}/{session_id}")
 
+    def transcript_header(self, user_id: str, session_id: str) -> TranscriptHeader:
+        """Describe a session's stored transcript (size, messages, checksum, ``created_at``).
+
+        Raises:
+            InvalidInputError: A bad id.
+            SessionNotFoundError: No transcript is stored for the session.
+            CorruptRecordError: The stored header is damaged.
+        """
+        check_id(user_id, "user_id")
+        check_id(session_id, "session_id")
+        space = keys.transcripts_space(self._tenant, user_id)
+        (raw,) = self._kv.get_many(space, [header_key(session_id)])
+        if raw is None:
+            raise SessionNotFoundError(
+                f"user {user_id!r} has no transcript stored for session {session_id!r}"
+            )
+        return decode_header(raw, where=f"{space}/{session_id}")
+
+    def get_transcript(self, user_id: str, session_id: str) -> list[Message]:
+        """Read a session's stored transcript.
+
+        Raises:
+            InvalidInputError: A bad id.
+            SessionNotFoundError: No transcript is stored for the session.
+            CorruptRecordError: The stored transcript is damaged.
+        """
+        header = self.transcript_header(user_id, session_id)
+        space = keys.transcripts_space(self._tenant, user_id)
+        pages = self._kv.get_many(space, [page_key(session_id, n) for n in range(header.pages)])
+        return decode_transcript(header, pages, where=f"{space}/{session_id}")
+
+    def unsummarized_sessions(self, user_id: str) -> list[str]:
+        """Sessions of the user with a stored transcript but no summary (e.g. summarizing failed).
+
+        Raises:
+            InvalidInputError: A bad id.
+        """
+        check_id(user_id, "user_id")
+        space = keys.transcripts_space(self._tenant, user_id)
+        with_transcript = [key for key, _ in self._kv.scan(space) if is_header_key(key)]
+        if not with_transcript:
+            return []
+        summaries = self._kv.get_many(keys.sessions_space(self._tenant, user_id), with_transcript)
+        return [sid for sid, data in zip(with_transcript, summaries, strict=True) if data is None]
+
     def list_sessions(self, user_id: str, limit: int | None = None) -> list[SessionSummary]:
         """A user's summaries, newest first by ``created_at``.
 
@@ -310,7 +578,7 @@ class SessionTier:
 
         Raises:
             InvalidInputError: A bad id or a negative limit.
-            CorruptRecordError: A stored record is not a valid summary.
+            CorruptRecordError: A stored record (among those returned) is not a valid summary.
         """
         check_id(user_id, "user_id")
         if limit is not None and (
@@ -318,6 +586,17 @@ class SessionTier:
         ):
             raise InvalidInputError("limit must be a non-negative integer or None", field="limit")
         space = keys.sessions_space(self._tenant, user_id)
+        if limit is not None:
+            # The newest few by the cached order, then read for real: cheap for a long history.
+            chosen = self._view(user_id).newest_first()[:limit]
+            records = self._kv.get_many(space, chosen)
+            if all(data is not None for data in records):
+                return [
+                    decode(SessionSummary, data, where=f"{space}/{sid}")
+                    for sid, data in zip(chosen, records, strict=True)
+                    if data is not None
+                ]
+            # A record vanished without a revision change (written around this tier): read all.
         summaries = [
             decode(SessionSummary, data, where=f"{space}/{key}")
             for key, data in self._kv.scan(space)
@@ -328,8 +607,10 @@ class SessionTier:
     def recall_relevant(self, user_id: str, query: str, top_k: int = 5) -> list[RecalledSession]:
         """The user's sessions most relevant to ``query``, best first.
 
-        Only this tenant's and this user's sessions are searched. Hits whose
-        KV record is gone (a delete not yet reflected in the index) are skipped.
+        Every session of this tenant's user (and nobody else's) is scored by
+        dense similarity, BM25 keyword match over summary and transcript, and
+        recency (see :mod:`tiers.recall`). Index work still queued for the
+        user is finished first, so acknowledged saves are always recalled.
 
         Args:
             user_id: The user.
@@ -352,179 +633,76 @@ class SessionTier:
             raise InvalidInputError(
                 f"top_k must be an integer from 1 to {MAX_TOP_K}", field="top_k"
             )
-        self._repair_if_needed()
+        self._indexer.repair_if_needed()
+        view = self._view(user_id, settle=True)
+        if not view.session_ids:
+            return []
         (vector,) = self._embedder.embed([query])
-        hits = self._index.query(vector, where=self._user_filter(user_id), top_k=top_k + _OVERFETCH)
-        wanted: dict[str, float] = {}
-        for hit in hits:
-            # The filter already restricts to this user; checking again costs nothing.
-            if hit.metadata.get("tenant") != self._tenant or hit.metadata.get("user_id") != user_id:
-                continue
-            session_id = hit.metadata.get("session_id")
-            if isinstance(session_id, str) and session_id not in wanted:
-                wanted[session_id] = max(-1.0, min(1.0, 1.0 - hit.distance))
+        similarity = view.similarities(self._kv, self._index, self._tenant, user_id, vector)
+        keyword = view.keyword_scores(self._kv, self._tenant, user_id, query)
+        ranked = fuse(
+            view.session_ids,
+            similarity=similarity,
+            keyword=keyword,
+            created_at=view.created_at,
+            weights=self._weights,
+        )
         space = keys.sessions_space(self._tenant, user_id)
-        session_ids = list(wanted)
         results: list[RecalledSession] = []
-        for session_id, data in zip(
-            session_ids, self._kv.get_many(space, session_ids), strict=True
-        ):
-            if data is None:
-                continue
-            summary = decode(SessionSummary, data, where=f"{space}/{session_id}")
-            results.append(RecalledSession(summary=summary, score=wanted[session_id]))
-            if len(results) == top_k:
-                break
+        position = 0
+        # Read in small rounds: a hit whose record is gone (deleted around this tier) is skipped.
+        while position < len(ranked) and len(results) < top_k:
+            batch = ranked[position : position + top_k - len(results) + 2]
+            position += len(batch)
+            records = self._kv.get_many(space, [hit.session_id for hit in batch])
+            for hit, data in zip(batch, records, strict=True):
+                if data is None:
+                    continue
+                summary = decode(SessionSummary, data, where=f"{space}/{hit.session_id}")
+                results.append(
+                    RecalledSession(
+                        summary=summary,
+                        score=hit.score,
+                        similarity=hit.similarity,
+                        keyword=hit.keyword,
+                    )
+                )
+                if len(results) == top_k:
+                    break
         return results
 
-    # -- index synchronisation ----------------------------------------------------------------
+    # -- per-user views -----------------------------------------------------------------------
 
-    def _user_filter(self, user_id: str) -> dict[str, str]:
-        return {"tenant": self._tenant, "user_id": user_id}
+    def _view(self, user_id: str, *, settle: bool = False) -> UserView:
+        """The user's current view; with ``settle``, queued index work of the user is done first."""
+        (revision,) = self._kv.get_many(self._revisions, [user_id])
+        if settle:
+            # After the revision read: work committed before it shows up here (same commit).
+            queued = self._indexer.queued(user_id)
+            if queued:
+                self._indexer.sync(queued)
+                if self._indexer.queued(user_id):
+                    # Not settled (an outage or a busy writer): answer from a fresh, uncached view.
+                    return build_view(self._kv, self._tenant, user_id, revision)
+        view, generation = self._views.get(user_id, revision)
+        if view is None:
+            view = build_view(self._kv, self._tenant, user_id, revision)
+            self._views.put(user_id, view, generation)
+        return view
 
-    def _indexed_refs(self, user_id: str) -> list[Ref]:
-        prefix = keys.session_vector_id(self._tenant, user_id, "")
-        return [
-            (user_id, vector_id[len(prefix) :])
-            for vector_id in self._index.ids(where=self._user_filter(user_id))
-            if vector_id.startswith(prefix) and len(vector_id) > len(prefix)
-        ]
+    # -- helpers ------------------------------------------------------------------------------
+
+    def _touch_users(self, user_ids: Iterable[str], token: bytes) -> list[Write]:
+        writes: list[Write] = []
+        for user_id in dict.fromkeys(user_ids):
+            writes.append(Put(keys.users_space(self._tenant), user_id, b"1"))
+            writes.append(Put(self._revisions, user_id, token))
+        return writes
+
+    def _index_later(self, refs: list[Ref]) -> None:
+        self._views.invalidate(users_of(refs))
+        self._indexer.submit(refs)
 
     @staticmethod
     def _token() -> bytes:
         return uuid.uuid4().hex.encode()
-
-    def _postpone(self, exc: BaseException) -> None:
-        logger.warning("session index update postponed, queued for repair: %s", exc)
-        self._needs_repair.set()
-
-    def _repair_if_needed(self) -> None:
-        if not self._needs_repair.is_set():
-            return
-        try:
-            self.repair()
-        except BackendUnavailableError as exc:
-            logger.warning("session index repair failed again, will retry: %s", exc)
-
-    def _settle(self, refs: list[Ref], prepared: dict[Ref, tuple[bytes, list[float]]]) -> None:
-        """Sync after a committed write; an index outage leaves the work queued, not an error."""
-        try:
-            self._sync(refs, prepared)
-        except BackendUnavailableError as exc:
-            self._postpone(exc)
-
-    def _sync(self, refs: Sequence[Ref], prepared: dict[Ref, tuple[bytes, list[float]]]) -> None:
-        """Make the index match the KV store for ``refs``, then clear their outbox entries."""
-        pending = list(dict.fromkeys(refs))
-        with self._sync_lock:
-            for _ in range(_SYNC_ATTEMPTS):
-                if not pending:
-                    return
-                pending = self._sync_once(pending, prepared)
-        if pending:
-            # Other writers kept re-queueing these; their own sync (or repair) finishes them.
-            logger.info("%d session(s) left queued for the next repair", len(pending))
-
-    def _sync_once(
-        self, refs: list[Ref], prepared: dict[Ref, tuple[bytes, list[float]]]
-    ) -> list[Ref]:
-        outbox_keys = [keys.session_outbox_key(user, sid) for user, sid in refs]
-        # Tokens are read before records: a record read later is at least as new as its token.
-        tokens = self._kv.get_many(self._outbox, outbox_keys)
-        records = self._read_records(refs)
-        upserts: list[tuple[Ref, SessionSummary, bytes]] = []
-        removals: list[str] = []
-        for ref in refs:
-            user_id, session_id = ref
-            data = records[ref]
-            summary = None
-            if data is not None:
-                space = keys.sessions_space(self._tenant, user_id)
-                try:
-                    summary = decode(SessionSummary, data, where=f"{space}/{session_id}")
-                except CorruptRecordError as exc:
-                    # Unindexable; reading it still raises. A re-save indexes it again.
-                    logger.error("not indexing a corrupt session record: %s", exc)
-            if summary is None or data is None:
-                removals.append(keys.session_vector_id(self._tenant, user_id, session_id))
-            else:
-                upserts.append((ref, summary, data))
-        self._index_records(upserts, prepared)
-        if removals:
-            self._index.delete(removals)
-        return self._clear(refs, outbox_keys, tokens)
-
-    def _read_records(self, refs: list[Ref]) -> dict[Ref, bytes | None]:
-        by_user: dict[str, list[str]] = {}
-        for user_id, session_id in refs:
-            by_user.setdefault(user_id, []).append(session_id)
-        records: dict[Ref, bytes | None] = {}
-        for user_id, session_ids in by_user.items():
-            values = self._kv.get_many(keys.sessions_space(self._tenant, user_id), session_ids)
-            for session_id, value in zip(session_ids, values, strict=True):
-                records[(user_id, session_id)] = value
-        return records
-
-    def _index_records(
-        self,
-        upserts: list[tuple[Ref, SessionSummary, bytes]],
-        prepared: dict[Ref, tuple[bytes, list[float]]],
-    ) -> None:
-        if not upserts:
-            return
-        vectors: dict[int, list[float]] = {}
-        missing: list[int] = []
-        for position, (ref, _, data) in enumerate(upserts):
-            ready = prepared.get(ref)
-            # A vector computed before this read is only reusable for the very same record.
-            if ready is not None and ready[0] == data:
-                vectors[position] = ready[1]
-            else:
-                missing.append(position)
-        if missing:
-            fresh = self._embedder.embed([upserts[i][1].render() for i in missing])
-            vectors.update(zip(missing, fresh, strict=True))
-        items = [
-            VectorItem(
-                id=keys.session_vector_id(self._tenant, user_id, session_id),
-                embedding=vectors[position],
-                document=summary.render(),
-                metadata={
-                    "tenant": self._tenant,
-                    "user_id": user_id,
-                    "session_id": session_id,
-                    "created_at": summary.created_at.timestamp(),
-                    "created_at_iso": summary.created_at.isoformat(),
-                },
-            )
-            for position, ((user_id, session_id), summary, _) in enumerate(upserts)
-        ]
-        self._index.upsert(items)
-
-    def _clear(
-        self, refs: list[Ref], outbox_keys: list[str], tokens: list[bytes | None]
-    ) -> list[Ref]:
-        """Remove the outbox entries still holding the tokens read; return refs re-queued since."""
-        held = [
-            (ref, key, token)
-            for ref, key, token in zip(refs, outbox_keys, tokens, strict=True)
-            if token is not None
-        ]
-        if not held:
-            return []
-        try:
-            self._kv.commit(
-                [Delete(self._outbox, key) for _, key, _ in held],
-                [Check(self._outbox, key, token) for _, key, token in held],
-            )
-            return []
-        except ConflictError:
-            pass
-        # Someone re-queued some of them meanwhile: clear the rest one by one, redo those.
-        requeued: list[Ref] = []
-        for ref, key, token in held:
-            try:
-                self._kv.commit([Delete(self._outbox, key)], [Check(self._outbox, key, token)])
-            except ConflictError:
-                requeued.append(ref)
-        return requeued

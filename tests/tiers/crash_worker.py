@@ -1,33 +1,47 @@
-"""Worker process of the task tier's crash test (run as a script; the test SIGKILLs it).
+"""Worker of the task tier's crash and race tests (run as a script; the tests SIGKILL it).
 
 Usage::
 
-    python crash_worker.py STORE RUN_ID EFFECT_LOG
+    python crash_worker.py run STORE RUN_ID EFFECT_LOG      # run or resume, print "done <JSON>"
+    python crash_worker.py serve                            # fork server, see below
+    python crash_worker.py race STORE RUN_ID EFFECT_LOG NAME GO_FILE RELEASE_FILE TTL
 
-``STORE`` is a SQLite file path or a ``redis://`` URL. The worker starts or
-resumes run ``RUN_ID`` of 6 steps. Each step's side effect, appending the line
-``s<i>`` to ``EFFECT_LOG``, happens only inside the step's function, between two
-short sleeps that widen the windows a kill can land in (before the effect, and
-between the effect and its checkpoint's commit).
+``STORE`` is a SQLite file path or a ``redis://`` URL. :func:`script` is the
+run: six units mixing plain steps, top-level effects and effects inside
+steps. Every effect appends its idempotency key as one line to ``EFFECT_LOG``
+(one ``O_APPEND`` write, so a kill never leaves half a line), between short
+sleeps that widen the windows a kill can land in: before the effect, and
+between the effect and the commit of its result. :func:`probe` is the
+reconcile callback: it looks the key up in the log, as a real one would ask
+the external system.
 
-Prints ``ready`` once it holds the run's lease, and ``done <JSON outputs>`` when
-the run is complete (also when it was already complete).
+``serve`` is a fork server: it imports everything once, then for each line
+``run STORE RUN_ID LOG`` on stdin forks a child that runs the script and
+answers ``pid <pid>``; for ``wait <pid>`` it reaps the child and answers
+``exit <status>`` (negative: killed by that signal). Forking a warm,
+single-threaded process takes about a millisecond, so hundreds of kill
+trials fit in seconds.
 """
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
 import time
+import traceback
+from pathlib import Path
+from typing import Any
+
+from pydantic import JsonValue
 
 from tiers.backends.base import KVStore
-from tiers.errors import RunStateError
-from tiers.task import TaskTier
+from tiers.errors import LeaseHeldError, RunStateError, StaleWriterError
+from tiers.task import NOT_DONE, Charged, RunHandle, TaskTier
 
-STEPS = 6
 USER = "crash-user"
+EFFECT_SLEEP = 0.002
+STEPS = ["plan", "charge", "notify", "ship", "bookkeeping", "summary"]
 
 
 def open_store(spec: str) -> KVStore:
@@ -41,36 +55,191 @@ def open_store(spec: str) -> KVStore:
     return SqliteKVStore(spec, max_value_bytes=64 * 1024)
 
 
-def effect(log_path: str, i: int) -> dict[str, int]:
-    """Step ``i``'s side effect and output."""
-    time.sleep(0.004)
-    # One O_APPEND write: a kill cannot leave half a line.
+def _append(log_path: str, line: str) -> None:
     fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
     try:
-        os.write(fd, f"s{i}\n".encode())
+        os.write(fd, f"{line}\n".encode())
     finally:
         os.close(fd)
-    time.sleep(0.008)
-    return {"step": i, "value": i * i + 7}
+
+
+def effects_done(log_path: str | Path) -> list[str]:
+    """Every effect executed so far, one idempotency key per execution."""
+    path = Path(log_path)
+    return path.read_text().split() if path.exists() else []
+
+
+def receipt(key: str) -> JsonValue:
+    """The output of the effect with idempotency key ``key`` (what the external system returns)."""
+    return {"receipt": f"R-{key.rsplit('/', 2)[-2]}", "key": key}
+
+
+def external(log_path: str, key: str) -> JsonValue:
+    """An external side effect, identified by its idempotency key."""
+    time.sleep(EFFECT_SLEEP)
+    _append(log_path, key)
+    time.sleep(EFFECT_SLEEP)
+    return receipt(key)
+
+
+def probe(log_path: str, key: str) -> object:
+    """Reconcile: did the effect with this idempotency key happen? Its output if so, else NOT_DONE."""
+    return receipt(key) if key in effects_done(log_path) else NOT_DONE
+
+
+def _effect(run: RunHandle, log_path: str, name: str, n: int) -> JsonValue:
+    return run.effect(
+        name,
+        lambda key: external(log_path, key),
+        input={"n": n},
+        reconcile=lambda key: probe(log_path, key),
+    )
+
+
+def _units(run: RunHandle, log_path: str, outputs: list[JsonValue]) -> list[Any]:
+    """The six units of the run, as thunks (plain step, effects, effects inside steps)."""
+    return [
+        lambda: run.step("plan", lambda: Charged({"items": 3}, tokens=10, state={"plan": 3})),
+        lambda: _effect(run, log_path, "charge", 1),
+        lambda: run.step(
+            "notify",
+            lambda: {
+                "mail": _effect(run, log_path, "email", 2),
+                "sms": _effect(run, log_path, "sms", 3),
+            },
+        ),
+        lambda: _effect(run, log_path, "ship", 4),
+        lambda: run.step(
+            "bookkeeping",
+            lambda: Charged({"ledger": _effect(run, log_path, "ledger", 5)}, state={"booked": 1}),
+        ),
+        lambda: run.step("summary", lambda: {"done": len(outputs)}),
+    ]
+
+
+def script(
+    run: RunHandle,
+    log_path: str,
+    start: int = 0,
+    stop: int = 6,
+    outputs: list[JsonValue] | None = None,
+) -> list[JsonValue]:
+    """The run: what a worker executes from the start, on a fresh run or a resume."""
+    done: list[JsonValue] = [] if outputs is None else outputs
+    for unit in _units(run, log_path, done)[start:stop]:
+        done.append(unit())
+    return done
+
+
+def effect_keys(run_id: str) -> list[str]:
+    """The idempotency key of every effect the script performs (each must run exactly once)."""
+    return [
+        f"{run_id}/effect:charge/0",
+        f"{run_id}/notify/0/effect:email/0",
+        f"{run_id}/notify/0/effect:sms/0",
+        f"{run_id}/effect:ship/0",
+        f"{run_id}/bookkeeping/0/effect:ledger/0",
+    ]
+
+
+def run_to_end(tier: TaskTier, run_id: str, log_path: str, **lease: object) -> list[JsonValue]:
+    """Start or resume the run and finish it; returns the outputs."""
+    try:
+        handle = tier.start_run(USER, run_id, **lease)  # type: ignore[arg-type]
+    except RunStateError:
+        info = tier.get_run(run_id)
+        result = info.result
+        assert isinstance(result, list)
+        return result
+    outputs = script(handle, log_path)
+    handle.complete(result=outputs)
+    return outputs
+
+
+def _child(spec: str, run_id: str, log_path: str) -> int:
+    kv = open_store(spec)
+    try:
+        run_to_end(TaskTier(kv), run_id, log_path)
+    finally:
+        kv.close()
+    return 0
+
+
+def serve() -> int:
+    """The fork server loop (see the module docstring)."""
+    # Import both backends now, so a forked child starts warm.
+    import tiers.backends.redis_kv
+    import tiers.backends.sqlite_kv  # noqa: F401
+
+    for line in sys.stdin:
+        parts = line.split()
+        if not parts:
+            continue
+        if parts[0] == "run":
+            pid = os.fork()
+            if pid == 0:
+                code = 3
+                try:
+                    code = _child(parts[1], parts[2], parts[3])
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    os._exit(code)
+            print(f"pid {pid}", flush=True)
+        elif parts[0] == "wait":
+            _, status = os.waitpid(int(parts[1]), 0)
+            print(f"exit {os.waitstatus_to_exitcode(status)}", flush=True)
+        elif parts[0] == "quit":
+            break
+    return 0
+
+
+def race(argv: list[str]) -> int:
+    """One of two racing workers: wait for GO_FILE, then take the run and work.
+
+    With a TTL lease, a loser prints ``lease-held``. The winner runs the first
+    two units, prints ``holding``, then waits for RELEASE_FILE (without
+    heartbeating, so its lease can expire and another worker take over),
+    then tries to finish: ``fenced`` if it was taken over, else ``done``.
+    """
+    spec, run_id, log_path, name, go_file, release_file, ttl = argv
+    kv = open_store(spec)
+    tier = TaskTier(kv)
+    while not Path(go_file).exists():
+        time.sleep(0.001)
+    try:
+        handle = tier.start_run(USER, run_id, worker_id=name, lease_ttl=float(ttl))
+    except LeaseHeldError:
+        print("lease-held", flush=True)
+        return 0
+    except RunStateError:
+        print("finished", flush=True)
+        return 0
+    print("holding", flush=True)
+    outputs = script(handle, log_path, 0, 2)
+    print("paused", flush=True)
+    while not Path(release_file).exists():
+        time.sleep(0.005)
+    try:
+        outputs = script(handle, log_path, 2, 6, outputs)
+        handle.complete(result=outputs)
+    except StaleWriterError:
+        print("fenced", flush=True)
+        return 0
+    print("done", json.dumps(outputs), flush=True)
+    kv.close()
+    return 0
 
 
 def main(argv: list[str]) -> int:
-    """Run or resume the run to completion."""
-    spec, run_id, log_path = argv[1:4]
+    """Dispatch on the first argument."""
+    if argv[1] == "serve":
+        return serve()
+    if argv[1] == "race":
+        return race(argv[2:])
+    spec, run_id, log_path = argv[2:5]
     kv = open_store(spec)
-    tier = TaskTier(kv)
-    try:
-        handle = tier.start_run(USER, run_id)
-    except RunStateError:
-        outputs = [c.output for c in tier.history(run_id)]
-        print("done", json.dumps(outputs), flush=True)
-        return 0
-    print("ready", flush=True)
-    outputs = [
-        handle.step(f"s{i}", functools.partial(effect, log_path, i), input={"i": i})
-        for i in range(STEPS)
-    ]
-    handle.complete(result=outputs)
+    outputs = run_to_end(TaskTier(kv), run_id, log_path)
     print("done", json.dumps(outputs), flush=True)
     kv.close()
     return 0

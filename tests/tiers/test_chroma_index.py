@@ -13,6 +13,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import chromadb
+import numpy as np
 import pytest
 from chromadb.config import Settings
 
@@ -108,6 +109,31 @@ def test_upsert_is_idempotent_by_id_and_the_last_write_wins(index: ChromaVectorI
     )
     (hit,) = index.query(unit(0, 0, 1, 0), where={"user_id": "bob"}, top_k=5)
     assert hit.document == "last"
+
+
+def test_embeddings_are_fetched_by_id_without_a_filter(tmp_path: Path) -> None:
+    ix = ChromaVectorIndex(tmp_path / "c", dimension=DIM, embedder_name=NAME, batch_size=2)
+    try:
+        vectors = {f"v{n}": unit(1, n, 0, 1) for n in range(5)}
+        ix.upsert([item(vid, vector, "u") for vid, vector in vectors.items()])
+        # Pages smaller than the request, unknown and repeated ids: only what exists, once.
+        found, matrix = ix.get_embeddings(["v4", "nope", "v0", "v2", "v0"])
+        assert sorted(found) == ["v0", "v2", "v4"]
+        assert matrix.shape == (3, DIM)
+        assert matrix.dtype == np.float32
+        for vid, row in zip(found, matrix, strict=True):
+            assert row.tolist() == pytest.approx(vectors[vid], abs=1e-6)
+        none, empty = ix.get_embeddings(["nope"])
+        assert (none, empty.shape) == ([], (0, DIM))
+        assert ix.get_embeddings([])[0] == []
+    finally:
+        ix.close()
+
+
+def test_an_empty_document_is_stored_as_none_and_read_back_empty(index: ChromaVectorIndex) -> None:
+    index.upsert([VectorItem("w", unit(0, 0, 0, 1), "", {"user_id": "u"})])
+    (hit,) = index.query(unit(0, 0, 0, 1), where={"user_id": "u"}, top_k=1)
+    assert (hit.id, hit.document) == ("w", "")
 
 
 def test_batches_larger_than_the_write_limit(tmp_path: Path) -> None:

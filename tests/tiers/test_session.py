@@ -14,6 +14,7 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from tiers import keys
@@ -22,6 +23,7 @@ from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.backends.redis_kv import RedisKVStore
 from tiers.backends.sqlite_kv import SqliteKVStore
+from tiers.chunking import session_windows
 from tiers.errors import (
     BackendUnavailableError,
     CorruptRecordError,
@@ -362,7 +364,7 @@ def test_concurrent_re_saves_leave_the_newest_version_indexed(
     for thread in threads:
         thread.join()
     stored = tier.get_session("alice", "autoscaling")
-    (vector,) = embedder.embed([stored.render()])
+    (vector,) = embedder.embed([session_windows(stored, None)[0]])
     (hit,) = index.query(vector, where={"user_id": "alice"}, top_k=5)
     assert hit.document == stored.render()  # the index holds what the KV holds
     assert hit.distance < 1e-4
@@ -376,6 +378,7 @@ import itertools, sys
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.backends.redis_kv import RedisKVStore
+from tiers.chunking import session_windows
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.session import SessionSummary, SessionTier
 
@@ -385,6 +388,10 @@ embedder = MiniLMEmbedder()
 tier = SessionTier(kv, ChromaVectorIndex(chroma_dir, embedder=embedder), embedder)
 for i in itertools.count(first):
     user = f"u{i % 3}"
+    if i % 2 == 0:
+        # Transcripts of 1 to 4 windows: re-saves grow and shrink a session's vectors.
+        words = " ".join(f"w{(i * k) % 97}" for k in range(40 + (i % 5) * 70))
+        tier.save_transcript(user, f"s{i % 23}", [{"role": "user", "content": words}])
     tier.save_session(SessionSummary(
         session_id=f"s{i % 23}", user_id=user,
         task_description=f"iteration {i}: tune the ingestion pipeline for user {user}",
@@ -429,22 +436,51 @@ def _kill_mid_flight(kv_spec: str, chroma_dir: Path, first: int, rng: random.Ran
     return first + 1000
 
 
-def _assert_converged(kv: KVStore, index: ChromaVectorIndex, embedder: MiniLMEmbedder) -> None:
+def _assert_converged(kv: KVStore, index: ChromaVectorIndex, embedder: MiniLMEmbedder) -> int:
+    """Check the index holds exactly what the KV store says; return the window vectors seen."""
+    tier = SessionTier(kv, index, embedder)
+    window_vectors = 0
     for user in ("u0", "u1", "u2"):
         stored = {
             key: SessionSummary.model_validate_json(data)
             for key, data in kv.scan(keys.sessions_space("default", user))
         }
-        assert user_vector_ids(index, user) == {vector_id(user, sid) for sid in stored}, user
-        if not stored:
+        # Exactly the vectors of the stored sessions: the summary's and one per window.
+        texts: dict[str, str] = {}
+        for sid, summary in stored.items():
+            try:
+                transcript = tier.get_transcript(user, sid)
+            except SessionNotFoundError:
+                transcript = None
+            for n, text in enumerate(session_windows(summary, transcript)):
+                vid = vector_id(user, sid)
+                texts[vid if n == 0 else f"{vid}#{n}"] = text
+        assert user_vector_ids(index, user) == set(texts), user
+        window_vectors += sum("#" in vid for vid in texts)
+        # The recorded window counts are exact once converged (absent: no windows).
+        windows = {
+            sid: sum(vid.startswith(vector_id(user, sid) + "#") for vid in texts) for sid in stored
+        }
+        assert dict(kv.scan(keys.session_vectors_space("default", user))) == {
+            sid: str(n).encode() for sid, n in windows.items() if n
+        }
+        if not texts:
             continue
-        # Content too: each session's vector is the one of its current KV version.
-        vectors = embedder.embed([s.render() for s in stored.values()])
-        for summary, vector in zip(stored.values(), vectors, strict=True):
-            (hit,) = index.query(
-                vector, where={"user_id": user, "session_id": summary.session_id}, top_k=1
+        # Content too: each vector is the one of its session's current KV version.
+        found, matrix = index.get_embeddings(list(texts))
+        expected = embedder.embed([texts[vid] for vid in found])
+        for row, vector in zip(matrix, expected, strict=True):
+            assert float(row @ np.asarray(vector, dtype=np.float32)) > 0.9999
+        for sid, summary in stored.items():
+            hits = index.query(
+                embedder.embed([texts[vector_id(user, sid)]])[0],
+                where={"user_id": user, "session_id": sid},
+                top_k=10,
             )
-            assert hit.document == summary.render()
+            documents = {hit.id: hit.document for hit in hits}
+            assert documents.pop(vector_id(user, sid)) == summary.render()
+            assert set(documents.values()) <= {""}  # window vectors carry no document
+    return window_vectors
 
 
 @pytest.mark.slow
@@ -461,6 +497,7 @@ def test_a_process_killed_at_random_points_always_converges(
     chroma_dir = tmp_path / "chroma"
     rng = random.Random(20250301)
     rounds_with_pending_work = 0
+    window_vectors = 0
     first = 0
     try:
         for _ in range(4):
@@ -472,7 +509,7 @@ def test_a_process_killed_at_random_points_always_converges(
             try:
                 tier = SessionTier(kv, index, embedder)  # construction replays the outbox
                 assert kv.scan(keys.session_outbox_space("default")) == []
-                _assert_converged(kv, index, embedder)
+                window_vectors += _assert_converged(kv, index, embedder)
                 assert tier.repair() == 0
             finally:
                 index.close()
@@ -481,4 +518,5 @@ def test_a_process_killed_at_random_points_always_converges(
     # The kills must have landed between a KV commit and its index write at least once,
     # or this test proved nothing.
     assert rounds_with_pending_work >= 1
+    assert window_vectors > 0  # transcripts were indexed as windows, not only summaries
     print(json.dumps({"backend": backend, "rounds_with_pending_work": rounds_with_pending_work}))

@@ -17,6 +17,9 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+import numpy as np
+import numpy.typing as npt
+
 DEFAULT_MAX_VALUE_BYTES = 1 << 20
 
 
@@ -173,6 +176,15 @@ class VectorIndex(Protocol):
         self, embedding: Sequence[float], *, where: Mapping[str, str], top_k: int
     ) -> list[VectorHit]:
         """Return up to ``top_k`` items whose metadata equals every ``where`` entry, nearest first."""
+        ...
+
+    def get_embeddings(self, ids: Sequence[str]) -> tuple[list[str], npt.NDArray[np.float32]]:
+        """The stored embeddings of the items with these ids; unknown ids are left out.
+
+        Returns:
+            The ids found, in any order, and a ``(len(found), dimension)``
+            matrix of their embeddings, row ``i`` belonging to ``found[i]``.
+        """
         ...
 
     def delete(self, ids: Sequence[str]) -> None:

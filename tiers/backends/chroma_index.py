@@ -25,6 +25,8 @@ from typing import Any
 from urllib.parse import urlsplit
 
 import chromadb
+import numpy as np
+import numpy.typing as npt
 from chromadb.config import Settings
 from chromadb.errors import (
     ChromaError,
@@ -250,7 +252,8 @@ class ChromaVectorIndex:
                 self._collection.upsert(
                     ids=[item.id for item in chunk],
                     embeddings=vectors[start : start + self._max_batch],
-                    documents=[item.document for item in chunk],
+                    # No document means nothing for Chroma's full-text index to maintain.
+                    documents=[item.document or None for item in chunk],
                     metadatas=[dict(item.metadata) or None for item in chunk],
                 )
 
@@ -290,6 +293,36 @@ class ChromaVectorIndex:
             )
             for i in range(len(ids))
         ]
+
+    def get_embeddings(self, ids: Sequence[str]) -> tuple[list[str], npt.NDArray[np.float32]]:
+        """The stored embeddings of the items with these ids; unknown ids are left out.
+
+        A lookup by id needs no metadata filter, which is what makes it fast on
+        a large collection (a filtered query scans the filter's matches).
+
+        Returns:
+            The ids found (in no particular order) and a matrix whose rows are
+            their embeddings, in the same order.
+
+        Raises:
+            BackendUnavailableError: Chroma failed.
+        """
+        self._check_open()
+        unique = list(dict.fromkeys(ids))
+        found: list[str] = []
+        rows: list[npt.NDArray[np.float32]] = []
+        for start in range(0, len(unique), self._max_batch):
+            with self._translate("get"):
+                page = self._collection.get(
+                    ids=unique[start : start + self._max_batch], include=["embeddings"]
+                )
+            page_ids: list[str] = list(page.get("ids") or [])
+            if page_ids:
+                found.extend(page_ids)
+                rows.append(np.asarray(page["embeddings"], dtype=np.float32))
+        if not rows:
+            return [], np.zeros((0, self.dimension), dtype=np.float32)
+        return found, np.concatenate(rows) if len(rows) > 1 else rows[0]
 
     def delete(self, ids: Sequence[str]) -> None:
         """Remove items by id; unknown ids are ignored.

@@ -5,6 +5,13 @@ commit is fsync'd before it is acknowledged. Writes go through one connection
 under a lock (SQLite has one writer anyway); reads use a connection per thread,
 which WAL lets run beside the writer. A reader connection is closed when its
 thread has ended (noticed when another thread opens one) or when the store is.
+
+**Group commit.** Concurrent :meth:`SqliteKVStore.commit` calls share fsyncs: a
+caller queues its transaction, and whichever caller holds the writer lock
+applies every queued transaction in one SQLite transaction (each inside its
+own savepoint, so its checks see the ones before it and a failed check undoes
+only its own writes) and commits once. Each caller returns only after the
+fsync that made its transaction durable; serial callers see no difference.
 """
 
 from __future__ import annotations
@@ -47,6 +54,9 @@ MIGRATIONS: tuple[str, ...] = (
 _BUSY_TIMEOUT_S = 30.0
 # Keys per statement in get_many, under SQLite's bound-parameter limit.
 _CHUNK = 500
+# Checks per SELECT and rows per INSERT of a commit (under the same limit).
+_CHECKS_PER_STATEMENT = 100
+_PUTS_PER_STATEMENT = 200
 
 
 class _Reader:
@@ -58,6 +68,18 @@ class _Reader:
         self.conn = conn
         self.lock = threading.Lock()
         self.thread = thread
+
+
+class _Pending:
+    """One queued commit: its batch, and its outcome once a writer has applied it."""
+
+    __slots__ = ("checks", "done", "error", "writes")
+
+    def __init__(self, writes: Sequence[Write], checks: Sequence[Check]) -> None:
+        self.writes = writes
+        self.checks = checks
+        self.done = False
+        self.error: BaseException | None = None
 
 
 class SqliteKVStore:
@@ -87,6 +109,11 @@ class SqliteKVStore:
         self.max_value_bytes = max_value_bytes
         self._synchronous = "FULL" if durable else "NORMAL"
         self._write_lock = threading.Lock()
+        # Commits waiting for the writer, and whether a caller is committing a
+        # batch now (the leader); both guarded by _queue_cond.
+        self._queue: list[_Pending] = []
+        self._leading = False
+        self._queue_cond = threading.Condition(threading.Lock())
         self._local = threading.local()
         self._readers: list[_Reader] = []
         # Guards _readers and _closed, so no reader is registered after close().
@@ -246,41 +273,79 @@ class SqliteKVStore:
         if not writes and not checks:
             self._ensure_open()
             return
-        with self._write_lock, self._translate("commit"):
+        pending = _Pending(writes, checks)
+        with self._queue_cond:
+            self._queue.append(pending)
+            # Wait while another caller (the leader) commits; it may take this one along.
+            while not pending.done and self._leading:
+                self._queue_cond.wait()
+            if not pending.done:
+                self._leading = True
+                batch, self._queue = self._queue, []
+        if not pending.done:
+            try:
+                with self._write_lock:
+                    self._commit_batch(batch, pending)
+            finally:
+                with self._queue_cond:
+                    self._leading = False
+                    self._queue_cond.notify_all()
+        if pending.error is not None:
+            raise pending.error
+
+    def _commit_batch(self, batch: list[_Pending], own: _Pending) -> None:
+        """Apply queued commits in one transaction and one fsync; record each one's outcome.
+
+        Raises:
+            BaseException: What failed the whole batch (nothing of it was
+                committed); the other callers of the batch get a
+                :class:`BackendUnavailableError` naming it.
+        """
+        failure: BaseException | None = None
+        try:
             if self._closed:
                 raise self._closed_error()
             conn = self._writer
-            # IMMEDIATE takes the write lock first, so the checks and the writes
-            # see the same state even with other processes on the file.
-            conn.execute("BEGIN IMMEDIATE")
-            try:
-                for check in checks:
-                    row = conn.execute(
-                        "SELECT value FROM kv WHERE space = ? AND key = ?", (check.space, check.key)
-                    ).fetchone()
-                    actual = None if row is None else bytes(row[0])
-                    if actual != check.expected:
-                        raise ConflictError(
-                            f"check failed on {check.space!r}/{check.key!r}: the value changed; "
-                            "re-read and retry"
-                        )
-                for write in writes:
-                    if isinstance(write, Put):
-                        conn.execute(
-                            "INSERT INTO kv (space, key, value) VALUES (?, ?, ?) "
-                            "ON CONFLICT (space, key) DO UPDATE SET value = excluded.value",
-                            (write.space, write.key, write.value),
-                        )
-                    elif isinstance(write, Delete):
-                        conn.execute(
-                            "DELETE FROM kv WHERE space = ? AND key = ?", (write.space, write.key)
-                        )
-                    elif isinstance(write, DeleteSpace):
-                        conn.execute("DELETE FROM kv WHERE space = ?", (write.space,))
-                conn.execute("COMMIT")
-            except BaseException:
-                _end_transaction(conn, "ROLLBACK")
-                raise
+            with self._translate("commit"):
+                # IMMEDIATE takes the write lock first, so the checks and the writes
+                # see the same state even with other processes on the file.
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    if len(batch) == 1:
+                        # Alone: a failed check rolls the whole transaction back.
+                        try:
+                            _apply(conn, batch[0].writes, batch[0].checks)
+                        except ConflictError as exc:
+                            batch[0].error = exc
+                            conn.execute("ROLLBACK")
+                            return
+                    else:
+                        for pending in batch:
+                            conn.execute("SAVEPOINT one")
+                            try:
+                                _apply(conn, pending.writes, pending.checks)
+                            except ConflictError as exc:
+                                # Undo only this commit's writes; the batch goes on.
+                                conn.execute("ROLLBACK TO one")
+                                pending.error = exc
+                            conn.execute("RELEASE one")
+                    conn.execute("COMMIT")
+                except BaseException:
+                    _end_transaction(conn, "ROLLBACK")
+                    raise
+        except BaseException as exc:
+            failure = exc
+        finally:
+            for pending in batch:
+                if failure is not None and pending is not own:
+                    error = BackendUnavailableError(
+                        f"SQLite commit failed on {self.path} (in a group commit): {failure}"
+                    )
+                    error.__cause__ = failure
+                    pending.error = error
+                pending.done = True
+        if failure is not None:
+            raise failure
 
     def ping(self) -> None:
         """See :meth:`KVStore.ping`."""
@@ -303,6 +368,61 @@ class SqliteKVStore:
         for reader in readers:
             with reader.lock:
                 reader.conn.close()
+
+
+def _apply(conn: sqlite3.Connection, writes: Sequence[Write], checks: Sequence[Check]) -> None:
+    """Run one commit's checks, then its writes (the caller holds a transaction).
+
+    Checks are read with one statement and runs of puts are written with one
+    multi-row statement: on a busy machine each statement costs as much as the
+    row it writes, so a checkpoint of 4 rows and 3 checks takes 2 statements, not 7.
+    """
+    for start in range(0, len(checks), _CHECKS_PER_STATEMENT):
+        chunk = checks[start : start + _CHECKS_PER_STATEMENT]
+        where = " OR ".join(["(space = ? AND key = ?)"] * len(chunk))
+        args: list[object] = []
+        for check in chunk:
+            args += [check.space, check.key]
+        found = {
+            (space, key): bytes(value)
+            for space, key, value in conn.execute(
+                f"SELECT space, key, value FROM kv WHERE {where}",  # noqa: S608
+                args,
+            )
+        }
+        for check in chunk:
+            if found.get((check.space, check.key)) != check.expected:
+                raise ConflictError(
+                    f"check failed on {check.space!r}/{check.key!r}: the value changed; "
+                    "re-read and retry"
+                )
+    puts: list[Put] = []
+    for write in writes:
+        if isinstance(write, Put):
+            puts.append(write)
+            continue
+        _put_rows(conn, puts)
+        puts = []
+        if isinstance(write, Delete):
+            conn.execute("DELETE FROM kv WHERE space = ? AND key = ?", (write.space, write.key))
+        elif isinstance(write, DeleteSpace):
+            conn.execute("DELETE FROM kv WHERE space = ?", (write.space,))
+    _put_rows(conn, puts)
+
+
+def _put_rows(conn: sqlite3.Connection, puts: list[Put]) -> None:
+    """Upsert ``puts`` in order (a later put of the same key wins), in as few statements as fit."""
+    for start in range(0, len(puts), _PUTS_PER_STATEMENT):
+        chunk = puts[start : start + _PUTS_PER_STATEMENT]
+        args: list[object] = []
+        for put in chunk:
+            args += [put.space, put.key, put.value]
+        rows = ",".join(["(?, ?, ?)"] * len(chunk))
+        conn.execute(
+            f"INSERT INTO kv (space, key, value) VALUES {rows} "  # noqa: S608
+            "ON CONFLICT (space, key) DO UPDATE SET value = excluded.value",
+            args,
+        )
 
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:

@@ -1,0 +1,133 @@
+"""The FastAPI application: :func:`create_app`."""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from importlib.metadata import PackageNotFoundError, version
+from typing import Any
+
+import anyio.to_thread
+from fastapi import FastAPI
+from fastapi.routing import APIRoute
+
+from api.errors import install_error_handlers
+from api.metrics import Metrics
+from api.middleware import ServiceMiddleware
+from api.routers import context, facts, health, runs, sessions
+from api.state import ServiceState
+from memory.facade import Memory
+from memory.settings import Settings
+
+logger = logging.getLogger("tiermem.api")
+
+DESCRIPTION = """\
+Three-tier memory for LLM agents over HTTP: user facts and preferences,
+session summaries with recall, continuation context, and checkpointed task runs.
+
+Every `/v1` route needs an API key (`Authorization: Bearer <key>` or
+`X-API-Key: <key>`); the key decides the tenant, whatever ids a request sends.
+Every error is an RFC 9457 `application/problem+json` body.
+"""
+
+
+def _version() -> str:
+    try:
+        return version("tiermem")
+    except PackageNotFoundError:
+        return "0.0.0"
+
+
+def _operation_id(route: APIRoute) -> str:
+    # Operation ids are the route names, which are the Memory method names.
+    return route.name
+
+
+class _TiermemAPI(FastAPI):
+    """FastAPI with the API-key security schemes in its OpenAPI document.
+
+    Authentication is one plain dependency (see :mod:`api.deps`), so the
+    schemes are declared here rather than through ``fastapi.security`` objects.
+    """
+
+    auth_enabled: bool = True
+
+    def openapi(self) -> dict[str, Any]:
+        if self.openapi_schema is not None:
+            return self.openapi_schema
+        schema = super().openapi()
+        if self.auth_enabled:
+            schema.setdefault("components", {})["securitySchemes"] = {
+                "bearer": {
+                    "type": "http",
+                    "scheme": "bearer",
+                    "description": "`Authorization: Bearer <API key>` (made with `tiermem keys create`).",
+                },
+                "apiKey": {"type": "apiKey", "in": "header", "name": "X-API-Key"},
+            }
+            for path, operations in schema["paths"].items():
+                if path.startswith("/v1/"):
+                    for operation in operations.values():
+                        operation["security"] = [{"bearer": []}, {"apiKey": []}]
+        self.openapi_schema = schema
+        return schema
+
+
+def create_app(settings: Settings | None = None, *, memory: Memory | None = None) -> FastAPI:
+    """Build the tiermem HTTP service.
+
+    Args:
+        settings: The service's settings; default: from ``TIERMEM_*`` environment variables.
+        memory: Serve this memory instead of opening one from ``settings``. The
+            app then leaves it open at shutdown (its owner closes it). With
+            ``auth_enabled`` off, every request acts in this memory's tenant
+            (``settings.tenant`` when the app opens the memory itself).
+
+    Returns:
+        The app. Its lifespan opens the stores (unless ``memory`` is given),
+        loads the embedding model, and at shutdown finishes queued background
+        jobs before closing the stores.
+    """
+    settings = settings or Settings()
+    metrics = Metrics()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        owned = memory is None
+        mem = (
+            memory
+            if memory is not None
+            else await anyio.to_thread.run_sync(Memory.from_settings, settings)
+        )
+        service = ServiceState(settings, mem, metrics, owns_memory=owned)
+        try:
+            await anyio.to_thread.run_sync(service.warm_up)
+            app.state.tiermem = service
+            logger.info(
+                "tiermem ready", extra={"tenant": mem.tenant, "auth": settings.auth_enabled}
+            )
+            yield
+        finally:
+            # Uvicorn runs this after in-flight requests are done; queued jobs finish here.
+            await anyio.to_thread.run_sync(service.close)
+            logger.info("tiermem stopped")
+
+    app = _TiermemAPI(
+        title="tiermem",
+        version=_version(),
+        description=DESCRIPTION,
+        lifespan=lifespan,
+        generate_unique_id_function=_operation_id,
+    )
+    app.auth_enabled = settings.auth_enabled
+    install_error_handlers(app)
+    app.add_middleware(
+        ServiceMiddleware,
+        metrics=metrics,
+        max_request_bytes=settings.max_request_bytes,
+        access_log=settings.access_log,
+    )
+    for module in (health, facts, sessions, context, runs):
+        app.include_router(module.router)
+    return app

@@ -1,0 +1,130 @@
+"""Dependencies as types: a route says what it needs in its signature.
+
+``memory: ReadMemory`` gives a route the caller's tenant view of the memory and
+requires the ``read`` scope; ``WriteMemory`` requires ``write``. There is no
+other way for a route to reach the stores, so every route is tenant-scoped by
+construction.
+
+Each dependency is one ``async`` function of the request, with no
+sub-dependencies: FastAPI's dependency solving and a thread hop per sync
+dependency cost more than the whole fact lookup. The API-key security schemes
+are declared in the OpenAPI document by :func:`api.app.create_app` instead of
+through ``fastapi.security`` dependencies.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+import anyio.to_thread
+from fastapi import Depends, Request
+
+from api.errors import AuthenticationRequiredError, ForbiddenError
+from api.state import Principal, ServiceState
+from memory.apikeys import Scope
+from memory.facade import Memory
+
+_ALL_SCOPES: frozenset[Scope] = frozenset(("read", "write"))
+_PRINCIPAL = "tiermem.principal"
+
+
+async def get_service(request: Request) -> ServiceState:
+    """The app's shared state (set by the lifespan)."""
+    service: ServiceState = request.app.state.tiermem
+    return service
+
+
+ServiceDep = Annotated[ServiceState, Depends(get_service)]
+
+
+def _presented_key(request: Request) -> str | None:
+    key = request.headers.get("x-api-key")
+    if key:
+        return key
+    scheme, _, credentials = request.headers.get("authorization", "").partition(" ")
+    if scheme.lower() == "bearer" and credentials.strip():
+        return credentials.strip()
+    return None
+
+
+async def authenticate(request: Request) -> Principal:
+    """Who is calling, from the API key (or the server's own tenant when auth is off).
+
+    The answer is kept on the request, so several dependencies of one request
+    verify the key once.
+
+    Raises:
+        AuthenticationRequiredError: No key was sent.
+        InvalidApiKeyError: The key is malformed, unknown or revoked.
+    """
+    state = request.scope.setdefault("state", {})
+    principal: Principal | None = state.get(_PRINCIPAL)
+    if principal is not None:
+        return principal
+    service: ServiceState = request.app.state.tiermem
+    caller: Principal
+    if not service.settings.auth_enabled:
+        caller = Principal(tenant=service.memory.tenant, scopes=_ALL_SCOPES, key_id=None)
+    else:
+        key = _presented_key(request)
+        if key is None:
+            raise AuthenticationRequiredError(
+                "no API key: send 'Authorization: Bearer <key>' or 'X-API-Key: <key>' "
+                "(create one with `tiermem keys create --tenant <tenant>`)"
+            )
+        cached = service.cached_principal(key)
+        if cached is None:
+            cached = await anyio.to_thread.run_sync(service.authenticate, key)
+        caller = cached
+    state[_PRINCIPAL] = caller
+    state["tenant"] = caller.tenant  # for the access log
+    return caller
+
+
+def _require(principal: Principal, scope: Scope) -> None:
+    if scope not in principal.scopes:
+        raise ForbiddenError(
+            f"this API key (id {principal.key_id}) may not {scope}: it has scopes "
+            f"{sorted(principal.scopes)}; use a key created without --read-only"
+        )
+
+
+async def read_principal(request: Request) -> Principal:
+    """The caller, who must hold the ``read`` scope."""
+    principal = await authenticate(request)
+    _require(principal, "read")
+    return principal
+
+
+async def _memory(request: Request, scope: Scope) -> Memory:
+    principal = await authenticate(request)
+    _require(principal, scope)
+    service: ServiceState = request.app.state.tiermem
+    view = service.cached_view(principal.tenant)
+    if view is None:
+        view = await anyio.to_thread.run_sync(service.view, principal.tenant)
+    return view
+
+
+async def read_memory(request: Request) -> Memory:
+    """The caller's tenant view of the memory, for reading.
+
+    Raises:
+        AuthenticationRequiredError, InvalidApiKeyError: See :func:`authenticate`.
+    """
+    return await _memory(request, "read")
+
+
+async def write_memory(request: Request) -> Memory:
+    """The caller's tenant view of the memory, for writing.
+
+    Raises:
+        ForbiddenError: The key is read-only.
+        AuthenticationRequiredError, InvalidApiKeyError: See :func:`authenticate`.
+    """
+    return await _memory(request, "write")
+
+
+ReadAccess = Annotated[Principal, Depends(read_principal)]
+ReadMemory = Annotated[Memory, Depends(read_memory)]
+WriteMemory = Annotated[Memory, Depends(write_memory)]

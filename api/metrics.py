@@ -1,0 +1,99 @@
+"""Prometheus metrics of one app instance.
+
+Each app has its own :class:`~prometheus_client.CollectorRegistry`, so several
+apps in one process (tests) never clash and ``/metrics`` shows only this app.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    generate_latest,
+)
+
+_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+
+
+class Metrics:
+    """The service's metrics.
+
+    Attributes:
+        requests: HTTP request latency per method, route template and status.
+        in_flight: HTTP requests being handled.
+        recall: Latency of session recall.
+        context: Latency of continuation-context assembly.
+        checkpoint_commit: Latency of appending a checkpoint.
+        summaries: Transcripts summarized, by outcome.
+        summarizer_failures: Failed summarizations, by error class.
+    """
+
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        self.requests = Histogram(
+            "tiermem_http_request_duration_seconds",
+            "HTTP request latency by method, route template and status code.",
+            ["method", "route", "status"],
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.in_flight = Gauge(
+            "tiermem_http_requests_in_flight", "HTTP requests being handled.", registry=r
+        )
+        self.recall = Histogram(
+            "tiermem_recall_duration_seconds",
+            "Latency of session recall.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.context = Histogram(
+            "tiermem_context_duration_seconds",
+            "Latency of continuation-context assembly.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.checkpoint_commit = Histogram(
+            "tiermem_checkpoint_commit_duration_seconds",
+            "Latency of appending a checkpoint to a run.",
+            buckets=_LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.summaries = Counter(
+            "tiermem_summaries", "Transcripts summarized, by outcome.", ["outcome"], registry=r
+        )
+        self.summarizer_failures = Counter(
+            "tiermem_summarizer_failures",
+            "Failed summarizations, by error class.",
+            ["error"],
+            registry=r,
+        )
+        self._jobs_pending = Gauge(
+            "tiermem_session_jobs_pending", "Background summaries queued or running.", registry=r
+        )
+        self._outbox = Gauge(
+            "tiermem_session_outbox_backlog",
+            "Session index updates not yet confirmed (tenants this process has served).",
+            registry=r,
+        )
+
+    def watch(
+        self, *, jobs_pending: Callable[[], float], outbox_backlog: Callable[[], float]
+    ) -> None:
+        """Read the gauges that are computed at scrape time from these callbacks."""
+        self._jobs_pending.set_function(jobs_pending)
+        self._outbox.set_function(outbox_backlog)
+
+    def summarizer_failed(self, exc: BaseException) -> None:
+        """Count one failed summarization."""
+        self.summaries.labels(outcome="failed").inc()
+        self.summarizer_failures.labels(error=type(exc).__name__).inc()
+
+    def render(self) -> tuple[bytes, str]:
+        """The exposition text and its content type."""
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

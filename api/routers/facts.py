@@ -1,0 +1,106 @@
+"""User facts and preferences: ``/v1/users/{user_id}/facts``, and forgetting a user."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Response, status
+from pydantic import ValidationError
+
+from api.deps import ReadMemory, WriteMemory
+from api.errors import problem_responses
+from api.responses import json_response
+from api.schemas.common import FactKeyPath, UserIdPath
+from api.schemas.facts import FactList, FactOut, FactPut, FactsPut
+from tiers.errors import FactNotFoundError, ValueTooLargeError
+from tiers.models import UserFact
+
+router = APIRouter(
+    prefix="/v1/users/{user_id}",
+    tags=["facts"],
+    responses=problem_responses(400, 401, 403, 409, 413, 422, 500, 503),
+)
+
+_NOT_FOUND = problem_responses(404)
+
+
+def _out(fact: UserFact) -> FactOut:
+    return FactOut.model_validate(fact, from_attributes=True)
+
+
+def _list(facts: list[UserFact]) -> Response:
+    return json_response(FactList(facts=[_out(f) for f in facts]))
+
+
+@router.get("/facts", name="get_facts", response_model=FactList)
+def get_facts(user_id: UserIdPath, memory: ReadMemory) -> Response:
+    """Every current fact of the user, sorted by key (empty for an unknown user)."""
+    return _list(memory.get_facts(user_id))
+
+
+@router.put("/facts", name="set_facts", response_model=FactList)
+def set_facts(user_id: UserIdPath, body: FactsPut, memory: WriteMemory) -> Response:
+    """Set several facts; each keeps its old value in its history. Returns them in request order.
+
+    Every fact is checked against the store's value limit before any is
+    written, so a fact that is too large changes nothing.
+    """
+    limit = memory.kv.max_value_bytes
+    for key, value in body.facts.items():
+        try:
+            record = UserFact(user_id=user_id, key=key, value=value, source=body.source)
+        except ValidationError:
+            continue  # set_facts below raises the typed error naming the field
+        size = len(record.model_dump_json())
+        if size > limit:
+            raise ValueTooLargeError(
+                f"fact {key!r} is {size} bytes stored, over the limit of {limit} bytes: "
+                "store large data elsewhere and keep a reference",
+                field=f"facts.{key}",
+            )
+    return _list(memory.set_facts(user_id, body.facts, source=body.source))
+
+
+@router.delete(
+    "/facts", name="delete_facts", status_code=status.HTTP_204_NO_CONTENT, response_class=Response
+)
+def delete_facts(user_id: UserIdPath, memory: WriteMemory) -> None:
+    """Forget every fact of the user, history included (sessions stay)."""
+    memory.users.delete_user(user_id)
+
+
+@router.get("/facts/{key}", name="get_fact", response_model=FactOut, responses=_NOT_FOUND)
+def get_fact(user_id: UserIdPath, key: FactKeyPath, memory: ReadMemory) -> Response:
+    """One current fact."""
+    return json_response(_out(memory.get_fact(user_id, key)))
+
+
+@router.put("/facts/{key}", name="set_fact", response_model=FactOut)
+def set_fact(user_id: UserIdPath, key: FactKeyPath, body: FactPut, memory: WriteMemory) -> Response:
+    """Set one fact; the value it replaces goes to its history."""
+    return json_response(_out(memory.set_fact(user_id, key, body.value, source=body.source)))
+
+
+@router.delete(
+    "/facts/{key}",
+    name="delete_fact",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    responses=_NOT_FOUND,
+)
+def delete_fact(user_id: UserIdPath, key: FactKeyPath, memory: WriteMemory) -> None:
+    """Delete one fact (its history keeps a tombstone); 404 if there was none."""
+    if not memory.delete_fact(user_id, key):
+        raise FactNotFoundError(f"user {user_id!r} has no fact {key!r}")
+
+
+@router.get("/facts/{key}/history", name="fact_history", response_model=FactList)
+def fact_history(user_id: UserIdPath, key: FactKeyPath, memory: ReadMemory) -> Response:
+    """Every version of the fact, oldest first (deletions have source 'deleted', value null)."""
+    return _list(memory.fact_history(user_id, key))
+
+
+@router.delete(
+    "", name="forget_user", status_code=status.HTTP_204_NO_CONTENT, response_class=Response
+)
+def forget_user(user_id: UserIdPath, memory: WriteMemory) -> None:
+    """Delete everything stored about the user: facts, fact history and sessions."""
+    memory.forget_user(user_id)

@@ -1,0 +1,181 @@
+"""Task runs: ``/v1/runs``, their checkpoints, and their completion.
+
+A stateless HTTP caller keeps the ``lease_epoch`` it got from ``POST /v1/runs``
+and sends it with every write; when another worker resumes the run, the old
+epoch is fenced out (409 ``stale-lease``) and nothing is written.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Response, status
+
+from api.deps import ReadMemory, ServiceDep, WriteMemory
+from api.errors import problem_responses
+from api.responses import json_response
+from api.schemas.common import Id, RunIdPath
+from api.schemas.runs import (
+    CheckpointCreate,
+    CheckpointList,
+    CheckpointOut,
+    RunComplete,
+    RunCreate,
+    RunFail,
+    RunLease,
+    RunList,
+    RunOut,
+)
+from tiers.models import Checkpoint, RunInfo, RunStatus
+
+router = APIRouter(
+    prefix="/v1/runs",
+    tags=["runs"],
+    responses=problem_responses(400, 401, 403, 413, 422, 500, 503),
+)
+
+_NOT_FOUND = problem_responses(404)
+_WRITE_ERRORS = problem_responses(404, 409)
+
+
+def run_out(info: RunInfo) -> RunOut:
+    """The API form of a run head."""
+    return RunOut.model_validate(info, from_attributes=True)
+
+
+def checkpoint_out(ckpt: Checkpoint) -> CheckpointOut:
+    """The API form of a checkpoint."""
+    return CheckpointOut.model_validate(ckpt, from_attributes=True)
+
+
+@router.post(
+    "",
+    name="start_run",
+    status_code=status.HTTP_201_CREATED,
+    response_model=RunLease,
+    responses={
+        200: {"model": RunLease, "description": "An existing run was resumed."},
+        **problem_responses(409),
+    },
+)
+def start_run(body: RunCreate, memory: WriteMemory) -> Response:
+    """Create a run (201), or resume an existing one (200), taking its lease.
+
+    Resuming increments the lease epoch: writes with an older epoch are
+    refused from then on.
+    """
+    handle = memory.start_run(body.user_id, body.run_id, resume=body.resume)
+    code = status.HTTP_200_OK if handle.epoch > 1 else status.HTTP_201_CREATED
+    return json_response(
+        RunLease(run=run_out(handle.info), lease_epoch=handle.epoch), status_code=code
+    )
+
+
+@router.get("", name="list_runs", response_model=RunList)
+def list_runs(
+    memory: ReadMemory,
+    user_id: Annotated[Id | None, Query(description="Only this user's runs.")] = None,
+    status_: Annotated[
+        RunStatus | None, Query(alias="status", description="Only runs in this status.")
+    ] = None,
+) -> Response:
+    """Runs of the caller's tenant, oldest first."""
+    return json_response(
+        RunList(runs=[run_out(r) for r in memory.list_runs(user_id=user_id, status=status_)])
+    )
+
+
+@router.get("/{run_id}", name="get_run", response_model=RunOut, responses=_NOT_FOUND)
+def get_run(run_id: RunIdPath, memory: ReadMemory) -> Response:
+    """Status and head of a run (with its last checkpoint time)."""
+    return json_response(run_out(memory.get_run(run_id)))
+
+
+@router.post(
+    "/{run_id}/checkpoints",
+    name="append_checkpoint",
+    status_code=status.HTTP_201_CREATED,
+    response_model=CheckpointOut,
+    responses={
+        200: {
+            "model": CheckpointOut,
+            "description": "Already committed under this idempotency key.",
+        },
+        **_WRITE_ERRORS,
+    },
+)
+def append_checkpoint(
+    run_id: RunIdPath, body: CheckpointCreate, service: ServiceDep, memory: WriteMemory
+) -> Response:
+    """Commit the checkpoint of a step the caller executed (201).
+
+    With an ``idempotency_key`` that is already committed (same step and
+    input), the existing checkpoint is returned with 200 and nothing is written.
+    """
+    start = time.perf_counter()
+    handle = memory.tasks.attach(run_id, body.lease_epoch)
+    head_before = handle.info.head_seq
+    ckpt = handle.append_checkpoint(
+        body.step,
+        body.output,
+        input=body.input,
+        idempotency_key=body.idempotency_key,
+        scope=body.scope,
+    )
+    service.metrics.checkpoint_commit.observe(time.perf_counter() - start)
+    code = status.HTTP_200_OK if ckpt.seq <= head_before else status.HTTP_201_CREATED
+    return json_response(checkpoint_out(ckpt), status_code=code)
+
+
+@router.get(
+    "/{run_id}/checkpoints", name="run_history", response_model=CheckpointList, responses=_NOT_FOUND
+)
+def run_history(
+    run_id: RunIdPath,
+    memory: ReadMemory,
+    after_seq: Annotated[
+        int | None, Query(ge=0, le=2**62, description="Only checkpoints after this seq.")
+    ] = None,
+    limit: Annotated[int | None, Query(ge=0, le=10_000, description="At most this many.")] = None,
+) -> Response:
+    """Checkpoints of a run in sequence order (page with ``after_seq``)."""
+    checkpoints = memory.tasks.history(run_id, limit=limit, after_seq=after_seq)
+    return json_response(CheckpointList(checkpoints=[checkpoint_out(c) for c in checkpoints]))
+
+
+@router.get(
+    "/{run_id}/checkpoints/{checkpoint_id}",
+    name="get_checkpoint",
+    response_model=CheckpointOut,
+    responses=_NOT_FOUND,
+)
+def get_checkpoint(
+    run_id: RunIdPath,
+    checkpoint_id: Annotated[str, Path(min_length=1, max_length=64)],
+    memory: ReadMemory,
+) -> Response:
+    """One checkpoint of a run by its id."""
+    return json_response(checkpoint_out(memory.tasks.get_checkpoint(run_id, checkpoint_id)))
+
+
+@router.post(
+    "/{run_id}:complete", name="complete_run", response_model=RunOut, responses=_WRITE_ERRORS
+)
+def complete_run(run_id: RunIdPath, body: RunComplete, memory: WriteMemory) -> Response:
+    """Mark the run completed with an optional result (needs the current lease epoch)."""
+    return json_response(
+        run_out(memory.tasks.attach(run_id, body.lease_epoch).complete(body.result))
+    )
+
+
+@router.post("/{run_id}:fail", name="fail_run", response_model=RunOut, responses=_WRITE_ERRORS)
+def fail_run(run_id: RunIdPath, body: RunFail, memory: WriteMemory) -> Response:
+    """Mark the run failed with an error message (needs the current lease epoch)."""
+    return json_response(run_out(memory.tasks.attach(run_id, body.lease_epoch).fail(body.error)))
+
+
+@router.post("/{run_id}:cancel", name="cancel_run", response_model=RunOut, responses=_WRITE_ERRORS)
+def cancel_run(run_id: RunIdPath, memory: WriteMemory) -> Response:
+    """Cancel the run: every worker's next write is refused. Cancelling twice does nothing."""
+    return json_response(run_out(memory.tasks.cancel(run_id)))

@@ -1,0 +1,170 @@
+"""Session summaries: ``/v1/users/{user_id}/sessions``, recall, and background summarization jobs."""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+from typing import Annotated
+
+from fastapi import APIRouter, Path, Query, Request, Response, status
+
+from api.deps import ReadAccess, ReadMemory, ServiceDep, WriteMemory
+from api.errors import problem_for, problem_responses
+from api.jobs import Job
+from api.responses import json_response
+from api.schemas.common import SessionIdPath, UserIdPath
+from api.schemas.sessions import (
+    JobOut,
+    RecalledOut,
+    RecallRequest,
+    RecallResponse,
+    SessionCreate,
+    SessionList,
+    SessionOut,
+)
+from tiers.errors import SessionNotFoundError
+from tiers.models import Message, SessionSummary
+
+router = APIRouter(
+    tags=["sessions"], responses=problem_responses(400, 401, 403, 409, 413, 422, 500, 503)
+)
+
+_USER = "/v1/users/{user_id}"
+
+
+def session_out(summary: SessionSummary) -> SessionOut:
+    """The API form of a stored summary."""
+    return SessionOut.model_validate(summary, from_attributes=True)
+
+
+def job_out(request: Request, job: Job) -> JobOut:
+    """The API form of a job, with the URLs to poll it and to read its session."""
+    return JobOut(
+        job_id=job.job_id,
+        status=job.status,
+        user_id=job.user_id,
+        session_id=job.session_id,
+        status_url=request.app.url_path_for("get_job", job_id=job.job_id),
+        session_url=request.app.url_path_for(
+            "get_session", user_id=job.user_id, session_id=job.session_id
+        ),
+        created_at=job.created_at,
+        finished_at=job.finished_at,
+        session=session_out(job.result) if job.result is not None else None,
+        error=problem_for(job.error) if job.error is not None else None,
+    )
+
+
+@router.post(
+    f"{_USER}/sessions",
+    name="save_session",
+    status_code=status.HTTP_201_CREATED,
+    response_model=SessionOut,
+    responses={
+        202: {"model": JobOut, "description": "Transcript accepted; poll the job at Location."},
+        429: problem_responses(429)[429],
+        502: problem_responses(502)[502],
+    },
+)
+def save_session(
+    user_id: UserIdPath,
+    body: SessionCreate,
+    request: Request,
+    service: ServiceDep,
+    memory: WriteMemory,
+    wait: Annotated[
+        bool,
+        Query(
+            description="Summarize a transcript before answering (201) instead of in the background (202)."
+        ),
+    ] = False,
+) -> Response:
+    """Save a finished session: a structured summary as given, or a transcript summarized.
+
+    Saving the same ``session_id`` again replaces the session. User facts the
+    summarizer finds in a transcript are stored with the session as source.
+    """
+    if body.summary is not None:
+        data = body.summary.model_dump()
+        data.update(user_id=user_id, session_id=body.session_id)
+        if body.created_at is not None:
+            data["created_at"] = body.created_at
+        return json_response(
+            session_out(memory.save_session(data)), status_code=status.HTTP_201_CREATED
+        )
+    assert body.transcript is not None  # the schema requires exactly one of the two
+    transcript = [Message(role=m.role, content=m.content, name=m.name) for m in body.transcript]
+    work = partial(service.summarize, memory, user_id, body.session_id, transcript, body.created_at)
+    if wait:
+        return json_response(session_out(work()), status_code=status.HTTP_201_CREATED)
+    job = service.jobs.submit(
+        tenant=memory.tenant, user_id=user_id, session_id=body.session_id, work=work
+    )
+    out = job_out(request, job)
+    return json_response(
+        out, status_code=status.HTTP_202_ACCEPTED, headers={"Location": out.status_url}
+    )
+
+
+@router.get(f"{_USER}/sessions", name="list_sessions", response_model=SessionList)
+def list_sessions(
+    user_id: UserIdPath,
+    memory: ReadMemory,
+    limit: Annotated[int | None, Query(ge=0, le=10_000, description="At most this many.")] = None,
+) -> Response:
+    """The user's session summaries, newest first."""
+    return json_response(
+        SessionList(sessions=[session_out(s) for s in memory.list_sessions(user_id, limit=limit)])
+    )
+
+
+@router.get(
+    f"{_USER}/sessions/{{session_id}}",
+    name="get_session",
+    response_model=SessionOut,
+    responses=problem_responses(404),
+)
+def get_session(user_id: UserIdPath, session_id: SessionIdPath, memory: ReadMemory) -> Response:
+    """One stored session summary."""
+    return json_response(session_out(memory.get_session(user_id, session_id)))
+
+
+@router.delete(
+    f"{_USER}/sessions/{{session_id}}",
+    name="delete_session",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    responses=problem_responses(404),
+)
+def delete_session(user_id: UserIdPath, session_id: SessionIdPath, memory: WriteMemory) -> None:
+    """Delete a session from the store and the index; 404 if there was none."""
+    if not memory.delete_session(user_id, session_id):
+        raise SessionNotFoundError(f"user {user_id!r} has no session {session_id!r}")
+
+
+@router.post(f"{_USER}/sessions:recall", name="recall_relevant", response_model=RecallResponse)
+def recall_relevant(
+    user_id: UserIdPath, body: RecallRequest, service: ServiceDep, memory: ReadMemory
+) -> Response:
+    """The user's earlier sessions most relevant to ``query``, best first."""
+    start = time.perf_counter()
+    hits = memory.recall_relevant(user_id, body.query, body.top_k)
+    service.metrics.recall.observe(time.perf_counter() - start)
+    return json_response(
+        RecallResponse(
+            results=[RecalledOut(session=session_out(h.summary), score=h.score) for h in hits]
+        )
+    )
+
+
+@router.get(
+    "/v1/jobs/{job_id}", name="get_job", response_model=JobOut, responses=problem_responses(404)
+)
+async def get_job(
+    job_id: Annotated[str, Path(min_length=1, max_length=128)],
+    request: Request,
+    service: ServiceDep,
+    principal: ReadAccess,
+) -> Response:
+    """A background summarization job of the caller's tenant (poll it until it is finished)."""
+    return json_response(job_out(request, service.jobs.get(principal.tenant, job_id)))

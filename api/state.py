@@ -1,0 +1,158 @@
+"""What one running app holds: the memory, its tenant views, the key registry, the jobs."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from datetime import datetime
+
+from api.jobs import JobRegistry
+from api.metrics import Metrics
+from memory.apikeys import ApiKeyRegistry, Scope
+from memory.facade import Memory
+from memory.settings import Settings
+from tiers import keys
+from tiers.models import Message, SessionSummary
+
+_KEY_CACHE_MAX = 10_000
+
+
+@dataclass(frozen=True, slots=True)
+class Principal:
+    """Who is calling: the tenant every request acts in and what it may do.
+
+    Attributes:
+        tenant: The tenant of the caller's API key (or the server's tenant with auth off).
+        scopes: ``read`` and/or ``write``.
+        key_id: The API key's public id; ``None`` with auth off.
+    """
+
+    tenant: str
+    scopes: frozenset[Scope]
+    key_id: str | None
+
+
+class ServiceState:
+    """Shared state of one app; every method is thread-safe.
+
+    Args:
+        settings: The service's settings.
+        memory: The memory it serves; closed by :meth:`close` only if ``owns_memory``.
+        metrics: Where to count.
+        owns_memory: Whether the app opened ``memory`` (and so must close it).
+    """
+
+    def __init__(
+        self, settings: Settings, memory: Memory, metrics: Metrics, *, owns_memory: bool
+    ) -> None:
+        self.settings = settings
+        self.memory = memory
+        self.metrics = metrics
+        self.keys = ApiKeyRegistry(memory.kv)
+        self.jobs = JobRegistry(
+            workers=settings.summarize_workers,
+            max_pending=settings.max_pending_jobs,
+            retention_seconds=settings.job_retention_seconds,
+        )
+        self._owns_memory = owns_memory
+        self._views: dict[str, Memory] = {memory.tenant: memory}
+        self._views_lock = threading.Lock()
+        self._key_cache: dict[str, tuple[float, Principal]] = {}
+        self._key_cache_lock = threading.Lock()
+        metrics.watch(jobs_pending=lambda: self.jobs.pending, outbox_backlog=self.outbox_backlog)
+
+    # -- tenants -------------------------------------------------------------------------------
+
+    def cached_view(self, tenant: str) -> Memory | None:
+        """The tenant's memory view if it was opened before (never blocks on I/O)."""
+        return self._views.get(tenant)
+
+    def view(self, tenant: str) -> Memory:
+        """The tenant's memory view; the first call per tenant may do I/O (index repair)."""
+        view = self._views.get(tenant)
+        if view is None:
+            view = self.memory.for_tenant(tenant)
+            with self._views_lock:
+                self._views[tenant] = view
+        return view
+
+    def outbox_backlog(self) -> float:
+        """Session index updates still queued, over the tenants served so far."""
+        with self._views_lock:
+            tenants = list(self._views)
+        try:
+            return float(
+                sum(len(self.memory.kv.scan(keys.session_outbox_space(t))) for t in tenants)
+            )
+        except Exception:  # a scrape must not fail because the store is down
+            return float("nan")
+
+    # -- auth ----------------------------------------------------------------------------------
+
+    def cached_principal(self, key: str) -> Principal | None:
+        """The principal of a key verified less than ``auth_cache_seconds`` ago, else ``None``."""
+        ttl = self.settings.auth_cache_seconds
+        if ttl <= 0:
+            return None
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        hit = self._key_cache.get(digest)
+        if hit is None or hit[0] < time.monotonic():
+            return None
+        return hit[1]
+
+    def authenticate(self, key: str) -> Principal:
+        """Verify a key against the registry (may do I/O).
+
+        Raises:
+            InvalidApiKeyError: The key is malformed, unknown or revoked.
+        """
+        info = self.keys.verify(key)
+        principal = Principal(tenant=info.tenant, scopes=frozenset(info.scopes), key_id=info.key_id)
+        ttl = self.settings.auth_cache_seconds
+        if ttl > 0:
+            digest = hashlib.sha256(key.encode()).hexdigest()
+            with self._key_cache_lock:
+                if len(self._key_cache) >= _KEY_CACHE_MAX:
+                    self._key_cache.clear()
+                self._key_cache[digest] = (time.monotonic() + ttl, principal)
+        return principal
+
+    def revoke_key(self, key_id: str) -> None:
+        """Revoke a key and forget every cached verification at once (in this process)."""
+        self.keys.revoke(key_id)
+        with self._key_cache_lock:
+            self._key_cache.clear()
+
+    # -- work ----------------------------------------------------------------------------------
+
+    def summarize(
+        self,
+        memory: Memory,
+        user_id: str,
+        session_id: str,
+        transcript: Sequence[Message],
+        created_at: datetime | None,
+    ) -> SessionSummary:
+        """Summarize and save a transcript, counting the outcome."""
+        try:
+            saved = memory.end_session(user_id, session_id, transcript, created_at=created_at)
+        except Exception as exc:
+            self.metrics.summarizer_failed(exc)
+            raise
+        self.metrics.summaries.labels(outcome="succeeded").inc()
+        return saved
+
+    def warm_up(self) -> None:
+        """Load the embedding model now, so the first recall does not pay for it."""
+        load = getattr(self.memory.embedder, "load", None)
+        if callable(load):
+            load()
+
+    def close(self) -> None:
+        """Finish queued jobs, then close the stores if this app opened them."""
+        self.jobs.close()
+        if self._owns_memory:
+            self.memory.close()

@@ -1,0 +1,374 @@
+"""Recall benchmark of the session tier on LoCoMo and LongMemEval_S (dev split).
+
+For each user, every session is stored in chronological order through the
+session tier (its raw transcript first, then its summary from the offline
+ExtractiveSummarizer, ``created_at`` = the session's date), then each headline
+query is asked through ``recall_relevant`` restricted to its user. Printed:
+recall@1/3/5 and MRR of the gold sessions for
+
+- BM25 on raw session text (baseline),
+- dense on raw session text: one MiniLM vector per session (baseline),
+- dense on the summary only (baseline),
+- ours: ``SessionTier.recall_relevant`` (dense windows + BM25 + recency).
+
+The gold sessions, category, answer and headline flag are only used to score;
+the system under test never sees them. The data is read from
+``../shared/data/recall-dev`` (see its README), never copied into the repo.
+
+Usage::
+
+    python bench/recall_bench.py                       # LoCoMo + 30 LongMemEval users
+    python bench/recall_bench.py --datasets locomo
+    python bench/recall_bench.py --max-users 0         # every user (LongMemEval: hours on 2 cores)
+    python bench/recall_bench.py --embed-cache /tmp/tiermem-emb.npz   # reuse embeddings across runs
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import hashlib
+import json
+import re
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from summarizer import ExtractiveSummarizer
+from tiers.backends.base import Embedder
+from tiers.backends.chroma_index import ChromaVectorIndex
+from tiers.backends.embedders import MiniLMEmbedder
+from tiers.backends.sqlite_kv import SqliteKVStore
+from tiers.chunking import summary_text, transcript_text
+from tiers.keyword import BM25Index, tokenize
+from tiers.models import Message, SessionSummary
+from tiers.session import SessionTier
+
+DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "recall-dev"
+DATASETS = {
+    "locomo": "locomo.sessions.jsonl",
+    "longmemeval_s": "longmemeval_s.sessions.jsonl.gz",
+}
+SYSTEMS = ("bm25-raw", "dense-raw", "dense-summary", "ours")
+KS = (1, 3, 5)
+
+
+# -- data ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Session:
+    """One stored session of the benchmark (no gold information)."""
+
+    user_id: str
+    session_id: str
+    created_at: datetime
+    messages: list[Message]
+
+
+@dataclass
+class Query:
+    """One headline query and its gold sessions (used only for scoring)."""
+
+    user_id: str
+    text: str
+    gold: set[str]
+
+
+@dataclass
+class Dataset:
+    """Sessions per user (chronological) and the headline queries of those users."""
+
+    name: str
+    sessions: dict[str, list[Session]] = field(default_factory=dict)
+    queries: list[Query] = field(default_factory=list)
+
+
+_UNSAFE = re.compile(r"[^A-Za-z0-9._@+\-]")
+
+
+def safe_id(raw: str) -> str:
+    """Map a dataset id (e.g. ``locomo:conv-44``) onto tiermem's id alphabet."""
+    return _UNSAFE.sub(".", raw)
+
+
+def to_messages(turns: Sequence[dict[str, Any]]) -> list[Message]:
+    """Dataset turns as chat messages; named speakers keep their name, photos their caption."""
+    speakers: list[str] = []
+    out: list[Message] = []
+    for turn in turns:
+        speaker = str(turn["speaker"])
+        text = str(turn["text"])
+        if turn.get("image_caption"):
+            text += f" [shares a photo: {turn['image_caption']}]"
+        if speaker in ("user", "assistant"):
+            out.append(Message(role=speaker, content=text))
+            continue
+        if speaker not in speakers:
+            speakers.append(speaker)
+        role = "user" if speakers.index(speaker) == 0 else "assistant"
+        out.append(Message(role=role, content=text, name=speaker))
+    return out
+
+
+def load(data_dir: Path, name: str, max_users: int) -> Dataset:
+    """Read a dataset; only its first ``max_users`` users (0: all)."""
+    path = data_dir / DATASETS[name]
+    opener: Callable[..., Any] = gzip.open if path.suffix == ".gz" else open
+    dataset = Dataset(name)
+    with opener(path, "rt", encoding="utf-8") as handle:
+        for line in handle:
+            row = json.loads(line)
+            user = safe_id(row["user_id"])
+            if user not in dataset.sessions:
+                if max_users and len(dataset.sessions) >= max_users:
+                    continue
+                dataset.sessions[user] = []
+            created = datetime.fromisoformat(row["date_iso"]).replace(tzinfo=UTC)
+            dataset.sessions[user].append(
+                Session(user, row["session_id"], created, to_messages(row["turns"]))
+            )
+    for sessions in dataset.sessions.values():
+        sessions.sort(key=lambda s: s.created_at)
+    with (data_dir / f"{name}.queries.jsonl").open(encoding="utf-8") as handle:
+        for line in handle:
+            row = json.loads(line)
+            user = safe_id(row["user_id"])
+            if row["headline"] and user in dataset.sessions:
+                dataset.queries.append(Query(user, row["query"], set(row["gold_session_ids"])))
+    return dataset
+
+
+# -- embeddings ----------------------------------------------------------------------------------
+
+
+class CachedEmbedder:
+    """Wraps an embedder with an optional on-disk cache keyed by model name and text."""
+
+    def __init__(self, inner: Embedder, path: Path | None) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.dimension = inner.dimension
+        self.path = path
+        self.cache: dict[str, np.ndarray] = {}
+        self.computed = 0
+        if path is not None and path.exists():
+            with np.load(path) as stored:
+                self.cache = dict(zip(stored["keys"].tolist(), stored["vectors"], strict=True))
+
+    def _key(self, text: str) -> str:
+        return hashlib.blake2b(f"{self.name}\0{text}".encode(), digest_size=16).hexdigest()
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        keys = [self._key(text) for text in texts]
+        missing = [i for i, key in enumerate(keys) if key not in self.cache]
+        if missing:
+            fresh = self.inner.embed([texts[i] for i in missing])
+            self.computed += len(missing)
+            for i, vector in zip(missing, fresh, strict=True):
+                self.cache[keys[i]] = np.asarray(vector, dtype=np.float32)
+        return [self.cache[key].tolist() for key in keys]
+
+    def save(self) -> None:
+        if self.path is None or not self.cache:
+            return
+        keys = list(self.cache)
+        np.savez(self.path, keys=np.array(keys), vectors=np.stack([self.cache[k] for k in keys]))
+
+
+# -- systems -------------------------------------------------------------------------------------
+
+
+Ranker = Callable[[Query], list[str]]
+
+
+def bm25_raw(dataset: Dataset) -> Ranker:
+    """BM25 over each session's raw transcript text."""
+    indexes = {
+        user: BM25Index.build((s.session_id, tokenize(transcript_text(s.messages))) for s in ss)
+        for user, ss in dataset.sessions.items()
+    }
+
+    def rank(query: Query) -> list[str]:
+        scores = indexes[query.user_id].scores(tokenize(query.text))
+        sessions = dataset.sessions[query.user_id]
+        return [
+            s.session_id for s in sorted(sessions, key=lambda s: -scores.get(s.session_id, 0.0))
+        ]
+
+    return rank
+
+
+def dense(dataset: Dataset, embedder: Embedder, texts: dict[str, dict[str, str]]) -> Ranker:
+    """One vector per session of ``texts[user][session_id]``, cosine ranking."""
+    matrices: dict[str, tuple[list[str], np.ndarray]] = {}
+    for user, by_session in texts.items():
+        ids = list(by_session)
+        matrices[user] = (ids, np.asarray(embedder.embed([by_session[i] for i in ids])))
+    query_vectors = dict(
+        zip(
+            [q.text for q in dataset.queries],
+            embedder.embed([q.text for q in dataset.queries]),
+            strict=True,
+        )
+    )
+
+    def rank(query: Query) -> list[str]:
+        ids, matrix = matrices[query.user_id]
+        sims = matrix @ np.asarray(query_vectors[query.text])
+        return [ids[i] for i in np.argsort(-sims, kind="stable")]
+
+    return rank
+
+
+@dataclass
+class Ours:
+    """The session tier over embedded SQLite + Chroma in a temporary directory."""
+
+    tier: SessionTier
+    store_seconds: float
+
+    def rank(self, query: Query) -> list[str]:
+        hits = self.tier.recall_relevant(query.user_id, query.text, top_k=100)
+        return [hit.summary.session_id for hit in hits]
+
+
+def store(
+    dataset: Dataset,
+    workdir: Path,
+    embedder: Embedder,
+    summaries: dict[str, dict[str, SessionSummary]],
+) -> Ours:
+    """Store every session through the tier: transcript first, then the summary."""
+    kv = SqliteKVStore(workdir / "kv.sqlite3", durable=False)
+    index = ChromaVectorIndex(workdir / "chroma", embedder=embedder)
+    tier = SessionTier(kv, index, embedder)
+    started = time.perf_counter()
+    for user, sessions in dataset.sessions.items():
+        for session in sessions:
+            tier.save_transcript(user, session.session_id, session.messages)
+        # One batch per user: its sessions in chronological order, embedded together.
+        tier.save_sessions(summaries[user][s.session_id] for s in sessions)
+    return Ours(tier, time.perf_counter() - started)
+
+
+# -- scoring -------------------------------------------------------------------------------------
+
+
+def score(queries: Sequence[Query], rank: Ranker) -> dict[str, float]:
+    """Mean recall@k and MRR of ``rank`` over ``queries``."""
+    totals = {f"r@{k}": 0.0 for k in KS} | {"mrr": 0.0}
+    for query in queries:
+        ranked = rank(query)
+        for k in KS:
+            totals[f"r@{k}"] += len(query.gold & set(ranked[:k])) / len(query.gold)
+        first = next((i for i, sid in enumerate(ranked) if sid in query.gold), None)
+        totals["mrr"] += 0.0 if first is None else 1.0 / (first + 1)
+    return {name: value / max(1, len(queries)) for name, value in totals.items()}
+
+
+def run(dataset: Dataset, embedder: CachedEmbedder, workdir: Path) -> dict[str, dict[str, float]]:
+    """Build every system for one dataset and score it."""
+    n_sessions = sum(len(ss) for ss in dataset.sessions.values())
+    print(
+        f"\n{dataset.name}: {len(dataset.sessions)} users, {n_sessions} sessions, "
+        f"{len(dataset.queries)} headline queries",
+        flush=True,
+    )
+    started = time.perf_counter()
+    summarizer = ExtractiveSummarizer()
+    summaries = {
+        user: {
+            s.session_id: summarizer.summarize(
+                s.messages, user_id=user, session_id=s.session_id, created_at=s.created_at
+            ).summary
+            for s in sessions
+        }
+        for user, sessions in dataset.sessions.items()
+    }
+    print(f"  summarized in {time.perf_counter() - started:.1f}s", flush=True)
+    results: dict[str, dict[str, float]] = {}
+    rankers: dict[str, Ranker] = {"bm25-raw": bm25_raw(dataset)}
+    started = time.perf_counter()
+    raw = {
+        user: {s.session_id: transcript_text(s.messages) for s in ss}
+        for user, ss in dataset.sessions.items()
+    }
+    rankers["dense-raw"] = dense(dataset, embedder, raw)
+    summary_texts = {
+        user: {sid: summary_text(summary) or summary.render() for sid, summary in by_id.items()}
+        for user, by_id in summaries.items()
+    }
+    rankers["dense-summary"] = dense(dataset, embedder, summary_texts)
+    print(f"  baselines embedded in {time.perf_counter() - started:.1f}s", flush=True)
+    embedder.save()
+    ours = store(dataset, workdir, embedder, summaries)
+    embedder.save()
+    print(
+        f"  stored + indexed through the session tier in {ours.store_seconds:.1f}s "
+        f"({n_sessions / max(ours.store_seconds, 1e-9):.1f} sessions/s)",
+        flush=True,
+    )
+    rankers["ours"] = ours.rank
+    for name in SYSTEMS:
+        started = time.perf_counter()
+        results[name] = score(dataset.queries, rankers[name])
+        elapsed = time.perf_counter() - started
+        if name == "ours":
+            per_query = 1000 * elapsed / max(1, len(dataset.queries))
+            print(f"  ours answered {len(dataset.queries)} queries, {per_query:.1f} ms each")
+    return results
+
+
+def table(all_results: dict[str, dict[str, dict[str, float]]]) -> Iterator[str]:
+    """The results as a Markdown table: one row per system, one column group per dataset."""
+    names = list(all_results)
+    yield "| system | " + " | ".join(f"{n} r@1 / r@3 / r@5 / MRR" for n in names) + " |"
+    yield "|---|" + "---|" * len(names)
+    for system in SYSTEMS:
+        cells = []
+        for name in names:
+            m = all_results[name][system]
+            cells.append(" / ".join(f"{m[k]:.3f}" for k in ("r@1", "r@3", "r@5", "mrr")))
+        yield f"| {system} | " + " | ".join(cells) + " |"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
+    parser.add_argument("--datasets", nargs="+", choices=sorted(DATASETS), default=list(DATASETS))
+    parser.add_argument(
+        "--max-users",
+        type=int,
+        default=30,
+        help="users per dataset (0: all); LoCoMo has 3 (always all), LongMemEval_S 150",
+    )
+    parser.add_argument("--embed-cache", type=Path, default=None, help="npz file to reuse vectors")
+    args = parser.parse_args(argv)
+    if not args.data.is_dir():
+        print(f"no benchmark data at {args.data}: pass --data", file=sys.stderr)
+        return 2
+    model = MiniLMEmbedder()
+    model.load()
+    embedder = CachedEmbedder(model, args.embed_cache)
+    started = time.perf_counter()
+    all_results: dict[str, dict[str, dict[str, float]]] = {}
+    for name in args.datasets:
+        dataset = load(args.data, name, args.max_users)
+        with tempfile.TemporaryDirectory(prefix=f"recall-bench-{name}-") as workdir:
+            all_results[name] = run(dataset, embedder, Path(workdir))
+    print(f"\nheadline queries; recall@k of gold sessions; {embedder.computed} texts embedded")
+    print("\n".join(table(all_results)))
+    print(f"\ntotal {time.perf_counter() - started:.0f}s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,661 @@
+"""A Python client of the tiermem HTTP service, with the method names of :class:`~memory.Memory`.
+
+::
+
+    from memory.client import MemoryClient
+
+    with MemoryClient("http://127.0.0.1:8080", api_key="tmk_...") as memory:
+        memory.set_fact("alice", "language", "fr")
+        print(memory.build_continuation_context("alice", "where were we?"))
+
+Methods return the library's own records (:class:`~tiers.models.UserFact`,
+:class:`~tiers.models.SessionSummary`, ...) and raise the library's typed
+errors, rebuilt from the server's problem details (a 404 for a missing fact
+raises :class:`~tiers.errors.FactNotFoundError`, a fenced-out run write raises
+:class:`~tiers.errors.StaleWriterError`, ...). Failures that only exist over
+HTTP have their own classes::
+
+    ClientError                     root of errors only the client raises
+    ├── AuthenticationError         401: the API key is missing, unknown or revoked
+    ├── PermissionDeniedError       403: the key lacks the scope (e.g. a read-only key writing)
+    ├── ServiceOverloadedError      429: too much queued work; ``retry_after`` seconds
+    └── ServiceError                any other unexpected answer (``status``, ``problem``)
+
+An unreachable server raises :class:`~tiers.errors.BackendUnavailableError`,
+like an unreachable store does in the library.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from datetime import datetime
+from types import TracebackType
+from typing import Any, Self
+from urllib.parse import quote
+
+import httpx
+from pydantic import JsonValue
+
+from memory.apikeys import ApiKeyNotFoundError
+from memory.context import ContextSection, ContinuationContext
+from memory.errors import (
+    InvalidScopeInputError,
+    InvalidScopeSnapshotError,
+    PromptBudgetTooSmallError,
+    ReadOnlyScopeError,
+    ScopeError,
+    TokenBudgetExceededError,
+)
+from summarizer.errors import (
+    InvalidTranscriptError,
+    SummarizerError,
+    SummarizerRateLimitError,
+    SummarizerTimeoutError,
+    SummarizerUnavailableError,
+    SummaryGenerationError,
+)
+from tiers.errors import (
+    BackendUnavailableError,
+    CheckpointNotFoundError,
+    ConflictError,
+    CorruptRecordError,
+    EmbedderError,
+    FactNotFoundError,
+    InputMismatchError,
+    InvalidInputError,
+    NotFoundError,
+    RunNotFoundError,
+    RunStateError,
+    SessionNotFoundError,
+    StaleWriterError,
+    ValueTooLargeError,
+)
+from tiers.ids import check_id
+from tiers.models import Checkpoint, Message, RunInfo, RunStatus, SessionSummary, UserFact
+from tiers.session import RecalledSession
+
+__all__ = [
+    "AuthenticationError",
+    "ClientError",
+    "MemoryClient",
+    "PermissionDeniedError",
+    "RemoteRun",
+    "ServiceError",
+    "ServiceOverloadedError",
+]
+
+PROBLEM_TYPE_PREFIX = "urn:tiermem:problem:"
+_SUMMARY_FIELDS = (
+    "task_description",
+    "decisions_made",
+    "work_completed",
+    "open_questions",
+    "next_recommended_steps",
+)
+
+
+class ClientError(Exception):
+    """Root of the errors only the HTTP client raises.
+
+    Attributes:
+        status: The HTTP status code.
+        problem: The server's problem details.
+    """
+
+    def __init__(self, message: str, *, status: int, problem: Mapping[str, Any]) -> None:
+        super().__init__(message)
+        self.status = status
+        self.problem = dict(problem)
+
+
+class AuthenticationError(ClientError):
+    """401: the API key is missing, malformed, unknown or revoked."""
+
+
+class PermissionDeniedError(ClientError):
+    """403: the API key may not do this (e.g. a read-only key writing)."""
+
+
+class ServiceOverloadedError(ClientError):
+    """429: the server has too much queued work.
+
+    Attributes:
+        retry_after: Seconds to wait before retrying.
+    """
+
+    def __init__(
+        self, message: str, *, status: int, problem: Mapping[str, Any], retry_after: float
+    ) -> None:
+        super().__init__(message, status=status, problem=problem)
+        self.retry_after = retry_after
+
+
+class ServiceError(ClientError):
+    """Any other failure answer of the server (e.g. an internal error, 500)."""
+
+
+# -- problem details -> typed errors ----------------------------------------------------------
+
+Builder = Callable[[str, Mapping[str, Any]], Exception]
+
+
+def _field(p: Mapping[str, Any]) -> str | None:
+    value = p.get("field")
+    return value if isinstance(value, str) else None
+
+
+def _plain(cls: Callable[[str], Exception]) -> Builder:
+    return lambda detail, p: cls(detail)
+
+
+def _with_field(cls: Callable[..., Exception]) -> Builder:
+    return lambda detail, p: cls(detail, field=_field(p))
+
+
+def _unavailable(cls: type[SummarizerUnavailableError]) -> Builder:
+    def build(detail: str, p: Mapping[str, Any]) -> Exception:
+        reason = p.get("reason")
+        return cls(
+            detail,
+            reason=reason
+            if reason in ("timeout", "rate_limit", "connection", "server_error")
+            else "connection",
+            attempts=int(p.get("attempts") or 0),
+            retry_after=_retry_after(p),
+        )
+
+    return build
+
+
+def _budget(cls: type[TokenBudgetExceededError]) -> Builder:
+    return lambda detail, p: cls(
+        detail,
+        needed=int(p.get("needed") or 0),
+        remaining=int(p.get("remaining") or 0),
+        budget=int(p.get("budget") or 0),
+    )
+
+
+def _retry_after(p: Mapping[str, Any]) -> float | None:
+    value = p.get("retry_after")
+    return float(value) if isinstance(value, int | float) else None
+
+
+PROBLEM_ERRORS: Mapping[str, Builder] = {
+    # tiers
+    "invalid-input": _with_field(InvalidInputError),
+    "validation-error": _with_field(InvalidInputError),
+    "malformed-request": _with_field(InvalidInputError),
+    "value-too-large": _with_field(ValueTooLargeError),
+    "request-too-large": _with_field(ValueTooLargeError),
+    "input-mismatch": lambda detail, p: InputMismatchError(
+        detail, step=str(p.get("step", "")), idempotency_key=str(p.get("idempotency_key", ""))
+    ),
+    "not-found": _plain(NotFoundError),
+    "job-not-found": _plain(NotFoundError),
+    "run-not-found": _plain(RunNotFoundError),
+    "checkpoint-not-found": _plain(CheckpointNotFoundError),
+    "session-not-found": _plain(SessionNotFoundError),
+    "fact-not-found": _plain(FactNotFoundError),
+    "conflict": _plain(ConflictError),
+    "stale-lease": _plain(StaleWriterError),
+    "run-state": _plain(RunStateError),
+    "corrupt-record": _plain(CorruptRecordError),
+    "backend-unavailable": _plain(BackendUnavailableError),
+    "embedder-unavailable": _plain(EmbedderError),
+    # summarizer
+    "summarizer-error": _plain(SummarizerError),
+    "invalid-transcript": _with_field(InvalidTranscriptError),
+    "summary-generation-failed": _plain(SummaryGenerationError),
+    "summarizer-unavailable": _unavailable(SummarizerUnavailableError),
+    "summarizer-timeout": _unavailable(SummarizerTimeoutError),
+    "summarizer-rate-limited": _unavailable(SummarizerRateLimitError),
+    # memory
+    "scope-error": _plain(ScopeError),
+    "invalid-scope-input": _with_field(InvalidScopeInputError),
+    "read-only-scope": _plain(ReadOnlyScopeError),
+    "token-budget-exceeded": _budget(TokenBudgetExceededError),
+    "prompt-budget-too-small": _budget(PromptBudgetTooSmallError),
+    "invalid-scope-snapshot": _with_field(InvalidScopeSnapshotError),
+    "api-key-not-found": _plain(ApiKeyNotFoundError),
+}
+"""Problem type (after ``urn:tiermem:problem:``) -> how to rebuild the library's error."""
+
+_BY_STATUS: Mapping[int, Builder] = {
+    404: _plain(NotFoundError),
+    409: _plain(ConflictError),
+    413: _with_field(ValueTooLargeError),
+    422: _with_field(InvalidInputError),
+    503: _plain(BackendUnavailableError),
+}
+
+
+def error_from_problem(
+    status: int, problem: Mapping[str, Any], retry_after: float | None = None
+) -> Exception:
+    """The typed error a problem-details answer stands for."""
+    detail = str(problem.get("detail") or problem.get("title") or f"HTTP {status}")
+    slug = str(problem.get("type", "")).removeprefix(PROBLEM_TYPE_PREFIX)
+    if status == 401:
+        return AuthenticationError(detail, status=status, problem=problem)
+    if status == 403:
+        return PermissionDeniedError(detail, status=status, problem=problem)
+    if slug == "overloaded" or (status == 429 and slug not in PROBLEM_ERRORS):
+        return ServiceOverloadedError(
+            detail, status=status, problem=problem, retry_after=retry_after or 1.0
+        )
+    build = PROBLEM_ERRORS.get(slug) or _BY_STATUS.get(status)
+    if build is None:
+        return ServiceError(detail, status=status, problem=problem)
+    if retry_after is not None and "retry_after" not in problem:
+        problem = {**problem, "retry_after": retry_after}
+    return build(detail, problem)
+
+
+# -- records ----------------------------------------------------------------------------------
+
+
+def _id(value: object, field: str) -> str:
+    # Checked here so a bad id raises the library's InvalidInputError, not a 404 for a wrong path.
+    return check_id(value, field)
+
+
+def _fact(data: Mapping[str, Any]) -> UserFact:
+    return UserFact.model_validate(data)
+
+
+def _summary(data: Mapping[str, Any]) -> SessionSummary:
+    return SessionSummary.model_validate(data)
+
+
+def _run(data: Mapping[str, Any]) -> RunInfo:
+    return RunInfo.model_validate(data)
+
+
+def _checkpoint(data: Mapping[str, Any]) -> Checkpoint:
+    return Checkpoint.model_validate(data)
+
+
+class MemoryClient:
+    """The tiermem HTTP API with :class:`~memory.Memory`'s method names. Thread-safe.
+
+    Args:
+        base_url: Where the service listens, e.g. ``http://127.0.0.1:8080``.
+        api_key: The key from ``tiermem keys create`` (``None`` if the server runs ``--no-auth``).
+        timeout: Seconds per HTTP request.
+        summarize_timeout: Seconds :meth:`end_session` waits for a background summary.
+        transport: Another httpx transport (e.g. ``httpx.ASGITransport``), for tests or proxies.
+    """
+
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None = None,
+        *,
+        timeout: float = 30.0,
+        summarize_timeout: float = 300.0,
+        transport: httpx.BaseTransport | None = None,
+    ) -> None:
+        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+        self.base_url = base_url.rstrip("/")
+        self.summarize_timeout = summarize_timeout
+        self._http = httpx.Client(
+            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+        )
+
+    # -- plumbing ---------------------------------------------------------------------------
+
+    def _request(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: object = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> httpx.Response:
+        try:
+            response = self._http.request(
+                method,
+                path,
+                json=json,
+                params={k: v for k, v in (params or {}).items() if v is not None},
+            )
+        except httpx.TransportError as exc:
+            raise BackendUnavailableError(
+                f"cannot reach the tiermem service at {self.base_url}: {exc}; check that "
+                "`tiermem serve` runs there, then retry"
+            ) from exc
+        if response.status_code >= 400:
+            raise self._error(response)
+        return response
+
+    @staticmethod
+    def _error(response: httpx.Response) -> Exception:
+        try:
+            problem = response.json()
+        except ValueError:
+            problem = {}
+        if not isinstance(problem, dict):
+            problem = {}
+        header = response.headers.get("retry-after")
+        retry_after = float(header) if header and header.isdigit() else None
+        return error_from_problem(response.status_code, problem, retry_after)
+
+    def _json(
+        self,
+        method: str,
+        path: str,
+        *,
+        json: object = None,
+        params: Mapping[str, Any] | None = None,
+    ) -> Any:
+        return self._request(method, path, json=json, params=params).json()
+
+    def _deleted(self, path: str) -> bool:
+        try:
+            self._request("DELETE", path)
+        except NotFoundError:
+            return False
+        return True
+
+    # -- user tier --------------------------------------------------------------------------
+
+    def set_fact(
+        self, user_id: str, key: str, value: JsonValue, *, source: str = "api"
+    ) -> UserFact:
+        """See :meth:`memory.Memory.set_fact`."""
+        return _fact(
+            self._json(
+                "PUT",
+                f"/v1/users/{_id(user_id, 'user_id')}/facts/{_id(key, 'key')}",
+                json={"value": value, "source": source},
+            )
+        )
+
+    def set_facts(
+        self, user_id: str, facts: dict[str, JsonValue], *, source: str = "api"
+    ) -> list[UserFact]:
+        """See :meth:`memory.Memory.set_facts`."""
+        data = self._json(
+            "PUT",
+            f"/v1/users/{_id(user_id, 'user_id')}/facts",
+            json={"facts": facts, "source": source},
+        )
+        return [_fact(f) for f in data["facts"]]
+
+    def get_fact(self, user_id: str, key: str) -> UserFact:
+        """See :meth:`memory.Memory.get_fact`."""
+        return _fact(
+            self._json("GET", f"/v1/users/{_id(user_id, 'user_id')}/facts/{_id(key, 'key')}")
+        )
+
+    def get_facts(self, user_id: str) -> list[UserFact]:
+        """See :meth:`memory.Memory.get_facts`."""
+        return [
+            _fact(f)
+            for f in self._json("GET", f"/v1/users/{_id(user_id, 'user_id')}/facts")["facts"]
+        ]
+
+    def fact_history(self, user_id: str, key: str) -> list[UserFact]:
+        """See :meth:`memory.Memory.fact_history`."""
+        return [
+            _fact(f)
+            for f in self._json(
+                "GET", f"/v1/users/{_id(user_id, 'user_id')}/facts/{_id(key, 'key')}/history"
+            )["facts"]
+        ]
+
+    def delete_fact(self, user_id: str, key: str) -> bool:
+        """See :meth:`memory.Memory.delete_fact`."""
+        return self._deleted(f"/v1/users/{_id(user_id, 'user_id')}/facts/{_id(key, 'key')}")
+
+    def forget_user(self, user_id: str) -> None:
+        """See :meth:`memory.Memory.forget_user`."""
+        self._request("DELETE", f"/v1/users/{_id(user_id, 'user_id')}")
+
+    # -- session tier -----------------------------------------------------------------------
+
+    def save_session(self, summary: SessionSummary | Mapping[str, Any]) -> SessionSummary:
+        """See :meth:`memory.Memory.save_session`."""
+        data = (
+            summary.model_dump(mode="json")
+            if isinstance(summary, SessionSummary)
+            else dict(summary)
+        )
+        body: dict[str, Any] = {
+            "session_id": data.get("session_id"),
+            "summary": {k: data[k] for k in _SUMMARY_FIELDS if k in data},
+        }
+        if data.get("created_at") is not None:
+            created = data["created_at"]
+            body["created_at"] = created.isoformat() if isinstance(created, datetime) else created
+        return _summary(
+            self._json(
+                "POST", f"/v1/users/{_id(data.get('user_id'), 'user_id')}/sessions", json=body
+            )
+        )
+
+    def end_session(
+        self,
+        user_id: str,
+        session_id: str,
+        transcript: Sequence[Message | Mapping[str, Any]],
+        *,
+        created_at: datetime | None = None,
+    ) -> SessionSummary:
+        """See :meth:`memory.Memory.end_session`.
+
+        The server summarizes in the background; this waits for the job (up to
+        ``summarize_timeout`` seconds) and returns the saved summary.
+
+        Raises:
+            TimeoutError: The job did not finish in time (it may still finish).
+        """
+        messages = [
+            m.model_dump(exclude_none=True) if isinstance(m, Message) else dict(m)
+            for m in transcript
+        ]
+        body: dict[str, Any] = {"session_id": session_id, "transcript": messages}
+        if created_at is not None:
+            body["created_at"] = created_at.isoformat()
+        response = self._request("POST", f"/v1/users/{_id(user_id, 'user_id')}/sessions", json=body)
+        data = response.json()
+        if response.status_code != 202:
+            return _summary(data)
+        deadline = time.monotonic() + self.summarize_timeout
+        delay = 0.02
+        while data["status"] in ("pending", "running"):
+            if time.monotonic() > deadline:
+                raise TimeoutError(
+                    f"session {session_id!r} is still being summarized after {self.summarize_timeout} s "
+                    f"(job {data['job_id']}); poll {data['status_url']} or raise summarize_timeout"
+                )
+            time.sleep(delay)
+            delay = min(delay * 2, 1.0)
+            data = self._json("GET", data["status_url"])
+        if data["status"] == "failed":
+            problem = data.get("error") or {}
+            raise error_from_problem(int(problem.get("status", 500)), problem)
+        return _summary(data["session"])
+
+    def get_session(self, user_id: str, session_id: str) -> SessionSummary:
+        """See :meth:`memory.Memory.get_session`."""
+        return _summary(
+            self._json(
+                "GET",
+                f"/v1/users/{_id(user_id, 'user_id')}/sessions/{_id(session_id, 'session_id')}",
+            )
+        )
+
+    def list_sessions(self, user_id: str, *, limit: int | None = None) -> list[SessionSummary]:
+        """See :meth:`memory.Memory.list_sessions`."""
+        data = self._json(
+            "GET", f"/v1/users/{_id(user_id, 'user_id')}/sessions", params={"limit": limit}
+        )
+        return [_summary(s) for s in data["sessions"]]
+
+    def delete_session(self, user_id: str, session_id: str) -> bool:
+        """See :meth:`memory.Memory.delete_session`."""
+        return self._deleted(
+            f"/v1/users/{_id(user_id, 'user_id')}/sessions/{_id(session_id, 'session_id')}"
+        )
+
+    def recall_relevant(self, user_id: str, query: str, top_k: int = 5) -> list[RecalledSession]:
+        """See :meth:`memory.Memory.recall_relevant`."""
+        data = self._json(
+            "POST",
+            f"/v1/users/{_id(user_id, 'user_id')}/sessions:recall",
+            json={"query": query, "top_k": top_k},
+        )
+        return [
+            RecalledSession(summary=_summary(r["session"]), score=r["score"])
+            for r in data["results"]
+        ]
+
+    def continuation_context(
+        self, user_id: str, query: str = "", max_tokens: int | None = None, *, top_k: int = 5
+    ) -> ContinuationContext:
+        """See :meth:`memory.Memory.continuation_context`."""
+        body = {"query": query, "max_tokens": max_tokens, "top_k": top_k}
+        data = self._json("POST", f"/v1/users/{_id(user_id, 'user_id')}/context", json=body)
+        data["sections"] = [ContextSection.model_validate(s) for s in data["sections"]]
+        return ContinuationContext.model_validate(data)
+
+    def build_continuation_context(
+        self, user_id: str, query: str = "", max_tokens: int | None = None
+    ) -> str:
+        """See :meth:`memory.Memory.build_continuation_context`."""
+        return self.continuation_context(user_id, query, max_tokens).text
+
+    # -- task tier --------------------------------------------------------------------------
+
+    def start_run(
+        self, user_id: str, run_id: str | None = None, *, resume: bool = True
+    ) -> RemoteRun:
+        """See :meth:`memory.Memory.start_run`; the returned handle writes over HTTP."""
+        data = self._json(
+            "POST", "/v1/runs", json={"user_id": user_id, "run_id": run_id, "resume": resume}
+        )
+        return RemoteRun(self, _run(data["run"]), int(data["lease_epoch"]))
+
+    def get_run(self, run_id: str) -> RunInfo:
+        """See :meth:`memory.Memory.get_run`."""
+        return _run(self._json("GET", f"/v1/runs/{_id(run_id, 'run_id')}"))
+
+    def run_history(self, run_id: str) -> list[Checkpoint]:
+        """See :meth:`memory.Memory.run_history`."""
+        return [
+            _checkpoint(c)
+            for c in self._json("GET", f"/v1/runs/{_id(run_id, 'run_id')}/checkpoints")[
+                "checkpoints"
+            ]
+        ]
+
+    def get_checkpoint(self, run_id: str, checkpoint_id: str) -> Checkpoint:
+        """One checkpoint of a run by its id (``CheckpointNotFoundError`` if none)."""
+        return _checkpoint(
+            self._json(
+                "GET",
+                f"/v1/runs/{_id(run_id, 'run_id')}/checkpoints/{quote(checkpoint_id, safe='')}",
+            )
+        )
+
+    def list_runs(
+        self, *, user_id: str | None = None, status: RunStatus | None = None
+    ) -> list[RunInfo]:
+        """See :meth:`memory.Memory.list_runs`."""
+        params = {"user_id": user_id, "status": None if status is None else RunStatus(status).value}
+        return [_run(r) for r in self._json("GET", "/v1/runs", params=params)["runs"]]
+
+    def cancel_run(self, run_id: str) -> RunInfo:
+        """Cancel a run: every worker's next write is refused."""
+        return _run(self._json("POST", f"/v1/runs/{_id(run_id, 'run_id')}:cancel"))
+
+    # -- lifecycle --------------------------------------------------------------------------
+
+    def ping(self) -> None:
+        """Raise ``BackendUnavailableError`` unless the service and its stores are ready."""
+        self._request("GET", "/readyz")
+
+    def close(self) -> None:
+        """Close the HTTP connections. Idempotent."""
+        self._http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+
+class RemoteRun:
+    """A lease on a run held over HTTP: the client's :class:`~tiers.task.RunHandle`.
+
+    Every write sends the lease epoch; once another worker resumes the run,
+    writes raise :class:`~tiers.errors.StaleWriterError` and write nothing.
+    """
+
+    def __init__(self, client: MemoryClient, info: RunInfo, epoch: int) -> None:
+        self._client = client
+        self._info = info
+        self._epoch = epoch
+
+    @property
+    def run_id(self) -> str:
+        """The run this handle writes to."""
+        return self._info.run_id
+
+    @property
+    def user_id(self) -> str:
+        """Owner of the run."""
+        return self._info.user_id
+
+    @property
+    def epoch(self) -> int:
+        """The lease epoch this handle holds."""
+        return self._epoch
+
+    @property
+    def info(self) -> RunInfo:
+        """The run's head as last seen by this handle."""
+        return self._info
+
+    def append_checkpoint(
+        self,
+        step: str,
+        output: object,
+        *,
+        input: object = None,
+        idempotency_key: str | None = None,
+        scope: dict[str, Any] | None = None,
+    ) -> Checkpoint:
+        """See :meth:`tiers.task.RunHandle.append_checkpoint`."""
+        body = {
+            "lease_epoch": self._epoch,
+            "step": step,
+            "output": output,
+            "input": input,
+            "idempotency_key": idempotency_key,
+            "scope": scope,
+        }
+        return _checkpoint(
+            self._client._json("POST", f"/v1/runs/{self.run_id}/checkpoints", json=body)
+        )
+
+    def complete(self, result: object = None) -> RunInfo:
+        """See :meth:`tiers.task.RunHandle.complete`."""
+        body = {"lease_epoch": self._epoch, "result": result}
+        self._info = _run(self._client._json("POST", f"/v1/runs/{self.run_id}:complete", json=body))
+        return self._info
+
+    def fail(self, error: str) -> RunInfo:
+        """See :meth:`tiers.task.RunHandle.fail`."""
+        body = {"lease_epoch": self._epoch, "error": error}
+        self._info = _run(self._client._json("POST", f"/v1/runs/{self.run_id}:fail", json=body))
+        return self._info

@@ -1,0 +1,230 @@
+"""memory.client.MemoryClient against a real `tiermem serve` on a free loopback port."""
+
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import httpx
+import pytest
+
+from memory import (
+    BackendUnavailableError,
+    FactNotFoundError,
+    InputMismatchError,
+    InvalidInputError,
+    Memory,
+    RunNotFoundError,
+    RunStatus,
+    SessionNotFoundError,
+    SessionSummary,
+    StaleWriterError,
+)
+from memory.apikeys import ApiKeyRegistry
+from memory.client import AuthenticationError, MemoryClient, PermissionDeniedError
+from tests.api.test_routes import SUMMARY, TRANSCRIPT
+from tests.conftest import free_port
+from tiers.backends import open_kv_store
+
+TIERMEM = str(Path(sys.executable).parent / "tiermem")
+
+
+@dataclass
+class Served:
+    base_url: str
+    key: str
+    read_only_key: str
+    log: Path
+    process: subprocess.Popen[bytes]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    work = tmp_path_factory.mktemp("served")
+    env = {
+        **os.environ,
+        "TIERMEM_DATA_DIR": str(work / "data"),
+        "TIERMEM_DURABLE": "false",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
+    env.pop("TIERMEM_KV_URL", None)
+
+    def new_key(*extra: str) -> str:  # through the CLI, as an operator would
+        done = subprocess.run(
+            [TIERMEM, "keys", "create", "--tenant", "client-test", *extra],
+            env=env,
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return done.stdout.strip()
+
+    key = new_key("--read-only")
+    # The second key straight from the registry (one CLI start-up less); SQLite is multi-process safe.
+    kv = open_kv_store(str(work / "data" / "tiermem.sqlite3"))
+    read_only_key, key = key, ApiKeyRegistry(kv).create("client-test")[0]
+    kv.close()
+    port = free_port()
+    log = work / "server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [TIERMEM, "serve", "--port", str(port)], env=env, stdout=out, stderr=out
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
+                break
+        except httpx.TransportError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"tiermem serve did not start:\n{log.read_text()}")
+        time.sleep(0.1)
+    served = Served(base_url, key, read_only_key, log, process)
+    yield served
+    if process.poll() is None:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture
+def client(served: Served) -> Iterator[MemoryClient]:
+    with MemoryClient(served.base_url, served.key) as memory_client:
+        yield memory_client
+
+
+def test_user_facts(client: MemoryClient) -> None:
+    first = client.set_fact("alice", "language", "fr")
+    assert (first.user_id, first.key, first.value, first.source) == (
+        "alice",
+        "language",
+        "fr",
+        "api",
+    )
+    client.set_facts("alice", {"language": "de", "tone": "short"}, source="crm")
+    assert client.get_fact("alice", "language").value == "de"
+    assert [f.key for f in client.get_facts("alice")] == ["language", "tone"]
+    assert [f.value for f in client.fact_history("alice", "language")] == ["fr", "de"]
+    assert client.delete_fact("alice", "tone") is True
+    assert client.delete_fact("alice", "tone") is False
+    with pytest.raises(FactNotFoundError):
+        client.get_fact("alice", "tone")
+    client.forget_user("alice")
+    assert client.get_facts("alice") == []
+
+
+def test_sessions_recall_and_context(client: MemoryClient) -> None:
+    saved = client.save_session(SessionSummary(user_id="bob", session_id="s-db", **SUMMARY))
+    assert client.get_session("bob", "s-db") == saved
+    from_transcript = client.end_session("bob", "s-chat", TRANSCRIPT)
+    assert from_transcript.session_id == "s-chat"
+    assert "Postgres" in from_transcript.task_description
+    assert {s.session_id for s in client.list_sessions("bob")} == {"s-db", "s-chat"}
+    assert len(client.list_sessions("bob", limit=1)) == 1
+
+    hits = client.recall_relevant("bob", "stored procedures in PL/pgSQL", top_k=1)
+    assert len(hits) == 1
+    assert -1 <= hits[0].score <= 1
+
+    context = client.continuation_context("bob", "database migration", 400)
+    assert 0 < context.tokens <= 400
+    assert {s.name for s in context.sections} >= {"sessions"}
+    assert client.build_continuation_context("bob", "database migration", 400) == context.text
+
+    assert client.delete_session("bob", "s-db") is True
+    assert client.delete_session("bob", "s-db") is False
+    with pytest.raises(SessionNotFoundError):
+        client.get_session("bob", "s-db")
+
+
+def test_runs_and_fencing(client: MemoryClient) -> None:
+    run = client.start_run("carol", "refund-9")
+    assert (run.run_id, run.epoch) == ("refund-9", 1)
+    ckpt = run.append_checkpoint(
+        "charge", {"id": "ch_1"}, input={"cents": 500}, idempotency_key="c1"
+    )
+    assert client.get_checkpoint("refund-9", ckpt.checkpoint_id) == ckpt
+    with pytest.raises(InputMismatchError) as mismatch:
+        run.append_checkpoint("charge", {"id": "ch_1"}, input={"cents": 900}, idempotency_key="c1")
+    assert mismatch.value.idempotency_key == "c1"
+
+    resumed = client.start_run("carol", "refund-9")
+    assert resumed.epoch == 2
+    with pytest.raises(StaleWriterError):
+        run.append_checkpoint("late", None)
+    resumed.append_checkpoint("notify", "sent")
+    assert [c.step for c in client.run_history("refund-9")] == ["charge", "notify"]
+    done = resumed.complete({"ok": True})
+    assert (done.status, done.result) == (RunStatus.COMPLETED, {"ok": True})
+    assert client.get_run("refund-9") == done
+
+    other = client.start_run("carol")
+    assert client.cancel_run(other.run_id).status is RunStatus.CANCELLED
+    assert [r.run_id for r in client.list_runs(status=RunStatus.CANCELLED)] == [other.run_id]
+    with pytest.raises(RunNotFoundError):
+        client.get_run("no-such-run")
+
+
+def test_typed_errors(served: Served, client: MemoryClient) -> None:
+    with pytest.raises(InvalidInputError) as bad_id:
+        client.get_facts("not/an id")
+    assert bad_id.value.field == "user_id"
+    with pytest.raises(InvalidInputError) as blank:
+        client.recall_relevant("dave", "   ")
+    assert blank.value.field == "query"
+    with pytest.raises(AuthenticationError) as unauthenticated:
+        MemoryClient(served.base_url, "tmk_000000000000_" + "A" * 43).get_facts("dave")
+    assert unauthenticated.value.status == 401
+    reader = MemoryClient(served.base_url, served.read_only_key)
+    assert reader.get_facts("dave") == []
+    with pytest.raises(PermissionDeniedError):
+        reader.set_fact("dave", "k", 1)
+    with pytest.raises(BackendUnavailableError, match="cannot reach"):
+        MemoryClient(f"http://127.0.0.1:{free_port()}", served.key, timeout=2).get_facts("dave")
+    client.ping()
+
+
+def test_client_methods_match_the_library() -> None:
+    shared = [
+        "set_fact", "set_facts", "get_fact", "get_facts", "fact_history", "delete_fact",
+        "forget_user", "save_session", "end_session", "get_session", "list_sessions",
+        "delete_session", "recall_relevant", "continuation_context", "build_continuation_context",
+        "start_run", "get_run", "run_history", "list_runs", "ping", "close",
+    ]  # fmt: skip
+    for name in shared:
+        library = inspect.signature(getattr(Memory, name)).parameters
+        remote = inspect.signature(getattr(MemoryClient, name)).parameters
+        assert list(remote) == list(library), name
+
+
+def test_logs_are_json_with_request_ids_and_sigterm_shuts_down_cleanly(served: Served) -> None:
+    httpx.get(
+        f"{served.base_url}/v1/users/erin/facts",
+        headers={"Authorization": f"Bearer {served.key}", "X-Request-ID": "trace-123"},
+    )
+    served.process.send_signal(signal.SIGTERM)
+    # Uvicorn shuts down gracefully, then re-raises the signal so the parent sees it.
+    assert served.process.wait(30) in (0, -signal.SIGTERM)
+    lines = [json.loads(line) for line in served.log.read_text().splitlines() if line.strip()]
+    access = [entry for entry in lines if entry.get("request_id") == "trace-123"]
+    assert access, lines[-5:]
+    assert access[0]["logger"] == "tiermem.access"
+    assert (access[0]["route"], access[0]["status"], access[0]["tenant"]) == (
+        "/v1/users/{user_id}/facts",
+        200,
+        "client-test",
+    )
+    messages = [entry["msg"] for entry in lines]
+    assert "tiermem stopped" in messages
+    assert messages.index("tiermem stopped") < messages.index("Application shutdown complete.")
+    assert not any("Traceback" in entry.get("exc_info", "") for entry in lines)

@@ -1,0 +1,105 @@
+"""Operability: lifespan, probes, Prometheus metrics, JSON logs with request ids."""
+
+from __future__ import annotations
+
+import io
+import json
+import logging
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from api.logs import JsonFormatter
+from memory.facade import Memory
+from memory.settings import Settings
+from tests.api.conftest import Api, new_tenant, start_app
+from tiers.errors import BackendUnavailableError
+
+
+@pytest.mark.parametrize("backend", ["embedded", "redis"])
+def test_lifespan_opens_and_closes_its_own_stores(
+    backend: str, request: pytest.FixtureRequest, tmp_path: Path
+) -> None:
+    kv_url = request.getfixturevalue("redis_url") if backend == "redis" else None
+    settings = Settings(data_dir=tmp_path, kv_url=kv_url, durable=False, auth_enabled=False)
+    with start_app(settings) as api:
+        assert api.client.get("/readyz").json() == {
+            "status": "ok",
+            "checks": {"kv": "ok", "index": "ok", "embedder": "ok"},
+        }
+        assert api.client.put("/v1/users/u1/facts/k", json={"value": 1}).status_code == 200
+        opened = api.service.memory
+    with pytest.raises(BackendUnavailableError):
+        opened.kv.ping()
+    # What was acknowledged is in the store the next app opens.
+    with start_app(settings) as api:
+        assert api.client.get("/v1/users/u1/facts/k").json()["value"] == 1
+
+
+def test_an_app_given_a_memory_leaves_it_open(memory: Memory, tmp_path: Path) -> None:
+    with start_app(Settings(data_dir=tmp_path), memory):
+        pass
+    memory.kv.ping()
+
+
+def test_metrics_count_routes_by_template_and_time_the_core(api: Api) -> None:
+    headers = api.key(new_tenant())
+    c = api.client
+    for user in ("u1", "u2", "u3"):
+        c.get(f"/v1/users/{user}/facts", headers=headers)
+    c.post(
+        "/v1/users/u1/sessions",
+        json={"session_id": "s", "summary": {"task_description": "x"}},
+        headers=headers,
+    )
+    c.post("/v1/users/u1/sessions:recall", json={"query": "x"}, headers=headers)
+    c.post("/v1/users/u1/context", json={"query": "x"}, headers=headers)
+    run = c.post("/v1/runs", json={"user_id": "u1"}, headers=headers).json()
+    c.post(
+        f"/v1/runs/{run['run']['run_id']}/checkpoints",
+        json={"lease_epoch": run["lease_epoch"], "step": "a"},
+        headers=headers,
+    )
+    c.get("/v1/users/u1/facts")  # 401
+
+    text = c.get("/metrics").text
+    facts = 'method="GET",route="/v1/users/{user_id}/facts"'
+    assert f'tiermem_http_request_duration_seconds_count{{{facts},status="200"}} 3.0' in text
+    assert f'tiermem_http_request_duration_seconds_count{{{facts},status="401"}} 1.0' in text
+    assert "u1" not in text  # ids never become label values
+    for histogram in ("recall", "context", "checkpoint_commit"):
+        assert f"tiermem_{histogram}_duration_seconds_count 1.0" in text
+    assert "tiermem_session_jobs_pending 0.0" in text
+    assert "tiermem_session_outbox_backlog 0.0" in text
+    assert "tiermem_http_requests_in_flight" in text
+
+
+@pytest.fixture
+def access_log() -> Iterator[io.StringIO]:
+    stream = io.StringIO()
+    handler = logging.StreamHandler(stream)
+    handler.setFormatter(JsonFormatter())
+    logger = logging.getLogger("tiermem")
+    old_level = logger.level
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    yield stream
+    logger.removeHandler(handler)
+    logger.setLevel(old_level)
+
+
+def test_each_request_logs_one_json_line_with_its_request_id(
+    api: Api, access_log: io.StringIO
+) -> None:
+    tenant = new_tenant()
+    headers = api.key(tenant)
+    api.client.get("/v1/users/u1/facts/missing", headers={**headers, "X-Request-ID": "abc-1"})
+    (entry,) = [
+        json.loads(line) for line in access_log.getvalue().splitlines() if '"abc-1"' in line
+    ]
+    assert entry["logger"] == "tiermem.access"
+    assert entry["request_id"] == "abc-1"
+    assert entry["route"] == "/v1/users/{user_id}/facts/{key}"
+    assert (entry["status"], entry["method"], entry["tenant"]) == (404, "GET", tenant)
+    assert entry["duration_ms"] >= 0

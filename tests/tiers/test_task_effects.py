@@ -1,0 +1,285 @@
+"""Exactly-once effects of the task tier, on every KV backend (in-process; crashes in test_task_crash)."""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+
+from tiers import keys
+from tiers.backends.base import Check, KVStore, Write
+from tiers.errors import (
+    EffectOutcomeUnknownError,
+    InputMismatchError,
+    InvalidInputError,
+    RunStateError,
+    StaleWriterError,
+)
+from tiers.task import NOT_DONE, EffectStatus, EventKind, TaskTier
+
+
+class Crash(BaseException):
+    """Stands for the worker dying inside an effect's function (nothing after it runs)."""
+
+
+class External:
+    """An external system: counts executions per idempotency key."""
+
+    def __init__(self) -> None:
+        self.done: list[str] = []
+
+    def call(self, key: str) -> dict[str, str]:
+        self.done.append(key)
+        return {"id": f"X-{len(self.done)}", "key": key}
+
+    def crash_after(self, key: str) -> object:
+        self.done.append(key)
+        raise Crash
+
+    def crash_before(self, key: str) -> object:
+        raise Crash
+
+    def probe(self, key: str) -> object:
+        return {"id": "probed", "key": key} if key in self.done else NOT_DONE
+
+
+class CountingKV:
+    """Delegates to a real store and counts its commits (what each call costs in fsyncs)."""
+
+    def __init__(self, inner: KVStore) -> None:
+        self.inner = inner
+        self.max_value_bytes = inner.max_value_bytes
+        self.commits = 0
+
+    def get_many(self, space: str, keys: Sequence[str]) -> list[bytes | None]:
+        return self.inner.get_many(space, keys)
+
+    def scan(self, space: str, **kwargs: Any) -> list[tuple[str, bytes]]:
+        return self.inner.scan(space, **kwargs)
+
+    def commit(self, writes: Sequence[Write], checks: Sequence[Check] = ()) -> None:
+        self.commits += 1
+        self.inner.commit(writes, checks)
+
+    def ping(self) -> None:
+        self.inner.ping()
+
+    def close(self) -> None:
+        self.inner.close()
+
+
+@pytest.fixture
+def tasks(kv: KVStore) -> TaskTier:
+    return TaskTier(kv)
+
+
+def test_recorded_effects_are_replayed_not_repeated(tasks: TaskTier) -> None:
+    ext = External()
+    run = tasks.start_run("u", "r1")
+    first = run.effect("charge", ext.call, input={"amount": 5})
+    in_step = run.step("notify", lambda: {"mail": run.effect("mail", ext.call)})
+    assert ext.done == ["r1/effect:charge/0", "r1/notify/0/effect:mail/0"]
+    assert first == {"id": "X-1", "key": "r1/effect:charge/0"}
+
+    again = tasks.start_run("u", "r1")
+    assert again.effect("charge", ext.call, input={"amount": 5}) == first
+    assert again.step("notify", lambda: {"mail": again.effect("mail", ext.call)}) == in_step
+    assert len(ext.done) == 2
+    # A top-level effect is a checkpoint of its own.
+    assert [(c.step, c.kind) for c in tasks.history("r1")] == [
+        ("charge", "effect"),
+        ("notify", "step"),
+    ]
+    ledger = {r.key: r for r in tasks.effects("r1")}
+    assert ledger["r1/effect:charge/0"].status is EffectStatus.RECORDED
+    assert ledger["r1/effect:charge/0"].output == first
+    assert ledger["r1/notify/0/effect:mail/0"].step_key == "r1/notify/0"
+
+
+def test_a_step_replays_its_recorded_effects_when_it_reruns(tasks: TaskTier) -> None:
+    ext = External()
+    run = tasks.start_run("u", "r1")
+
+    def body() -> object:
+        a = run.effect("a", ext.call)
+        raise RuntimeError(f"step failed after effect {a}")
+
+    with pytest.raises(RuntimeError):
+        run.step("s", body)
+    assert tasks.history("r1") == []
+    # The retry of the step re-executes its function, but the effect is recorded.
+    out = run.step("s", lambda: {"a": run.effect("a", ext.call), "b": run.effect("b", ext.call)})
+    assert ext.done == ["r1/s/0/effect:a/0", "r1/s/0/effect:b/0"]
+    assert out["a"] == {"id": "X-1", "key": "r1/s/0/effect:a/0"}  # type: ignore[index,call-overload]
+
+
+def test_costs_one_commit_per_step_and_two_per_effect(kv: KVStore) -> None:
+    counting = CountingKV(kv)
+    tasks = TaskTier(counting)  # type: ignore[arg-type]
+    run = tasks.start_run("u", "r1")
+    before = counting.commits
+    run.step("plain", lambda: 1)
+    assert counting.commits - before == 1
+    before = counting.commits
+    run.effect("pay", External().call)
+    assert counting.commits - before == 2
+    before = counting.commits
+    run.step("replayed-nothing", lambda: 2)
+    tasks.start_run("u", "r1").step("plain", lambda: 0)  # a replay writes nothing
+    assert counting.commits - before == 2  # the step and the resume
+
+
+def test_unknown_outcome_blocks_until_an_operator_decides(kv: KVStore, tasks: TaskTier) -> None:
+    ext = External()
+    run = tasks.start_run("u", "r1")
+    with pytest.raises(Crash):
+        run.effect("charge", ext.crash_after, input=1)
+    key = "r1/effect:charge/0"
+    (unknown,) = tasks.unknown_effects("r1")
+    assert (unknown.key, unknown.status, unknown.attempt) == (key, EffectStatus.INVOKED, 1)
+
+    resumed = tasks.start_run("u", "r1")
+    for _ in range(2):
+        with pytest.raises(EffectOutcomeUnknownError, match="resolve_effect") as caught:
+            resumed.effect("charge", ext.call, input=1)
+        assert (caught.value.effect_key, caught.value.effect_name) == (key, "charge")
+    assert ext.done == [key]  # never called again
+    kinds = [e.kind for e in tasks.events("r1")]
+    assert kinds.count(EventKind.EFFECT_OUTCOME_UNKNOWN) == 1  # flagged once
+    with pytest.raises(InvalidInputError):
+        tasks.resolve_effect("r1", key)
+
+    tasks.resolve_effect("r1", key, output={"id": "from-operator"})
+    assert resumed.effect("charge", ext.call, input=1) == {"id": "from-operator"}
+    assert ext.done == [key]
+    assert tasks.history("r1")[-1].output == {"id": "from-operator"}
+    with pytest.raises(RunStateError, match="not of unknown outcome"):
+        tasks.resolve_effect("r1", key, rerun=True)
+
+
+def test_operator_rerun_calls_the_effect_once_more(tasks: TaskTier) -> None:
+    ext = External()
+    run = tasks.start_run("u", "r1")
+    with pytest.raises(Crash):
+        run.effect("charge", ext.crash_before)
+    tasks.resolve_effect("r1", "r1/effect:charge/0", rerun=True)
+    resumed = tasks.start_run("u", "r1")
+    assert resumed.effect("charge", ext.call)["id"] == "X-1"  # type: ignore[index,call-overload]
+    assert ext.done == ["r1/effect:charge/0"]
+    (rec,) = tasks.effects("r1")
+    assert (rec.status, rec.attempt) == (EffectStatus.RECORDED, 2)
+
+
+@pytest.mark.parametrize("crash", ["before", "after"])
+def test_reconcile_probes_by_idempotency_key(tasks: TaskTier, crash: str) -> None:
+    ext = External()
+    run = tasks.start_run("u", "r1")
+
+    def body() -> object:
+        fn = ext.crash_before if crash == "before" else ext.crash_after
+        return run.effect("pay", fn, reconcile=ext.probe)
+
+    with pytest.raises(Crash):
+        run.step("checkout", body)
+    resumed = tasks.start_run("u", "r1")
+    out = resumed.step("checkout", lambda: resumed.effect("pay", ext.call, reconcile=ext.probe))
+    key = "r1/checkout/0/effect:pay/0"
+    assert ext.done == [key]  # exactly once either way
+    if crash == "after":
+        assert out == {"id": "probed", "key": key}
+    else:
+        assert out == {"id": "X-1", "key": key}
+    sources = [e.data.get("source") for e in tasks.events("r1") if e.data.get("source")]
+    assert "reconcile" in sources
+
+
+def test_safe_to_retry_effects_rerun_after_unknown_outcome(tasks: TaskTier) -> None:
+    ext = External()
+    run = tasks.start_run("u", "r1")
+    with pytest.raises(Crash):
+        run.effect("idempotent-put", ext.crash_after, safe_to_retry=True)
+    tasks.start_run("u", "r1").effect("idempotent-put", ext.call, safe_to_retry=True)
+    assert ext.done == ["r1/effect:idempotent-put/0"] * 2
+
+
+def test_changed_request_or_name_is_refused(tasks: TaskTier) -> None:
+    ext = External()
+    run = tasks.start_run("u", "r1")
+    run.effect("pay", ext.call, input={"amount": 5}, idempotency_key="order-9")
+    with pytest.raises(InputMismatchError):
+        tasks.start_run("u", "r1").effect(
+            "pay", ext.call, input={"amount": 6}, idempotency_key="order-9"
+        )
+    again = tasks.start_run("u", "r1")
+    with pytest.raises(InputMismatchError):
+        again.step("s", lambda: again.effect("refund", ext.call, idempotency_key="order-9"))
+    assert ext.done == ["order-9"]
+
+
+def test_fenced_handle_never_invokes_its_effect(tasks: TaskTier) -> None:
+    ext = External()
+    stale = tasks.start_run("u", "r1")
+    tasks.start_run("u", "r1")
+    with pytest.raises(StaleWriterError):
+        stale.effect("pay", ext.call)
+    with pytest.raises(StaleWriterError):
+        stale.step("s", lambda: stale.effect("pay", ext.call))
+    assert ext.done == []
+    assert tasks.effects("r1") == []
+
+
+def test_nested_effects_are_refused(tasks: TaskTier) -> None:
+    run = tasks.start_run("u", "r1")
+    with pytest.raises(InvalidInputError, match="nested"):
+        run.effect("outer", lambda: run.effect("inner", lambda: 1))
+    with pytest.raises(InvalidInputError, match="nested"):
+        run.effect("outer2", lambda: run.step("inner", lambda: 1))
+
+
+def test_aeffect_awaits_and_is_exactly_once(kv: KVStore) -> None:
+    tasks = TaskTier(kv)
+    calls: list[str] = []
+
+    async def send(key: str) -> dict[str, str]:
+        await asyncio.sleep(0)
+        calls.append(key)
+        return {"sent": key}
+
+    async def reconcile(key: str) -> object:
+        return {"sent": key} if key in calls else NOT_DONE
+
+    async def main() -> None:
+        run = tasks.start_run("u", "r1")
+        assert await run.aeffect("send", send) == {"sent": "r1/effect:send/0"}
+
+        async def crashing(key: str) -> object:
+            calls.append(key)
+            raise Crash
+
+        with pytest.raises(Crash):
+            await run.aeffect("send", crashing)
+        resumed = tasks.start_run("u", "r1")
+        assert await resumed.aeffect("send", send) == {"sent": "r1/effect:send/0"}
+        assert await resumed.aeffect("send", send, reconcile=reconcile) == {
+            "sent": "r1/effect:send/1"
+        }
+
+    asyncio.run(main())
+    assert calls == ["r1/effect:send/0", "r1/effect:send/1"]
+
+
+def test_effect_ledger_and_events_are_in_the_run_space(kv: KVStore, tasks: TaskTier) -> None:
+    run = tasks.start_run("u", "r1")
+    run.effect("pay", External().call)
+    space = keys.run_space("default", "r1")
+    stored = dict(kv.scan(space, prefix=keys.EFFECT_PREFIX))
+    assert list(stored) == ["eff:r1/effect:pay/0"]
+    kinds = [e.kind for e in tasks.events("r1")]
+    assert kinds == [
+        EventKind.RUN_STARTED,
+        EventKind.EFFECT_INVOKED,
+        EventKind.EFFECT_RECORDED,
+        EventKind.STEP_COMMITTED,
+    ]

@@ -1,0 +1,369 @@
+"""Task tier lifecycle on every KV backend: event log and snapshots, leases, approval gates,
+time travel, compensation, budgets and retention."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+
+import pytest
+
+from tiers import keys
+from tiers.backends.base import Delete, KVStore
+from tiers.errors import (
+    ApprovalPendingError,
+    BudgetExceededError,
+    CompensationError,
+    ConflictError,
+    InvalidInputError,
+    LeaseHeldError,
+    PlanMismatchError,
+    RunCancelledError,
+    RunStateError,
+    StaleWriterError,
+)
+from tiers.models import RunStatus
+from tiers.task import Charged, EventKind, TaskTier
+
+SPACE = keys.run_space("default", "r1")
+
+
+class Clock:
+    """A settable UTC clock for lease expiry and retention."""
+
+    def __init__(self) -> None:
+        self.now = datetime(2030, 1, 1, tzinfo=UTC)
+
+    def __call__(self) -> datetime:
+        return self.now
+
+    def advance(self, seconds: float) -> None:
+        self.now += timedelta(seconds=seconds)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def tasks(kv: KVStore, clock: Clock) -> TaskTier:
+    return TaskTier(kv, clock=clock, snapshot_every=5)
+
+
+# -- event log and snapshots ---------------------------------------------------------
+
+
+def test_events_are_gap_free_and_never_change(kv: KVStore, tasks: TaskTier) -> None:
+    run = tasks.start_run("u", "r1")
+    for i in range(4):
+        run.step(f"s{i}", lambda i=i: Charged(i, tokens=3, state={f"k{i}": i}))
+    early = dict(kv.scan(SPACE, prefix=keys.EVENT_PREFIX))
+    resumed = tasks.start_run("u", "r1")
+    resumed.step("s0", lambda: "ignored")
+    resumed.step("late", lambda: 1)
+    resumed.complete("ok")
+    events = tasks.events("r1")
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert tasks.get_run("r1").event_seq == len(events)
+    after = dict(kv.scan(SPACE, prefix=keys.EVENT_PREFIX))
+    assert {k: after[k] for k in early} == early
+    assert events[-1].kind is EventKind.RUN_COMPLETED
+    assert [e.epoch for e in events if e.kind is EventKind.RUN_RESUMED] == [2]
+
+
+def test_state_is_a_fold_of_deltas_loaded_from_the_latest_snapshot(
+    kv: KVStore, tasks: TaskTier
+) -> None:
+    run = tasks.start_run("u", "r1")
+    expected: dict[str, object] = {}
+    for i in range(23):
+        delta = {f"k{i % 4}": i, "last": i}
+        expected.update(delta)
+        run.step("s", lambda d=delta: Charged(None, state=d))
+    assert run.state == expected
+    snaps = kv.scan(SPACE, prefix=keys.SNAPSHOT_PREFIX)
+    assert len(snaps) >= 4  # one per 5 events, and each step is 1 event
+    history = tasks.history("r1")
+    folded: dict[str, object] = {}
+    for ckpt in history:
+        folded.update(ckpt.state_delta or {})
+        assert tasks.state_at("r1", ckpt.checkpoint_id) == folded
+
+    # Resuming never reads the checkpoints before the latest snapshot: drop them.
+    latest = tasks.get_run("r1").snapshot_event_seq
+    before = [c for c in history if c.event_seq is not None and c.event_seq <= latest]
+    kv.commit([Delete(SPACE, keys.checkpoint_key(c.seq)) for c in before])
+    assert tasks.start_run("u", "r1").state == expected
+
+
+def test_rebuild_from_snapshot_and_tail_matches_the_head(tasks: TaskTier) -> None:
+    run = tasks.start_run("u", "r1", budget_tokens=1000)
+    for i in range(7):
+        run.step("s", lambda i=i: Charged(i, tokens=i, state={"i": i}))
+    run.effect("pay", lambda: "paid")
+    with pytest.raises(ApprovalPendingError) as pending:
+        run.await_approval({"plan": 1})
+    for _ in range(2):
+        info = tasks.get_run("r1")
+        rebuilt = tasks.rebuild("r1")
+        assert rebuilt.status is info.status is RunStatus.PAUSED
+        assert rebuilt.pending_plan_hash == pending.value.plan_hash
+        assert (rebuilt.head_seq, rebuilt.head_checkpoint_id, rebuilt.event_seq) == (
+            info.head_seq,
+            info.head_checkpoint_id,
+            info.event_seq,
+        )
+        assert (rebuilt.spent_tokens, rebuilt.values) == (21, {"i": 6})
+        assert rebuilt.events_read < info.event_seq  # started from a snapshot
+        # Compaction drops the events folded into the snapshot; the fold is unchanged.
+        assert tasks.compact("r1") > 0 or tasks.get_run("r1").compacted_through > 0
+    assert tasks.events("r1")[0].seq == tasks.get_run("r1").compacted_through + 1
+
+
+# -- leases ----------------------------------------------------------------------
+
+
+def test_live_lease_blocks_other_workers_until_it_expires(tasks: TaskTier, clock: Clock) -> None:
+    a = tasks.start_run("u", "r1", worker_id="a", lease_ttl=10)
+    a.step("one", lambda: 1)
+    with pytest.raises(LeaseHeldError, match="steal=True") as held:
+        tasks.start_run("u", "r1", worker_id="b", lease_ttl=10)
+    assert held.value.owner == "a"
+    assert tasks.list_resumable() == []
+
+    clock.advance(8)
+    assert a.heartbeat() == clock.now + timedelta(seconds=10)
+    clock.advance(8)  # 16 s after the start, but 8 s after the heartbeat
+    with pytest.raises(LeaseHeldError):
+        tasks.acquire("r1", worker_id="b")
+    clock.advance(3)
+    assert [r.run_id for r in tasks.list_resumable()] == ["r1"]
+    b = tasks.acquire("r1", worker_id="b", lease_ttl=10)
+    assert b.epoch == 2
+    with pytest.raises(StaleWriterError):
+        a.heartbeat()
+    with pytest.raises(StaleWriterError):
+        a.step("two", lambda: 2)
+
+    c = tasks.start_run("u", "r1", worker_id="c", steal=True)
+    assert c.epoch == 3
+    released = c.release()
+    assert (released.status, released.lease_owner) == (RunStatus.RESUMABLE, None)
+    assert [r.run_id for r in tasks.list_resumable()] == ["r1"]
+    d = tasks.acquire("r1", worker_id="d")
+    assert d.step("one", lambda: "x") == 1
+    assert tasks.get_run("r1").status is RunStatus.RUNNING
+
+
+def test_heartbeat_thread_does_not_disturb_steps(tasks: TaskTier) -> None:
+    run = tasks.start_run("u", "r1", lease_ttl=30)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def beat() -> None:
+        try:
+            while not stop.is_set():
+                run.heartbeat()
+        except BaseException as exc:
+            errors.append(exc)
+
+    thread = threading.Thread(target=beat)
+    thread.start()
+    try:
+        for i in range(20):
+            run.step("s", lambda i=i: i)
+    finally:
+        stop.set()
+        thread.join()
+    assert errors == []
+    assert tasks.get_run("r1").head_seq == 20
+
+
+def test_cancel_is_honoured_at_the_next_step_boundary(tasks: TaskTier) -> None:
+    run = tasks.start_run("u", "r1")
+    run.step("one", lambda: 1)
+    tasks.cancel("r1")
+    called: list[int] = []
+    with pytest.raises(RunCancelledError):
+        run.step("two", lambda: called.append(1))
+    with pytest.raises(RunCancelledError):
+        run.effect("pay", lambda: called.append(1))
+    assert called == []
+    assert tasks.events("r1")[-1].kind is EventKind.RUN_CANCELLED
+
+
+# -- approval gates ----------------------------------------------------------------
+
+
+def test_approval_gate_pauses_and_cannot_be_skipped(tasks: TaskTier) -> None:
+    plan = {"refund": 89.99, "to": "maria"}
+    run = tasks.start_run("u", "r1")
+    run.step("draft", lambda: plan)
+    with pytest.raises(ApprovalPendingError) as pending:
+        run.await_approval(plan)
+    digest = pending.value.plan_hash
+    info = tasks.get_run("r1")
+    assert info.status is RunStatus.PAUSED
+    assert info.pending_approval is not None
+    assert info.pending_approval.plan_hash == digest
+    # Neither this worker nor a resumed one can go past the gate.
+    with pytest.raises(ApprovalPendingError):
+        run.step("pay", lambda: 1)
+    resumed = tasks.start_run("u", "r1")
+    assert resumed.step("draft", lambda: {}) == plan
+    with pytest.raises(ApprovalPendingError):
+        resumed.await_approval(plan)
+    with pytest.raises(ApprovalPendingError):
+        resumed.effect("pay", lambda: 1)
+    with pytest.raises(PlanMismatchError):
+        tasks.approve("r1", "0" * 64, by="alice")
+    assert tasks.list_resumable() == []
+
+    approval = tasks.approve("r1", digest, by="alice", note="ok")
+    assert (approval.approved, approval.by) == (True, "alice")
+    assert tasks.approve("r1", digest, by="alice").approved  # idempotent
+    assert tasks.get_run("r1").status is RunStatus.RESUMABLE
+    final = tasks.start_run("u", "r1")
+    final.step("draft", lambda: {})
+    with pytest.raises(PlanMismatchError):
+        final.await_approval({"refund": 1000})
+    assert final.await_approval(plan).approved
+    assert final.step("pay", lambda: "paid") == "paid"
+    kinds = [e.kind for e in tasks.events("r1")]
+    assert EventKind.APPROVAL_REQUESTED in kinds
+    assert EventKind.APPROVAL_GRANTED in kinds
+
+
+def test_rejected_plan_is_reported_to_the_run(tasks: TaskTier) -> None:
+    run = tasks.start_run("u", "r1")
+    with pytest.raises(ApprovalPendingError) as pending:
+        run.await_approval(["delete", "everything"])
+    tasks.reject("r1", pending.value.plan_hash, by="bob")
+    with pytest.raises(RunStateError, match="no approval"):
+        tasks.approve("r1", pending.value.plan_hash, by="bob")
+    decision = run.await_approval(["delete", "everything"])
+    assert (decision.approved, decision.by) == (False, "bob")
+
+
+# -- time travel -----------------------------------------------------------------------
+
+
+def test_fork_replays_history_up_to_the_checkpoint(tasks: TaskTier) -> None:
+    run = tasks.start_run("u", "r1")
+    for i in range(4):
+        run.step("s", lambda i=i: Charged(i, state={"i": i}))
+    third = tasks.history("r1")[2]
+    forked = tasks.fork("r1", third.checkpoint_id, "r2")
+    assert (forked.parent_run_id, forked.parent_checkpoint_id) == ("r1", third.checkpoint_id)
+    assert forked.status is RunStatus.RESUMABLE
+    assert tasks.state_at("r2", tasks.history("r2")[-1].checkpoint_id) == {"i": 2}
+    calls: list[int] = []
+    child = tasks.start_run("u", "r2")
+    outs = [child.step("s", lambda i=i: (calls.append(i), i)[1]) for i in range(4)]
+    assert outs == [0, 1, 2, 3]
+    assert calls == [3]  # only the step after the fork point ran
+    assert len(tasks.history("r1")) == 4  # the parent is untouched
+    with pytest.raises(ConflictError):
+        tasks.fork("r1", third.checkpoint_id, "r2")
+
+
+def test_update_state_branches_and_reruns_later_steps(tasks: TaskTier) -> None:
+    effects: list[str] = []
+    run = tasks.start_run("u", "r1")
+    run.step("a", lambda: Charged("a", state={"x": 1}))
+    run.step("b", lambda: Charged("b", state={"y": 2, "seen": run.effect("pay", effects.append)}))
+    run.step("c", lambda: Charged("c", state={"z": 3}))
+    first = tasks.history("r1")[0]
+    edited = tasks.update_state("r1", first.checkpoint_id, {"x": 100}, by="alice")
+    assert edited.parent_id == first.checkpoint_id
+    info = tasks.get_run("r1")
+    assert info.superseded == [(2, 3)]
+    assert info.status is RunStatus.RESUMABLE
+    assert tasks.state_at("r1", edited.checkpoint_id) == {"x": 100}
+    with pytest.raises(StaleWriterError):
+        run.step("d", lambda: 1)  # the running worker was fenced out
+
+    calls: list[str] = []
+    resumed = tasks.start_run("u", "r1")
+    assert resumed.state == {"x": 100}
+    resumed.step("a", lambda: calls.append("a"))
+    resumed.step(
+        "b",
+        lambda: Charged(
+            calls.append("b"), state={"y": 20, "p": resumed.effect("pay", effects.append)}
+        ),
+    )
+    resumed.step("c", lambda: Charged(calls.append("c"), state={"z": 30}))
+    assert calls == ["b", "c"]  # steps after the branch point ran again
+    assert len(effects) == 1  # the recorded effect did not
+    assert resumed.state == {"x": 100, "y": 20, "p": None, "z": 30}
+    assert len(tasks.history("r1")) == 6
+    with pytest.raises(InvalidInputError, match="superseded"):
+        tasks.update_state("r1", tasks.history("r1")[1].checkpoint_id, {})
+
+
+# -- compensation, budgets, retention ----------------------------------------------------
+
+
+def test_compensation_runs_in_reverse_once_each(tasks: TaskTier) -> None:
+    undone: list[object] = []
+    run = tasks.start_run("u", "r1")
+    run.effect("book-hotel", lambda: "H1", compensation=lambda out: undone.append(out))
+    run.effect("book-flight", lambda: "F1", compensation=lambda out: undone.append(out))
+    run.effect("notify", lambda: "N1")
+    with pytest.raises(CompensationError, match="notify"):
+        run.compensate()
+    assert undone == []
+
+    run.register_compensation("notify", lambda out: undone.append(out))
+
+    def failing(out: object) -> None:
+        raise RuntimeError("flight API down")
+
+    run.register_compensation("book-flight", failing)
+    with pytest.raises(CompensationError, match="flight API down"):
+        run.compensate()
+    assert undone == ["N1"]
+    resumed = tasks.start_run("u", "r1")
+    resumed.register_compensation("notify", lambda out: undone.append(out))
+    resumed.register_compensation("book-flight", lambda out: undone.append(out))
+    resumed.register_compensation("book-hotel", lambda out: undone.append(out))
+    assert resumed.compensate() == ["r1/effect:book-flight/0", "r1/effect:book-hotel/0"]
+    assert undone == ["N1", "F1", "H1"]
+    assert resumed.compensate() == []  # compensations are never compensated (one level)
+    kinds = [e.kind for e in tasks.events("r1")]
+    assert kinds.count(EventKind.COMPENSATED) == 3
+
+
+def test_budget_is_debited_once_and_enforced(tasks: TaskTier) -> None:
+    run = tasks.start_run("u", "r1", budget_tokens=100, budget_cost=1.0)
+    run.step("llm", lambda: Charged("a", tokens=60, cost=0.25))
+    run.effect("api", lambda: Charged("b", tokens=45, cost=0.5))
+    info = tasks.get_run("r1")
+    assert (info.spent_tokens, info.spent_cost) == (105, 0.75)
+    resumed = tasks.start_run("u", "r1")
+    assert resumed.step("llm", lambda: Charged("x", tokens=60)) == "a"  # replay: no debit
+    assert resumed.effect("api", lambda: "x") == "b"
+    assert tasks.get_run("r1").spent_tokens == 105
+    called: list[int] = []
+    with pytest.raises(BudgetExceededError, match="105 of 100 tokens"):
+        resumed.step("more", lambda: called.append(1))
+    assert called == []
+    tasks.set_budget("r1", tokens=1000)
+    assert resumed.step("more", lambda: 1) == 1
+    debits = [e for e in tasks.events("r1") if e.kind is EventKind.BUDGET_DEBITED]
+    assert [e.data["tokens"] for e in debits] == [60, 45]
+
+
+def test_sweep_deletes_finished_runs_after_retention(
+    kv: KVStore, tasks: TaskTier, clock: Clock
+) -> None:
+    tasks.start_run("u", "done").complete()
+    tasks.start_run("u", "live").step("s", lambda: 1)
+    clock.advance(6 * 86400)
+    assert tasks.sweep() == []
+    clock.advance(2 * 86400)
+    assert tasks.sweep() == ["done"]
+    assert [r.run_id for r in tasks.list_runs()] == ["live"]
+    assert kv.scan(keys.run_space("default", "done")) == []

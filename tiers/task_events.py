@@ -1,0 +1,331 @@
+"""Records and pure helpers of the task tier: events, the effect ledger, snapshots.
+
+Nothing here does I/O; :mod:`tiers.task` and :mod:`tiers.task_handle` store these
+records through a :class:`~tiers.backends.base.KVStore` (key formats in :mod:`tiers.keys`).
+
+**Event log.** Every change to a run appends one or more :class:`Event` records
+with a gap-free, strictly increasing ``seq``, written in the same atomic commit
+as the change itself (the checkpoint, the effect ledger entry, the run's head).
+A committed event is never changed; corrections append.
+
+**Effect ledger.** One :class:`EffectRecord` per idempotency key: ``invoked``
+(written and fsync'd *before* the effect's function is called), ``recorded``
+(its output written before the run advances), or ``not_done`` (reconciled or
+decided as never having happened, so it may be invoked again). The ledger is an
+index over the event log, kept in the same commits.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+import time
+from enum import StrEnum
+from typing import Annotated, Any, Final
+
+from pydantic import Field, JsonValue
+
+from tiers import keys
+from tiers.errors import InvalidInputError
+from tiers.ids import Id
+from tiers.models import Record, UtcDatetime, utcnow
+
+__all__ = [
+    "NOT_DONE",
+    "Approval",
+    "ApprovalRecord",
+    "Charged",
+    "EffectRecord",
+    "EffectStatus",
+    "Event",
+    "EventKind",
+    "IdempotencyEntry",
+    "NotDone",
+    "Snapshot",
+    "canonical_json",
+    "input_hash",
+    "new_run_id",
+]
+
+STEP_MAX = 256
+KEY_MAX = 512
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+CHECKPOINT_ID = re.compile(r"ckpt-(\d{12})-[0-9a-f]{12}")
+
+
+class EventKind(StrEnum):
+    """What an event records."""
+
+    RUN_STARTED = "RunStarted"
+    RUN_RESUMED = "RunResumed"
+    RUN_FORKED = "RunForked"
+    STEP_STARTED = "StepStarted"
+    STEP_COMMITTED = "StepCommitted"
+    EFFECT_INVOKED = "EffectInvoked"
+    EFFECT_RECORDED = "EffectRecorded"
+    EFFECT_OUTCOME_UNKNOWN = "EffectOutcomeUnknown"
+    EFFECT_NOT_DONE = "EffectNotDone"
+    BUDGET_DEBITED = "BudgetDebited"
+    APPROVAL_REQUESTED = "ApprovalRequested"
+    APPROVAL_GRANTED = "ApprovalGranted"
+    APPROVAL_REJECTED = "ApprovalRejected"
+    RUN_PAUSED = "RunPaused"
+    RUN_RELEASED = "RunReleased"
+    RUN_COMPLETED = "RunCompleted"
+    RUN_FAILED = "RunFailed"
+    RUN_CANCELLED = "RunCancelled"
+    STATE_UPDATED = "StateUpdated"
+    COMPENSATED = "Compensated"
+
+
+class Event(Record):
+    """One entry of a run's append-only event log."""
+
+    run_id: Id
+    seq: int = Field(ge=1)
+    kind: EventKind
+    epoch: int = Field(ge=0)
+    at: UtcDatetime = Field(default_factory=utcnow)
+    data: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+class IdempotencyEntry(Record):
+    """Index entry of a run: the checkpoint that committed an idempotency key."""
+
+    seq: int = Field(ge=1)
+    checkpoint_id: str
+    input_hash: str
+
+
+class EffectStatus(StrEnum):
+    """Where an effect stands in the ledger."""
+
+    INVOKED = "invoked"
+    RECORDED = "recorded"
+    NOT_DONE = "not_done"
+
+
+class EffectRecord(Record):
+    """The ledger entry of one external effect (by idempotency key)."""
+
+    key: Annotated[str, Field(min_length=1, max_length=KEY_MAX)]
+    name: Annotated[str, Field(min_length=1, max_length=STEP_MAX)]
+    # Idempotency key of the step the effect ran in (its own key for a top-level effect).
+    step_key: Annotated[str, Field(min_length=1, max_length=KEY_MAX)]
+    status: EffectStatus
+    attempt: int = Field(ge=1)
+    request_hash: str
+    safe_to_retry: bool = False
+    # 0 for an effect of the run, 1 for a compensation's effect (never compensated itself).
+    level: int = Field(default=0, ge=0)
+    output: JsonValue = None
+    response_hash: str | None = None
+    # Who decided the output: "fn" (the call returned), "reconcile", "operator".
+    source: str | None = None
+    invoked_seq: int = Field(ge=1)
+    recorded_seq: int | None = None
+    # Set once the "outcome unknown" event was appended, so it is appended once.
+    flagged_unknown: bool = False
+    compensated: bool = False
+
+
+class ApprovalRecord(Record):
+    """One approval gate: the frozen plan and the decision, if any."""
+
+    key: Annotated[str, Field(min_length=1, max_length=KEY_MAX)]
+    plan_hash: str
+    plan: JsonValue = None
+    status: str = "requested"  # requested | granted | rejected
+    requested_at: UtcDatetime
+    decided_by: Annotated[str, Field(max_length=256)] | None = None
+    decided_at: UtcDatetime | None = None
+    note: Annotated[str, Field(max_length=2000)] | None = None
+
+
+class Approval(Record):
+    """The decision a gate returns to the run (see ``RunHandle.await_approval``)."""
+
+    approved: bool
+    plan_hash: str
+    by: str | None = None
+    at: UtcDatetime | None = None
+    note: str | None = None
+
+
+class Snapshot(Record):
+    """The run's state as of one checkpoint, so a resume folds at most K checkpoints."""
+
+    run_id: Id
+    seq: int = Field(ge=0)
+    checkpoint_id: str | None
+    event_seq: int = Field(ge=0)
+    values: dict[str, JsonValue] = Field(default_factory=dict)
+    # The run's status and spend as of event_seq, so the event log's tail folds onto it.
+    status: str = "running"
+    pending_plan_hash: str | None = None
+    spent_tokens: int = Field(default=0, ge=0)
+    spent_cost: float = Field(default=0.0, ge=0)
+
+
+class Charged:
+    """What a step's or effect's function returns to debit the run's budget atomically.
+
+    ``return Charged(output, tokens=812, cost=0.004)`` commits ``output`` and
+    the debit (a ``BudgetDebited`` event and the head's totals) in the same
+    write, so a replay never debits twice. ``state`` sets keys of the run's
+    state (a shallow merge stored as a delta).
+
+    Args:
+        output: The JSON-serialisable output.
+        tokens: Tokens spent (>= 0).
+        cost: Money spent (>= 0).
+        state: Keys of the run's state to set.
+    """
+
+    __slots__ = ("cost", "output", "state", "tokens")
+
+    def __init__(
+        self,
+        output: object = None,
+        *,
+        tokens: int = 0,
+        cost: float = 0.0,
+        state: dict[str, Any] | None = None,
+    ) -> None:
+        if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+            raise InvalidInputError("tokens must be an integer >= 0", field="tokens")
+        if isinstance(cost, bool) or not isinstance(cost, int | float) or not cost >= 0:
+            raise InvalidInputError("cost must be a number >= 0", field="cost")
+        if state is not None and not isinstance(state, dict):
+            raise InvalidInputError("state must be a dict of keys to set", field="state")
+        self.output = output
+        self.tokens = tokens
+        self.cost = float(cost)
+        self.state = state
+
+
+class NotDone:
+    """The type of :data:`NOT_DONE`."""
+
+    _instance: NotDone | None = None
+
+    def __new__(cls) -> NotDone:
+        if cls._instance is None:
+            cls._instance = super().__new__(cls)
+        return cls._instance
+
+    def __repr__(self) -> str:
+        return "NOT_DONE"
+
+
+NOT_DONE: Final = NotDone()
+"""What a reconcile callback returns when the external system shows the effect never happened."""
+
+
+# -- pure helpers -------------------------------------------------------------------
+
+
+def new_run_id() -> str:
+    """A fresh run id that sorts by creation time: ``run-<epoch millis>-<12 hex>``."""
+    return f"run-{time.time_ns() // 1_000_000:013d}-{secrets.token_hex(6)}"
+
+
+def canonical_json(value: object, *, field: str, step: str | None = None) -> str:
+    """Canonical JSON text of ``value``: sorted keys, no whitespace, UTF-8 (not ``\\u`` escapes).
+
+    Args:
+        value: Any JSON-serialisable value (dicts, lists, tuples, str, numbers, bool, None).
+        field: Name of the argument, for the error.
+        step: Step name, for the error.
+
+    Raises:
+        InvalidInputError: ``value`` is not JSON-serialisable (objects, sets, NaN,
+            mixed-type dict keys, lone surrogates).
+    """
+    try:
+        text = json.dumps(
+            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
+        )
+        text.encode()
+    except (TypeError, ValueError) as exc:
+        where = f"step {step!r}: " if step is not None else ""
+        raise InvalidInputError(
+            f"{where}{field} must be JSON-serialisable (dict/list/str/number/bool/None, "
+            f"no NaN): {exc}",
+            field=field,
+        ) from exc
+    return text
+
+
+def input_hash(value: object, *, step: str | None = None, field: str = "input") -> str:
+    """SHA-256 hex digest of the canonical JSON (:func:`canonical_json`) of a step's input."""
+    return hashlib.sha256(canonical_json(value, field=field, step=step).encode()).hexdigest()
+
+
+def output_digest(value: JsonValue) -> str:
+    """SHA-256 hex digest of the canonical JSON of an effect's output (its response digest)."""
+    return hashlib.sha256(canonical_json(value, field="output").encode()).hexdigest()
+
+
+def to_json(value: object, *, field: str, step: str | None = None) -> JsonValue:
+    """``value`` after a JSON round trip, so a first execution returns exactly what a replay will."""
+    parsed: JsonValue = json.loads(canonical_json(value, field=field, step=step))
+    return parsed
+
+
+def to_json_dict(value: object, *, field: str, step: str | None = None) -> dict[str, JsonValue]:
+    """Like :func:`to_json` for a value that must be a dict."""
+    if not isinstance(value, dict):
+        where = f"step {step!r}: " if step is not None else ""
+        raise InvalidInputError(
+            f"{where}{field} must be a dict, got {type(value).__name__}", field=field
+        )
+    parsed = to_json(value, field=field, step=step)
+    assert isinstance(parsed, dict)  # a dict stays a dict through JSON
+    return parsed
+
+
+def check_name(name: object, field: str = "step") -> str:
+    """A step / effect name: 1-256 characters, no control characters, stripped."""
+    if not isinstance(name, str):
+        raise InvalidInputError(
+            f"{field} name must be a string, got {type(name).__name__}", field=field
+        )
+    value = name.strip()
+    if not value:
+        raise InvalidInputError(f"{field} name must not be empty", field=field)
+    if len(value) > STEP_MAX or _CONTROL.search(value):
+        raise InvalidInputError(
+            f"{field} name {value[:80]!r} is invalid: use 1-{STEP_MAX} characters without "
+            "control characters",
+            field=field,
+        )
+    return value
+
+
+def check_key(key: object, field: str = "idempotency_key") -> str:
+    """An idempotency key: 1-512 characters, no control characters, stripped."""
+    if not isinstance(key, str):
+        raise InvalidInputError(f"{field} must be a string, got {type(key).__name__}", field=field)
+    value = key.strip()
+    if not value or len(value) > KEY_MAX or _CONTROL.search(value):
+        raise InvalidInputError(
+            f"{field} {value[:80]!r} is invalid: use 1-{KEY_MAX} characters without "
+            "control characters",
+            field=field,
+        )
+    return value
+
+
+def checkpoint_id(run_id: str, seq: int, key: str) -> str:
+    """``ckpt-<seq, 12 digits>-<12 hex of SHA-256(run_id, seq, key)>``: sorts by seq, no clock."""
+    digest = hashlib.sha256(f"{run_id}\0{seq}\0{key}".encode()).hexdigest()[:12]
+    return f"ckpt-{seq:0{keys.SEQ_WIDTH}d}-{digest}"
+
+
+def seq_of_checkpoint_id(value: object) -> int | None:
+    """The seq a checkpoint id names, or ``None`` if it is not a checkpoint id."""
+    match = CHECKPOINT_ID.fullmatch(value) if isinstance(value, str) else None
+    return int(match.group(1)) if match else None

@@ -26,6 +26,7 @@ from tiers.ids import check_id
 from tiers.models import Checkpoint, Message, RunInfo, RunStatus, SessionSummary, UserFact
 from tiers.session import RecalledSession, SessionTier
 from tiers.task import RunHandle, TaskTier
+from tiers.task_events import Approval
 from tiers.user import UserTier
 
 T = TypeVar("T")
@@ -284,10 +285,56 @@ class Memory:
     # -- task tier ----------------------------------------------------------
 
     def start_run(
-        self, user_id: str, run_id: str | None = None, *, resume: bool = True
+        self,
+        user_id: str,
+        run_id: str | None = None,
+        *,
+        resume: bool = True,
+        worker_id: str | None = None,
+        lease_ttl: float | None = None,
+        steal: bool = False,
+        budget_tokens: int | None = None,
+        budget_cost: float | None = None,
     ) -> RunHandle:
-        """Start a run, or resume it (taking its lease) if it exists."""
-        return self.tasks.start_run(user_id, run_id, resume=resume)
+        """Start a run, or resume it (taking its lease) if it exists.
+
+        With ``lease_ttl`` the lease expires unless the handle heartbeats, and
+        another worker gets ``LeaseHeldError`` while it is live (unless ``steal``).
+        """
+        return self.tasks.start_run(
+            user_id,
+            run_id,
+            resume=resume,
+            worker_id=worker_id,
+            lease_ttl=lease_ttl,
+            steal=steal,
+            budget_tokens=budget_tokens,
+            budget_cost=budget_cost,
+        )
+
+    def cancel_run(self, run_id: str) -> RunInfo:
+        """Cancel a run; its worker stops at its next step boundary."""
+        return self.tasks.cancel(run_id)
+
+    def approve_run(
+        self, run_id: str, plan_hash: str, *, by: str, note: str | None = None
+    ) -> Approval:
+        """Approve the plan a run is waiting on (``PlanMismatchError`` for another plan)."""
+        return self.tasks.approve(run_id, plan_hash, by=by, note=note)
+
+    def reject_run(
+        self, run_id: str, plan_hash: str, *, by: str, note: str | None = None
+    ) -> Approval:
+        """Reject the plan a run is waiting on."""
+        return self.tasks.reject(run_id, plan_hash, by=by, note=note)
+
+    def fork_run(self, run_id: str, checkpoint_id: str, new_run_id: str | None = None) -> RunInfo:
+        """Start a new run from a checkpoint of another (time travel); the parent link is kept."""
+        return self.tasks.fork(run_id, checkpoint_id, new_run_id)
+
+    def list_resumable_runs(self) -> list[RunInfo]:
+        """Unfinished runs whose lease has expired: work for a worker pool after a deploy."""
+        return self.tasks.list_resumable()
 
     def get_run(self, run_id: str) -> RunInfo:
         """Status and head of a run (``RunNotFoundError`` if none)."""
@@ -455,10 +502,55 @@ class AsyncMemory:
         await self._call(self.sync.forget_user, user_id)
 
     async def start_run(
-        self, user_id: str, run_id: str | None = None, *, resume: bool = True
+        self,
+        user_id: str,
+        run_id: str | None = None,
+        *,
+        resume: bool = True,
+        worker_id: str | None = None,
+        lease_ttl: float | None = None,
+        steal: bool = False,
+        budget_tokens: int | None = None,
+        budget_cost: float | None = None,
     ) -> RunHandle:
-        """See :meth:`Memory.start_run`. The handle's own methods are synchronous."""
-        return await self._call(self.sync.start_run, user_id, run_id, resume=resume)
+        """See :meth:`Memory.start_run`. The handle's methods are synchronous (``aeffect`` aside)."""
+        return await self._call(
+            self.sync.start_run,
+            user_id,
+            run_id,
+            resume=resume,
+            worker_id=worker_id,
+            lease_ttl=lease_ttl,
+            steal=steal,
+            budget_tokens=budget_tokens,
+            budget_cost=budget_cost,
+        )
+
+    async def cancel_run(self, run_id: str) -> RunInfo:
+        """See :meth:`Memory.cancel_run`."""
+        return await self._call(self.sync.cancel_run, run_id)
+
+    async def approve_run(
+        self, run_id: str, plan_hash: str, *, by: str, note: str | None = None
+    ) -> Approval:
+        """See :meth:`Memory.approve_run`."""
+        return await self._call(self.sync.approve_run, run_id, plan_hash, by=by, note=note)
+
+    async def reject_run(
+        self, run_id: str, plan_hash: str, *, by: str, note: str | None = None
+    ) -> Approval:
+        """See :meth:`Memory.reject_run`."""
+        return await self._call(self.sync.reject_run, run_id, plan_hash, by=by, note=note)
+
+    async def fork_run(
+        self, run_id: str, checkpoint_id: str, new_run_id: str | None = None
+    ) -> RunInfo:
+        """See :meth:`Memory.fork_run`."""
+        return await self._call(self.sync.fork_run, run_id, checkpoint_id, new_run_id)
+
+    async def list_resumable_runs(self) -> list[RunInfo]:
+        """See :meth:`Memory.list_resumable_runs`."""
+        return await self._call(self.sync.list_resumable_runs)
 
     async def get_run(self, run_id: str) -> RunInfo:
         """See :meth:`Memory.get_run`."""

@@ -203,3 +203,27 @@ def test_tenant_views_share_stores_but_not_data(memory: Memory) -> None:
     ]
     other.close()  # a view does not close the shared stores
     memory.ping()
+
+
+def test_run_operations_through_the_facade(memory: Memory) -> None:
+    from tiers.errors import ApprovalPendingError, PlanMismatchError
+    from tiers.task import input_hash
+
+    plan = {"refund": 42.0, "to": "card"}
+    run = memory.start_run("u1", "r-approve")
+    run.step("prepare", lambda: {"ok": True})
+    with pytest.raises(ApprovalPendingError):
+        run.await_approval(plan)
+    assert memory.get_run("r-approve").status.value == "paused"
+    with pytest.raises(PlanMismatchError):
+        memory.approve_run("r-approve", input_hash({"refund": 999}), by="ops")
+    decision = memory.approve_run("r-approve", input_hash(plan), by="ops")
+    assert decision.approved
+    resumed = memory.start_run("u1", "r-approve")
+    resumed.step("prepare", lambda: {"ok": True})
+    assert resumed.await_approval(plan).by == "ops"
+    first = memory.run_history("r-approve")[0]
+    fork = memory.fork_run("r-approve", first.checkpoint_id, "r-fork")
+    assert fork.run_id == "r-fork"
+    assert [c.step for c in memory.run_history("r-fork")] == ["prepare"]
+    assert memory.cancel_run("r-fork").status.value == "cancelled"

@@ -29,6 +29,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from memory.facade import Memory
+from tiers.task_events import NOT_DONE, NotDone
 
 USER = "maria"
 RUN_ID = "refund-ord-5521"
@@ -41,6 +42,14 @@ STEPS = (
     "update_crm",
 )
 KILL_AFTER_STEP = 4
+OUTPUTS: dict[str, JsonValue] = {
+    "authenticate": {"customer": USER, "verified": True},
+    "validate_order": {"order": "ORD-5521", "item": "blender", "eligible": True},
+    "compute_amount": {"amount": 89.99, "currency": "USD"},
+    "issue_credit": {"credit_id": "CR-88213", "amount": 89.99},
+    "send_confirmation": {"email": "sent", "to": "maria@example.org"},
+    "update_crm": {"crm_case": "CASE-1203", "status": "resolved"},
+}
 
 TRANSCRIPT = [
     {
@@ -95,29 +104,32 @@ EARLIER_SESSIONS: list[dict[str, JsonValue]] = [
 ]
 
 
-def run_step(step: str, effects_log: Path) -> Callable[[], JsonValue]:
-    """The body of one refund step: records its side effect, returns its output."""
+def run_step(step: str, effects_log: Path) -> Callable[[str], JsonValue]:
+    """The external call of one refund step: logs its side effect under its idempotency key."""
 
-    def body() -> JsonValue:
+    def call(idempotency_key: str) -> JsonValue:
         if step == "send_confirmation" and os.environ.get("TIERMEM_DEMO_HANG") == "1":
-            # The worker that is about to be killed parks here, before the effect.
+            # The worker that is about to be killed parks here: the call is invoked, not done.
             print("HANGING", flush=True)
             time.sleep(600)
         with effects_log.open("a") as log:
-            log.write(f"{step}\n")
+            log.write(f"{step} {idempotency_key}\n")
             log.flush()
             os.fsync(log.fileno())
-        outputs: dict[str, JsonValue] = {
-            "authenticate": {"customer": USER, "verified": True},
-            "validate_order": {"order": "ORD-5521", "item": "blender", "eligible": True},
-            "compute_amount": {"amount": 89.99, "currency": "USD"},
-            "issue_credit": {"credit_id": "CR-88213", "amount": 89.99},
-            "send_confirmation": {"email": "sent", "to": "maria@example.org"},
-            "update_crm": {"crm_case": "CASE-1203", "status": "resolved"},
-        }
-        return outputs[step]
+        return OUTPUTS[step]
 
-    return body
+    return call
+
+
+def probe(step: str, effects_log: Path) -> Callable[[str], JsonValue | NotDone]:
+    """Reconcile an effect whose outcome is unknown: ask the 'external system' by key."""
+
+    def check(idempotency_key: str) -> JsonValue | NotDone:
+        done = effects_log.exists() and f"{step} {idempotency_key}" in effects_log.read_text()
+        print(json.dumps({"reconciled": step, "was_done": done}), flush=True)
+        return OUTPUTS[step] if done else NOT_DONE
+
+    return check
 
 
 def worker(data_dir: Path) -> None:
@@ -125,7 +137,8 @@ def worker(data_dir: Path) -> None:
     with Memory.open(data_dir) as memory:
         run = memory.start_run(USER, RUN_ID)
         for index, step in enumerate(STEPS, start=1):
-            output = run.step(step, run_step(step, data_dir / "effects.log"), input={"n": index})
+            log = data_dir / "effects.log"
+            output = run.effect(step, run_step(step, log), reconcile=probe(step, log))
             print(json.dumps({"step": index, "name": step, "output": output}), flush=True)
         run.complete({"refund": "done"})
 
@@ -179,12 +192,21 @@ def main(data_dir: Path | None = None) -> None:
     resumed = subprocess.run(worker_cmd, capture_output=True, text=True, check=True)
     for line in resumed.stdout.splitlines():
         event = json.loads(line)
+        if "reconciled" in event:
+            verdict = "it had happened" if event["was_done"] else "it had not happened: run it now"
+            console.print(
+                f"  [yellow]? step {event['reconciled']} was in flight at the crash (outcome "
+                f"unknown): reconciled by idempotency key -> {verdict}[/]"
+            )
+            continue
         replayed = event["step"] <= KILL_AFTER_STEP
         mark = "[dim]↺ replayed from checkpoint[/]" if replayed else "[green]✔ executed[/]"
         console.print(f"  {mark} step {event['step']} [bold]{event['name']}[/]")
 
-    effects = Counter((workdir / "effects.log").read_text().split())
-    table = Table(title="side effects executed (must be 1 each)", title_style="bold")
+    effects = Counter(
+        line.split()[0] for line in (workdir / "effects.log").read_text().splitlines()
+    )
+    table = Table(title="side effects executed", title_style="bold")
     table.add_column("step")
     table.add_column("times", justify="right")
     for step in STEPS:

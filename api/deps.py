@@ -125,6 +125,7 @@ async def write_memory(request: Request) -> Memory:
     return await _memory(request, "write")
 
 
+Caller = Annotated[Principal, Depends(authenticate)]
 ReadAccess = Annotated[Principal, Depends(read_principal)]
 ReadMemory = Annotated[Memory, Depends(read_memory)]
 WriteMemory = Annotated[Memory, Depends(write_memory)]

@@ -48,16 +48,24 @@ from summarizer.errors import (
     SummaryGenerationError,
 )
 from tiers.errors import (
+    ApprovalPendingError,
     BackendUnavailableError,
+    BudgetExceededError,
     CheckpointNotFoundError,
+    CompensationError,
     ConflictError,
     CorruptRecordError,
+    EffectOutcomeUnknownError,
     EmbedderError,
     FactNotFoundError,
     InputMismatchError,
     InvalidInputError,
+    LeaseHeldError,
     NotFoundError,
+    PlanMismatchError,
+    RunCancelledError,
     RunNotFoundError,
+    RunPausedError,
     RunStateError,
     SessionNotFoundError,
     StaleWriterError,
@@ -144,6 +152,14 @@ ERROR_MAP: Mapping[type[BaseException], ProblemSpec] = {
     ConflictError: ProblemSpec(409, "conflict", "Conflicting concurrent change"),
     StaleWriterError: ProblemSpec(409, "stale-lease", "Stale lease"),
     RunStateError: ProblemSpec(409, "run-state", "Run state forbids this"),
+    LeaseHeldError: ProblemSpec(409, "lease-held", "Another worker holds the lease"),
+    PlanMismatchError: ProblemSpec(409, "plan-mismatch", "Plan hash mismatch"),
+    RunCancelledError: ProblemSpec(409, "run-cancelled", "Run cancelled"),
+    RunPausedError: ProblemSpec(409, "run-paused", "Run paused"),
+    ApprovalPendingError: ProblemSpec(409, "approval-pending", "Run waits for an approval"),
+    EffectOutcomeUnknownError: ProblemSpec(409, "effect-outcome-unknown", "Effect outcome unknown"),
+    BudgetExceededError: ProblemSpec(409, "budget-exceeded", "Run budget exceeded"),
+    CompensationError: ProblemSpec(409, "compensation-failed", "Compensation missing or failed"),
     CorruptRecordError: ProblemSpec(
         500, "corrupt-record", "Corrupt stored record", public_detail=False
     ),
@@ -224,6 +240,12 @@ def _extras(exc: BaseException) -> dict[str, Any]:
         extras.update(reason=exc.reason, attempts=exc.attempts)
     if isinstance(exc, TokenBudgetExceededError):
         extras.update(needed=exc.needed, remaining=exc.remaining, budget=exc.budget)
+    if isinstance(exc, LeaseHeldError):
+        extras.update(owner=exc.owner, expires_at=exc.expires_at)
+    if isinstance(exc, ApprovalPendingError):
+        extras.update(run_id=exc.run_id, plan_hash=exc.plan_hash, approval_key=exc.approval_key)
+    if isinstance(exc, EffectOutcomeUnknownError):
+        extras.update(run_id=exc.run_id, effect_key=exc.effect_key, effect_name=exc.effect_name)
     return extras
 
 

@@ -56,16 +56,24 @@ from summarizer.errors import (
     SummaryGenerationError,
 )
 from tiers.errors import (
+    ApprovalPendingError,
     BackendUnavailableError,
+    BudgetExceededError,
     CheckpointNotFoundError,
+    CompensationError,
     ConflictError,
     CorruptRecordError,
+    EffectOutcomeUnknownError,
     EmbedderError,
     FactNotFoundError,
     InputMismatchError,
     InvalidInputError,
+    LeaseHeldError,
     NotFoundError,
+    PlanMismatchError,
+    RunCancelledError,
     RunNotFoundError,
+    RunPausedError,
     RunStateError,
     SessionNotFoundError,
     StaleWriterError,
@@ -74,6 +82,7 @@ from tiers.errors import (
 from tiers.ids import check_id
 from tiers.models import Checkpoint, Message, RunInfo, RunStatus, SessionSummary, UserFact
 from tiers.session import RecalledSession
+from tiers.task_events import Approval
 
 __all__ = [
     "AuthenticationError",
@@ -201,6 +210,26 @@ PROBLEM_ERRORS: Mapping[str, Builder] = {
     "conflict": _plain(ConflictError),
     "stale-lease": _plain(StaleWriterError),
     "run-state": _plain(RunStateError),
+    "lease-held": lambda detail, p: LeaseHeldError(
+        detail, owner=str(p.get("owner", "")), expires_at=str(p.get("expires_at", ""))
+    ),
+    "plan-mismatch": _plain(PlanMismatchError),
+    "run-cancelled": _plain(RunCancelledError),
+    "run-paused": _plain(RunPausedError),
+    "approval-pending": lambda detail, p: ApprovalPendingError(
+        detail,
+        run_id=str(p.get("run_id", "")),
+        plan_hash=str(p.get("plan_hash", "")),
+        approval_key=str(p.get("approval_key", "")),
+    ),
+    "effect-outcome-unknown": lambda detail, p: EffectOutcomeUnknownError(
+        detail,
+        run_id=str(p.get("run_id", "")),
+        effect_key=str(p.get("effect_key", "")),
+        effect_name=str(p.get("effect_name", "")),
+    ),
+    "budget-exceeded": _plain(BudgetExceededError),
+    "compensation-failed": _plain(CompensationError),
     "corrupt-record": _plain(CorruptRecordError),
     "backend-unavailable": _plain(BackendUnavailableError),
     "embedder-unavailable": _plain(EmbedderError),
@@ -531,12 +560,29 @@ class MemoryClient:
     # -- task tier --------------------------------------------------------------------------
 
     def start_run(
-        self, user_id: str, run_id: str | None = None, *, resume: bool = True
+        self,
+        user_id: str,
+        run_id: str | None = None,
+        *,
+        resume: bool = True,
+        worker_id: str | None = None,
+        lease_ttl: float | None = None,
+        steal: bool = False,
+        budget_tokens: int | None = None,
+        budget_cost: float | None = None,
     ) -> RemoteRun:
         """See :meth:`memory.Memory.start_run`; the returned handle writes over HTTP."""
-        data = self._json(
-            "POST", "/v1/runs", json={"user_id": user_id, "run_id": run_id, "resume": resume}
-        )
+        body = {
+            "user_id": user_id,
+            "run_id": run_id,
+            "resume": resume,
+            "worker_id": worker_id,
+            "lease_ttl": lease_ttl,
+            "steal": steal,
+            "budget_tokens": budget_tokens,
+            "budget_cost": budget_cost,
+        }
+        data = self._json("POST", "/v1/runs", json=body)
         return RemoteRun(self, _run(data["run"]), int(data["lease_epoch"]))
 
     def get_run(self, run_id: str) -> RunInfo:
@@ -571,6 +617,27 @@ class MemoryClient:
     def cancel_run(self, run_id: str) -> RunInfo:
         """Cancel a run: every worker's next write is refused."""
         return _run(self._json("POST", f"/v1/runs/{_id(run_id, 'run_id')}:cancel"))
+
+    def approve_run(
+        self, run_id: str, plan_hash: str, *, by: str, note: str | None = None
+    ) -> Approval:
+        """See :meth:`memory.Memory.approve_run`."""
+        body = {"plan_hash": plan_hash, "by": by, "note": note}
+        data = self._json("POST", f"/v1/runs/{_id(run_id, 'run_id')}:approve", json=body)
+        return Approval.model_validate(data)
+
+    def reject_run(
+        self, run_id: str, plan_hash: str, *, by: str, note: str | None = None
+    ) -> Approval:
+        """See :meth:`memory.Memory.reject_run`."""
+        body = {"plan_hash": plan_hash, "by": by, "note": note}
+        data = self._json("POST", f"/v1/runs/{_id(run_id, 'run_id')}:reject", json=body)
+        return Approval.model_validate(data)
+
+    def fork_run(self, run_id: str, checkpoint_id: str, new_run_id: str | None = None) -> RunInfo:
+        """See :meth:`memory.Memory.fork_run`."""
+        body = {"checkpoint_id": checkpoint_id, "new_run_id": new_run_id}
+        return _run(self._json("POST", f"/v1/runs/{_id(run_id, 'run_id')}:fork", json=body))
 
     # -- lifecycle --------------------------------------------------------------------------
 
@@ -647,6 +714,13 @@ class RemoteRun:
         return _checkpoint(
             self._client._json("POST", f"/v1/runs/{self.run_id}/checkpoints", json=body)
         )
+
+    def heartbeat(self) -> datetime | None:
+        """See :meth:`tiers.task.RunHandle.heartbeat`: renew the lease, return its new expiry."""
+        body = {"lease_epoch": self._epoch}
+        data = self._client._json("POST", f"/v1/runs/{self.run_id}:heartbeat", json=body)
+        expires = data["lease_expires_at"]
+        return None if expires is None else datetime.fromisoformat(expires)
 
     def complete(self, result: object = None) -> RunInfo:
         """See :meth:`tiers.task.RunHandle.complete`."""

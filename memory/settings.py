@@ -78,6 +78,12 @@ class Settings(BaseSettings):
     shutdown_timeout_seconds: float = Field(
         default=30.0, gt=0, description="Graceful shutdown: time allowed for in-flight requests."
     )
+    service_embedder_threads: int = Field(
+        default=1,
+        ge=1,
+        description="onnxruntime threads per call of the local embedding model in `tiermem serve`: "
+        "with many requests at once, one thread per call gives the most recalls per second.",
+    )
     access_log: bool = Field(default=True, description="One JSON log line per HTTP request.")
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         default="info", description="Log level of `tiermem serve`."

@@ -12,21 +12,27 @@ from typing import Annotated
 
 from fastapi import APIRouter, Path, Query, Response, status
 
-from api.deps import ReadMemory, ServiceDep, WriteMemory
+from api.deps import Caller, ReadMemory, ServiceDep, WriteMemory
 from api.errors import problem_responses
 from api.responses import json_response
 from api.schemas.common import Id, RunIdPath
 from api.schemas.runs import (
+    ApprovalDecision,
+    ApprovalOut,
     CheckpointCreate,
     CheckpointList,
     CheckpointOut,
+    HeartbeatOut,
+    LeaseRef,
     RunComplete,
     RunCreate,
     RunFail,
+    RunFork,
     RunLease,
     RunList,
     RunOut,
 )
+from api.state import Principal
 from tiers.models import Checkpoint, RunInfo, RunStatus
 
 router = APIRouter(
@@ -65,7 +71,16 @@ def start_run(body: RunCreate, memory: WriteMemory) -> Response:
     Resuming increments the lease epoch: writes with an older epoch are
     refused from then on.
     """
-    handle = memory.start_run(body.user_id, body.run_id, resume=body.resume)
+    handle = memory.start_run(
+        body.user_id,
+        body.run_id,
+        resume=body.resume,
+        worker_id=body.worker_id,
+        lease_ttl=body.lease_ttl,
+        steal=body.steal,
+        budget_tokens=body.budget_tokens,
+        budget_cost=body.budget_cost,
+    )
     code = status.HTTP_200_OK if handle.epoch > 1 else status.HTTP_201_CREATED
     return json_response(
         RunLease(run=run_out(handle.info), lease_epoch=handle.epoch), status_code=code
@@ -177,5 +192,63 @@ def fail_run(run_id: RunIdPath, body: RunFail, memory: WriteMemory) -> Response:
 
 @router.post("/{run_id}:cancel", name="cancel_run", response_model=RunOut, responses=_WRITE_ERRORS)
 def cancel_run(run_id: RunIdPath, memory: WriteMemory) -> Response:
-    """Cancel the run: every worker's next write is refused. Cancelling twice does nothing."""
-    return json_response(run_out(memory.tasks.cancel(run_id)))
+    """Cancel the run: its worker stops at its next step boundary. Cancelling twice does nothing."""
+    return json_response(run_out(memory.cancel_run(run_id)))
+
+
+def _decider(body: ApprovalDecision, caller: Principal) -> str:
+    if body.by is not None:
+        return body.by
+    return f"api-key:{caller.key_id}" if caller.key_id else "api"
+
+
+@router.post(
+    "/{run_id}:approve", name="approve_run", response_model=ApprovalOut, responses=_WRITE_ERRORS
+)
+def approve_run(
+    run_id: RunIdPath, body: ApprovalDecision, memory: WriteMemory, caller: Caller
+) -> Response:
+    """Approve the plan a paused run waits on; the run becomes resumable and passes its gate.
+
+    409 ``plan-mismatch`` if ``plan_hash`` is not the plan the run waits on.
+    """
+    approval = memory.approve_run(run_id, body.plan_hash, by=_decider(body, caller), note=body.note)
+    return json_response(ApprovalOut.model_validate(approval, from_attributes=True))
+
+
+@router.post(
+    "/{run_id}:reject", name="reject_run", response_model=ApprovalOut, responses=_WRITE_ERRORS
+)
+def reject_run(
+    run_id: RunIdPath, body: ApprovalDecision, memory: WriteMemory, caller: Caller
+) -> Response:
+    """Reject the plan a paused run waits on; its worker sees the rejection at the gate."""
+    approval = memory.reject_run(run_id, body.plan_hash, by=_decider(body, caller), note=body.note)
+    return json_response(ApprovalOut.model_validate(approval, from_attributes=True))
+
+
+@router.post(
+    "/{run_id}:fork",
+    name="fork_run",
+    status_code=status.HTTP_201_CREATED,
+    response_model=RunOut,
+    responses=_WRITE_ERRORS,
+)
+def fork_run(run_id: RunIdPath, body: RunFork, memory: WriteMemory) -> Response:
+    """Start a new run from one of this run's checkpoints; the new run links back to it."""
+    info = memory.fork_run(run_id, body.checkpoint_id, body.new_run_id)
+    return json_response(run_out(info), status_code=status.HTTP_201_CREATED)
+
+
+@router.post(
+    "/{run_id}:heartbeat",
+    name="heartbeat_run",
+    response_model=HeartbeatOut,
+    responses=_WRITE_ERRORS,
+)
+def heartbeat_run(run_id: RunIdPath, body: LeaseRef, memory: WriteMemory) -> Response:
+    """Renew a lease taken with ``lease_ttl``; 409 ``stale-lease`` once another worker took it."""
+    expires = memory.tasks.attach(run_id, body.lease_epoch).heartbeat()
+    return json_response(
+        HeartbeatOut(run_id=run_id, lease_epoch=body.lease_epoch, lease_expires_at=expires)
+    )

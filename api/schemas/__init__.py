@@ -9,12 +9,16 @@ from api.schemas.facts import FactList, FactOut, FactPut, FactsPut
 from api.schemas.health import Health, Readiness
 from api.schemas.problems import FieldError, Problem
 from api.schemas.runs import (
+    ApprovalDecision,
+    ApprovalOut,
     CheckpointCreate,
     CheckpointList,
     CheckpointOut,
+    PendingApprovalOut,
     RunComplete,
     RunCreate,
     RunFail,
+    RunFork,
     RunLease,
     RunList,
     RunOut,
@@ -33,6 +37,8 @@ from api.schemas.sessions import (
 )
 
 __all__ = [
+    "ApprovalDecision",
+    "ApprovalOut",
     "CheckpointCreate",
     "CheckpointList",
     "CheckpointOut",
@@ -48,6 +54,7 @@ __all__ = [
     "JobOut",
     "JobStatus",
     "MessageIn",
+    "PendingApprovalOut",
     "Problem",
     "Readiness",
     "RecallRequest",
@@ -56,6 +63,7 @@ __all__ = [
     "RunComplete",
     "RunCreate",
     "RunFail",
+    "RunFork",
     "RunLease",
     "RunList",
     "RunOut",

@@ -7,7 +7,7 @@ from typing import Annotated
 
 from pydantic import Field, JsonValue
 
-from api.schemas.common import NO_CONTROL_NON_BLANK, Id, RequestModel, ResponseModel
+from api.schemas.common import NO_CONTROL_NON_BLANK, NON_BLANK, Id, RequestModel, ResponseModel
 from tiers.models import MAX_TEXT, RunStatus
 
 LeaseEpoch = Annotated[
@@ -24,6 +24,24 @@ class RunCreate(RequestModel):
     user_id: Id
     run_id: Id | None = Field(default=None, description="Default: a new id.")
     resume: bool = Field(default=True, description="Whether an existing run may be resumed.")
+    worker_id: (
+        Annotated[str, Field(min_length=1, max_length=256, pattern=NO_CONTROL_NON_BLANK)] | None
+    ) = Field(default=None, description="Who holds the lease (shown to other workers).")
+    lease_ttl: Annotated[float, Field(gt=0, le=86_400)] | None = Field(
+        default=None,
+        description="Seconds the lease lasts unless renewed with :heartbeat; default: no expiry.",
+    )
+    steal: bool = Field(default=False, description="Take a live lease from another worker.")
+    budget_tokens: Annotated[int, Field(ge=0, le=2**62)] | None = None
+    budget_cost: Annotated[float, Field(ge=0, le=1e12)] | None = None
+
+
+class PendingApprovalOut(ResponseModel):
+    """The approval gate a paused run waits at."""
+
+    key: str
+    plan_hash: str = Field(description="SHA-256 of the plan to approve or reject.")
+    requested_at: datetime
 
 
 class RunOut(ResponseModel):
@@ -40,6 +58,13 @@ class RunOut(ResponseModel):
     created_at: datetime
     updated_at: datetime
     last_checkpoint_at: datetime | None
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
+    pending_approval: PendingApprovalOut | None = Field(
+        default=None, description="Set while the run is paused at an approval gate."
+    )
+    parent_run_id: str | None = Field(default=None, description="The run this one was forked from.")
+    parent_checkpoint_id: str | None = None
 
 
 class RunLease(ResponseModel):
@@ -110,3 +135,47 @@ class RunFail(RequestModel):
 
     lease_epoch: LeaseEpoch
     error: Annotated[str, Field(max_length=MAX_TEXT)]
+
+
+class ApprovalDecision(RequestModel):
+    """Approve or reject the plan a paused run waits on."""
+
+    plan_hash: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")] = Field(
+        description="The plan hash the run reports in pending_approval (guards against "
+        "deciding on a plan that changed)."
+    )
+    by: Annotated[str, Field(min_length=1, max_length=256, pattern=NON_BLANK)] | None = Field(
+        default=None, description="Who decides; default: the API key's id."
+    )
+    note: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
+
+
+class ApprovalOut(ResponseModel):
+    """A recorded decision on a plan."""
+
+    approved: bool
+    plan_hash: str
+    by: str | None
+    at: datetime | None
+    note: str | None
+
+
+class RunFork(RequestModel):
+    """Start a new run from a checkpoint of this one (time travel)."""
+
+    checkpoint_id: Annotated[str, Field(min_length=1, max_length=64)]
+    new_run_id: Id | None = Field(default=None, description="Default: a new id.")
+
+
+class LeaseRef(RequestModel):
+    """The lease a write is made under."""
+
+    lease_epoch: LeaseEpoch
+
+
+class HeartbeatOut(ResponseModel):
+    """A renewed lease."""
+
+    run_id: str
+    lease_epoch: int
+    lease_expires_at: datetime | None = Field(description="None: the lease has no expiry.")

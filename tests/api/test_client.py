@@ -23,6 +23,7 @@ from memory import (
     InvalidInputError,
     Memory,
     RunNotFoundError,
+    RunStateError,
     RunStatus,
     SessionNotFoundError,
     SessionSummary,
@@ -168,6 +169,11 @@ def test_runs_and_fencing(client: MemoryClient) -> None:
     assert (done.status, done.result) == (RunStatus.COMPLETED, {"ok": True})
     assert client.get_run("refund-9") == done
 
+    fork = client.fork_run("refund-9", ckpt.checkpoint_id, "refund-9-b")
+    assert (fork.parent_run_id, fork.head_seq) == ("refund-9", 1)
+    with pytest.raises(RunStateError, match="waits for no approval"):
+        client.approve_run("refund-9-b", "0" * 64, by="ops")
+
     other = client.start_run("carol")
     assert client.cancel_run(other.run_id).status is RunStatus.CANCELLED
     assert [r.run_id for r in client.list_runs(status=RunStatus.CANCELLED)] == [other.run_id]
@@ -199,7 +205,8 @@ def test_client_methods_match_the_library() -> None:
         "set_fact", "set_facts", "get_fact", "get_facts", "fact_history", "delete_fact",
         "forget_user", "save_session", "end_session", "get_session", "list_sessions",
         "delete_session", "recall_relevant", "continuation_context", "build_continuation_context",
-        "start_run", "get_run", "run_history", "list_runs", "ping", "close",
+        "start_run", "get_run", "run_history", "list_runs", "cancel_run", "approve_run",
+        "reject_run", "fork_run", "ping", "close",
     ]  # fmt: skip
     for name in shared:
         library = inspect.signature(getattr(Memory, name)).parameters

@@ -6,7 +6,10 @@ import time
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
+import pytest
+
 from tests.api.conftest import Api, new_tenant
+from tiers.errors import ApprovalPendingError
 
 SUMMARY = {
     "task_description": "Migrate the billing database from MySQL to Postgres",
@@ -369,3 +372,95 @@ def test_fail_cancel_and_list_runs(api: Api, headers: dict[str, str]) -> None:
     assert [r["run_id"] for r in only_failed] == ["r-fail"]
     assert c.get("/v1/runs/nope", headers=headers).status_code == 404
     assert c.post(f"/v1/runs/{failed}:cancel", headers=headers).status_code == 409
+
+
+def test_approve_and_reject_a_paused_run(api: Api) -> None:
+    tenant = new_tenant()
+    headers = api.key(tenant)
+    library = api.service.memory.for_tenant(tenant)
+    plans: dict[str, str] = {}
+    for run_id in ("to-approve", "to-reject"):
+        handle = library.start_run("u1", run_id)
+        with pytest.raises(ApprovalPendingError) as pending:
+            handle.await_approval({"refund_cents": 4000, "run": run_id})
+        plans[run_id] = pending.value.plan_hash
+    c = api.client
+
+    paused = c.get("/v1/runs/to-approve", headers=headers).json()
+    assert paused["status"] == "paused"
+    assert paused["pending_approval"]["plan_hash"] == plans["to-approve"]
+
+    wrong = c.post("/v1/runs/to-approve:approve", json={"plan_hash": "0" * 64}, headers=headers)
+    assert wrong.status_code == 409
+    assert wrong.json()["type"] == "urn:tiermem:problem:plan-mismatch"
+    r = c.post(
+        "/v1/runs/to-approve:approve",
+        json={"plan_hash": plans["to-approve"], "by": "ops@example.com", "note": "fine"},
+        headers=headers,
+    )
+    assert r.status_code == 200
+    assert (r.json()["approved"], r.json()["by"], r.json()["note"]) == (
+        True,
+        "ops@example.com",
+        "fine",
+    )
+    resumed = c.get("/v1/runs/to-approve", headers=headers).json()
+    assert (resumed["status"], resumed["pending_approval"]) == ("resumable", None)
+
+    key_id = headers["Authorization"].split("_")[1]
+    r = c.post("/v1/runs/to-reject:reject", json={"plan_hash": plans["to-reject"]}, headers=headers)
+    assert (r.json()["approved"], r.json()["by"]) == (False, f"api-key:{key_id}")
+    # The worker sees the decision at its gate when it resumes.
+    decision = library.start_run("u1", "to-reject").await_approval(
+        {"refund_cents": 4000, "run": "to-reject"}
+    )
+    assert decision.approved is False
+
+
+def test_fork_starts_a_new_run_from_a_checkpoint(api: Api, headers: dict[str, str]) -> None:
+    c = api.client
+    run_id, epoch = start(api, headers, run_id="original")
+    first = c.post(
+        f"/v1/runs/{run_id}/checkpoints", json={"lease_epoch": epoch, "step": "a"}, headers=headers
+    ).json()
+    c.post(
+        f"/v1/runs/{run_id}/checkpoints", json={"lease_epoch": epoch, "step": "b"}, headers=headers
+    )
+    r = c.post(
+        f"/v1/runs/{run_id}:fork",
+        json={"checkpoint_id": first["checkpoint_id"], "new_run_id": "what-if"},
+        headers=headers,
+    )
+    assert r.status_code == 201
+    fork = r.json()
+    assert (fork["run_id"], fork["parent_run_id"], fork["parent_checkpoint_id"]) == (
+        "what-if",
+        "original",
+        first["checkpoint_id"],
+    )
+    assert fork["head_seq"] == 1
+    assert c.get("/v1/runs/original", headers=headers).json()["head_seq"] == 2
+    missing = c.post(
+        f"/v1/runs/{run_id}:fork",
+        json={"checkpoint_id": "ckpt-000000000009-abcdefabcdef"},
+        headers=headers,
+    )
+    assert missing.status_code == 404
+
+
+def test_leases_with_a_ttl_are_renewed_by_heartbeat(api: Api, headers: dict[str, str]) -> None:
+    c = api.client
+    body = {"user_id": "u1", "run_id": "leased", "worker_id": "w1", "lease_ttl": 30}
+    first = c.post("/v1/runs", json=body, headers=headers).json()
+    assert first["run"]["lease_owner"] == "w1"
+    expires = first["run"]["lease_expires_at"]
+    beat = c.post("/v1/runs/leased:heartbeat", json={"lease_epoch": 1}, headers=headers)
+    assert beat.status_code == 200
+    assert beat.json()["lease_expires_at"] > expires
+    held = c.post("/v1/runs", json={**body, "worker_id": "w2"}, headers=headers)
+    assert held.status_code == 409
+    assert (held.json()["type"], held.json()["owner"]) == ("urn:tiermem:problem:lease-held", "w1")
+    stolen = c.post("/v1/runs", json={**body, "worker_id": "w2", "steal": True}, headers=headers)
+    assert stolen.json()["lease_epoch"] == 2
+    stale = c.post("/v1/runs/leased:heartbeat", json={"lease_epoch": 1}, headers=headers)
+    assert stale.json()["type"] == "urn:tiermem:problem:stale-lease"

@@ -113,6 +113,12 @@ def test_tenant_a_cannot_touch_tenant_b_through_any_route(api: Api) -> None:
         == 404
     )
     assert probe("POST", "/v1/runs/run-b:cancel").status_code == 404
+    decision = {"plan_hash": "0" * 64}
+    assert probe("POST", "/v1/runs/run-b:approve", decision).status_code == 404
+    assert probe("POST", "/v1/runs/run-b:reject", decision).status_code == 404
+    fork = {"checkpoint_id": ckpt["checkpoint_id"], "new_run_id": "fork-a"}
+    assert probe("POST", "/v1/runs/run-b:fork", fork).status_code == 404
+    assert probe("POST", "/v1/runs/run-b:heartbeat", {"lease_epoch": epoch}).status_code == 404
     assert probe("DELETE", "/v1/users/u-b/facts").status_code == 204
     assert probe("DELETE", "/v1/users/u-b").status_code == 204
 

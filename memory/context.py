@@ -85,16 +85,20 @@ def assemble_context(
     def cost(text: str) -> int:
         return count_tokens(text, encoding)
 
-    # Facts: newest first, within their share of the budget.
+    # Pieces are counted once each and summed (+1 per joining newline as slack); the
+    # final text is then counted exactly and trimmed if the estimate was ever short.
     fact_lines: list[str] = []
     fact_keys: list[str] = []
     omitted_facts: list[str] = []
     facts_budget = int(max_tokens * FACTS_SHARE)
+    used = cost(FACTS_HEADER)
     for fact in sorted(facts, key=lambda f: f.updated_at, reverse=True):
         line = render_fact(fact)
-        if cost("\n".join([FACTS_HEADER, *fact_lines, line])) <= facts_budget:
+        line_cost = cost(line) + 1
+        if used + line_cost <= facts_budget:
             fact_lines.append(line)
             fact_keys.append(fact.key)
+            used += line_cost
         else:
             omitted_facts.append(fact.key)
     facts_text = "\n".join([FACTS_HEADER, *fact_lines]) if fact_lines else ""
@@ -108,12 +112,20 @@ def assemble_context(
             candidates.append(summary)
     chosen: list[SessionSummary] = []
     omitted_sessions: list[str] = []
+    total = (cost(facts_text) + 2 if facts_text else 0) + cost(SESSIONS_HEADER) + 2
     for summary in candidates:
-        trial = _render(facts_text, [*chosen, summary])
-        if cost(trial) <= max_tokens:
+        summary_cost = cost(summary.render()) + 2
+        if total + summary_cost <= max_tokens:
             chosen.append(summary)
+            total += summary_cost
         else:
             omitted_sessions.append(summary.session_id)
+    while chosen and cost(_render(facts_text, chosen)) > max_tokens:
+        omitted_sessions.append(chosen.pop().session_id)
+    while fact_lines and cost(_render(facts_text, chosen)) > max_tokens:
+        fact_lines.pop()
+        omitted_facts.append(fact_keys.pop())
+        facts_text = "\n".join([FACTS_HEADER, *fact_lines]) if fact_lines else ""
 
     text = _render(facts_text, chosen)
     sections = []

@@ -118,9 +118,13 @@ def kv(request: pytest.FixtureRequest) -> KVStore:
     return store
 
 
-@pytest.fixture
+@pytest.fixture(autouse=True)
 def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Fail any connection to a non-loopback address (catches run-time downloads)."""
+    """Fail any connection to a non-loopback address (catches run-time downloads).
+
+    On for every test: the product must work offline, so any test that reaches
+    for the network is a bug to see, not a flake to retry.
+    """
     real_connect = socket.socket.connect
     real_getaddrinfo = socket.getaddrinfo
     loopback = {"127.0.0.1", "::1", "localhost"}

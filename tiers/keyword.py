@@ -65,7 +65,11 @@ def tokenize(text: str) -> list[str]:
 
 @dataclass(slots=True)
 class BM25Index:
-    """Okapi BM25 over a fixed set of documents, each given as its tokens.
+    """Okapi BM25 over a fixed set of documents, each held as its term counts.
+
+    Scoring walks every document once per query term: for the few hundred
+    documents of one user that is cheaper than building postings lists,
+    which a cache rebuilt on every change would pay for again and again.
 
     Args:
         k1: Term-frequency saturation.
@@ -75,18 +79,15 @@ class BM25Index:
     k1: float = 1.2
     b: float = 0.75
     _doc_ids: list[str] = field(default_factory=list)
+    _counts: list[Mapping[str, int]] = field(default_factory=list)
     _lengths: list[int] = field(default_factory=list)
-    _postings: dict[str, list[tuple[int, int]]] = field(default_factory=dict)
 
     @classmethod
     def build(
         cls, docs: Iterable[tuple[str, Sequence[str]]], *, k1: float = 1.2, b: float = 0.75
     ) -> BM25Index:
         """Index ``(doc_id, tokens)`` pairs; a repeated doc_id is indexed twice."""
-        index = cls(k1=k1, b=b)
-        for doc_id, tokens in docs:
-            index._add(doc_id, Counter(tokens), len(tokens))
-        return index
+        return cls.from_counts(((doc_id, Counter(tokens)) for doc_id, tokens in docs), k1=k1, b=b)
 
     @classmethod
     def from_counts(
@@ -95,15 +96,10 @@ class BM25Index:
         """Index ``(doc_id, term counts)`` pairs (counts as made by :func:`collections.Counter`)."""
         index = cls(k1=k1, b=b)
         for doc_id, counts in docs:
-            index._add(doc_id, counts, sum(counts.values()))
+            index._doc_ids.append(doc_id)
+            index._counts.append(counts)
+            index._lengths.append(sum(counts.values()))
         return index
-
-    def _add(self, doc_id: str, counts: Mapping[str, int], length: int) -> None:
-        position = len(self._doc_ids)
-        self._doc_ids.append(doc_id)
-        self._lengths.append(length)
-        for term, count in counts.items():
-            self._postings.setdefault(term, []).append((position, count))
 
     def __len__(self) -> int:
         return len(self._doc_ids)
@@ -118,17 +114,16 @@ class BM25Index:
         if n == 0:
             return {}
         avg_length = max(sum(self._lengths) / n, 1e-9)
+        norms = [
+            self.k1 * (1.0 - self.b + self.b * length / avg_length) for length in self._lengths
+        ]
         totals: dict[int, float] = {}
         for term in dict.fromkeys(query_tokens):
-            postings = self._postings.get(term)
-            if not postings:
+            hits = [(i, tf) for i, counts in enumerate(self._counts) if (tf := counts.get(term))]
+            if not hits:
                 continue
-            df = len(postings)
             # The "+1" form of IDF stays positive even for a term in every document.
-            idf = math.log(1.0 + (n - df + 0.5) / (df + 0.5))
-            for position, tf in postings:
-                norm = self.k1 * (1.0 - self.b + self.b * self._lengths[position] / avg_length)
-                totals[position] = totals.get(position, 0.0) + idf * tf * (self.k1 + 1) / (
-                    tf + norm
-                )
-        return {self._doc_ids[position]: score for position, score in totals.items()}
+            idf = math.log(1.0 + (n - len(hits) + 0.5) / (len(hits) + 0.5))
+            for i, tf in hits:
+                totals[i] = totals.get(i, 0.0) + idf * tf * (self.k1 + 1) / (tf + norms[i])
+        return {self._doc_ids[i]: score for i, score in totals.items()}

@@ -58,7 +58,9 @@ shared by threads. A :class:`RunHandle` is driven by one thread at a time.
 from __future__ import annotations
 
 import os
+import random
 import socket
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
@@ -124,6 +126,14 @@ __all__ = [
 ]
 
 _CAS_ATTEMPTS = 16
+
+
+def _backoff(attempt: int) -> None:
+    # Jittered exponential wait after a lost compare-and-set, so racing workers
+    # (and a lease holder committing steps) stop colliding in lockstep.
+    time.sleep(random.uniform(0, min(0.05, 0.0005 * 2**attempt)))
+
+
 _DELETE_CHUNK = 1000
 DEFAULT_SNAPSHOT_EVERY = 64
 DEFAULT_RETENTION = timedelta(days=7)
@@ -303,7 +313,7 @@ class TaskTier:
         if not isinstance(worker, str) or not 1 <= len(worker) <= 256:
             raise InvalidInputError("worker_id must be 1-256 characters", field="worker_id")
         ttl = _positive(lease_ttl, "lease_ttl") if lease_ttl is not None else self._lease_ttl
-        for _ in range(_CAS_ATTEMPTS):
+        for attempt in range(_CAS_ATTEMPTS):
             data = self._read_head(run_id)
             now = self._now()
             expires = None if ttl is None else now + timedelta(seconds=ttl)
@@ -372,6 +382,7 @@ class TaskTier:
             try:
                 info, head = self._apply(txn, data)
             except ConflictError:
+                _backoff(attempt)
                 continue
             return RunHandle(self, info, head, lease_ttl=ttl, resumed=data is not None)
         raise ConflictError(f"run {run_id!r} is being taken by many workers at once; retry")
@@ -630,7 +641,7 @@ class TaskTier:
         self, run_id: str, build: Callable[[RunInfo, datetime], Txn | RunInfo], what: str
     ) -> RunInfo:
         """Compare-and-set an operator's change onto the head (``build`` may return the head unchanged)."""
-        for _ in range(_CAS_ATTEMPTS):
+        for attempt in range(_CAS_ATTEMPTS):
             data = self._read_head(run_id)
             if data is None:
                 raise RunNotFoundError(f"no run {run_id!r} in tenant {self._tenant!r}")
@@ -641,6 +652,7 @@ class TaskTier:
             try:
                 new, _ = self._apply(txn, data)
             except ConflictError:
+                _backoff(attempt)
                 continue
             return new
         raise ConflictError(f"run {run_id!r} is changing too fast to {what}; retry")

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tiers import keys
-from tiers.backends.base import KVStore, VectorItem
+from tiers.backends.base import Delete, KVStore, Put, VectorItem
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.chunking import session_windows
@@ -379,3 +379,16 @@ def test_reindex_rebuilds_a_damaged_index_with_progress(
             want |= expected_ids(user, summary, transcript)
         assert set(index.ids(where={"tenant": "default", "user_id": user})) == want
     assert tier.reindex(["bob"]) == 3
+
+
+def test_listing_the_newest_reads_records_not_the_cache(tier: SessionTier, kv: KVStore) -> None:
+    tier.save_sessions([KITCHEN_SUMMARY, RETREAT_SUMMARY, TAXES_SUMMARY])
+    assert tier.list_sessions("alice", limit=2) == [TAXES_SUMMARY, RETREAT_SUMMARY]
+    # Changed around the tier (no revision change): the listing still reflects the records.
+    space = keys.sessions_space("default", "alice")
+    renamed = TAXES_SUMMARY.model_copy(update={"task_description": "Renamed"})
+    kv.commit([Put(space, "taxes", renamed.model_dump_json().encode())])
+    assert tier.list_sessions("alice", limit=1) == [renamed]
+    kv.commit([Delete(space, "taxes")])
+    assert tier.list_sessions("alice", limit=1) == [RETREAT_SUMMARY]
+    assert tier.list_sessions("alice", limit=0) == []

@@ -9,6 +9,8 @@ recall@1/3/5 and MRR of the gold sessions for
 - BM25 on raw session text (baseline),
 - dense on raw session text: one MiniLM vector per session (baseline),
 - dense on the summary only (baseline),
+- ours, summary only: the same, but no transcript stored (what an app that
+  only saves summaries gets),
 - ours: ``SessionTier.recall_relevant`` (dense windows + BM25 + recency).
 
 The gold sessions, category, answer and headline flag are only used to score;
@@ -56,7 +58,7 @@ DATASETS = {
     "locomo": "locomo.sessions.jsonl",
     "longmemeval_s": "longmemeval_s.sessions.jsonl.gz",
 }
-SYSTEMS = ("bm25-raw", "dense-raw", "dense-summary", "ours")
+SYSTEMS = ("bm25-raw", "dense-raw", "dense-summary", "ours-summary-only", "ours")
 KS = (1, 3, 5)
 
 
@@ -245,14 +247,17 @@ def store(
     workdir: Path,
     embedder: Embedder,
     summaries: dict[str, dict[str, SessionSummary]],
+    *,
+    transcripts: bool = True,
 ) -> Ours:
     """Store every session through the tier: transcript first, then the summary."""
+    workdir.mkdir(parents=True, exist_ok=True)
     kv = SqliteKVStore(workdir / "kv.sqlite3", durable=False)
     index = ChromaVectorIndex(workdir / "chroma", embedder=embedder)
     tier = SessionTier(kv, index, embedder)
     started = time.perf_counter()
     for user, sessions in dataset.sessions.items():
-        for session in sessions:
+        for session in sessions if transcripts else ():
             tier.save_transcript(user, session.session_id, session.messages)
         # One batch per user: its sessions in chronological order, embedded together.
         tier.save_sessions(summaries[user][s.session_id] for s in sessions)
@@ -309,7 +314,10 @@ def run(dataset: Dataset, embedder: CachedEmbedder, workdir: Path) -> dict[str, 
     rankers["dense-summary"] = dense(dataset, embedder, summary_texts)
     print(f"  baselines embedded in {time.perf_counter() - started:.1f}s", flush=True)
     embedder.save()
-    ours = store(dataset, workdir, embedder, summaries)
+    rankers["ours-summary-only"] = store(
+        dataset, workdir / "summary-only", embedder, summaries, transcripts=False
+    ).rank
+    ours = store(dataset, workdir / "ours", embedder, summaries)
     embedder.save()
     print(
         f"  stored + indexed through the session tier in {ours.store_seconds:.1f}s "

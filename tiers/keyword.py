@@ -104,6 +104,10 @@ class BM25Index:
     def __len__(self) -> int:
         return len(self._doc_ids)
 
+    def entries(self) -> int:
+        """Total distinct terms over all documents (a measure of memory held)."""
+        return sum(len(counts) for counts in self._counts)
+
     def scores(self, query_tokens: Sequence[str]) -> dict[str, float]:
         """BM25 score of every document sharing a term with the query (others score 0).
 

@@ -144,7 +144,8 @@ class SessionTier:
         background: Index in a worker thread: saves return once the KV
             commit is durable and many saves share one embedding batch. Call
             :meth:`flush` to wait for the index, :meth:`close` to stop.
-        cache_users: How many users' recall data to keep in memory.
+        cache_users: At most this many users' recall data are kept in memory.
+        cache_bytes: And about this much memory (vectors, term counts, texts).
         weights: How dense, keyword and recency signals are fused.
 
     Raises:
@@ -160,6 +161,7 @@ class SessionTier:
         tenant: str = "default",
         background: bool = False,
         cache_users: int = 256,
+        cache_bytes: int = 128 << 20,
         weights: FusionWeights | None = None,
     ) -> None:
         self._kv = kv
@@ -176,7 +178,7 @@ class SessionTier:
         self._weights = weights or FusionWeights()
         self._outbox = keys.session_outbox_space(self._tenant)
         self._revisions = keys.session_revisions_space(self._tenant)
-        self._views = ViewCache(cache_users)
+        self._views = ViewCache(cache_users, cache_bytes)
         self._indexer = SessionIndexer(
             kv,
             index,
@@ -640,6 +642,7 @@ class SessionTier:
         (vector,) = self._embedder.embed([query])
         similarity = view.similarities(self._kv, self._index, self._tenant, user_id, vector)
         keyword = view.keyword_scores(self._kv, self._tenant, user_id, query)
+        self._views.trim()
         ranked = fuse(
             view.session_ids,
             similarity=similarity,

@@ -34,9 +34,12 @@ from tiers.keyword import BM25Index, tokenize
 from tiers.models import Message
 from tiers.transcripts import TranscriptHeader, is_header_key
 
-__all__ = ["UserView", "ViewCache"]
+__all__ = ["UserView", "ViewCache", "build_view"]
 
 logger = logging.getLogger(__name__)
+
+# Rough cost of one dict or list entry with its small key, for the cache's memory bound.
+_ENTRY_BYTES = 100
 
 _TEXT_FIELDS = (
     "decisions_made",
@@ -106,12 +109,14 @@ class UserView:
             them reports the corruption), sorted by id.
         created_at: POSIX creation time per session (0 when unreadable).
         texts: Summary content text per session ("" when unreadable).
+        nbytes: Rough memory held, grown as lazy parts are built (for the cache's bound).
     """
 
     revision: bytes | None
     session_ids: list[str]
     created_at: npt.NDArray[np.float64]
     texts: list[str]
+    nbytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _bm25: BM25Index | None = field(default=None, repr=False)
     _vectors: _Vectors | None = field(default=None, repr=False)
@@ -137,6 +142,7 @@ class UserView:
                     (sid, Counter(tokenize(keyword_text(text, transcripts.get(sid)))))
                     for sid, text in zip(self.session_ids, self.texts, strict=True)
                 )
+                self.nbytes += _ENTRY_BYTES * self._bm25.entries()
             bm25 = self._bm25
         return bm25.scores(tokenize(query))
 
@@ -152,6 +158,7 @@ class UserView:
         with self._lock:
             if self._vectors is None:
                 self._vectors = self._fetch_vectors(kv, index, tenant, user_id)
+                self.nbytes += self._vectors.matrix.nbytes + self._vectors.owner.nbytes
             vectors = self._vectors
         best = np.full(len(self.session_ids), np.nan)
         if len(vectors.owner):
@@ -190,18 +197,21 @@ def build_view(kv: KVStore, tenant: str, user_id: str, revision: bytes | None) -
         session_ids=ids,
         created_at=np.asarray(created, dtype=np.float64),
         texts=texts,
+        nbytes=sum(len(text) + _ENTRY_BYTES for text in texts),
     )
 
 
 class ViewCache:
-    """Least-recently-used views of at most ``max_users`` users. Thread-safe.
+    """Least-recently-used views of at most ``max_users`` users and about ``max_bytes``. Thread-safe.
 
     ``invalidate`` bumps a per-user generation, so a view built while the
-    index was changing underneath it is never stored.
+    index was changing underneath it is never stored. Views grow as their
+    lazy parts are built: call :meth:`trim` afterwards to keep the bound.
     """
 
-    def __init__(self, max_users: int) -> None:
-        self._max = max(0, max_users)
+    def __init__(self, max_users: int, max_bytes: int) -> None:
+        self._max_users = max(0, max_users)
+        self._max_bytes = max(0, max_bytes)
         self._views: OrderedDict[str, UserView] = OrderedDict()
         self._generations: dict[str, int] = {}
         self._lock = threading.Lock()
@@ -219,12 +229,25 @@ class ViewCache:
     def put(self, user_id: str, view: UserView, generation: int) -> None:
         """Cache ``view`` unless the user was invalidated since ``generation`` was read."""
         with self._lock:
-            if self._max == 0 or self._generations.get(user_id, 0) != generation:
+            if self._max_users == 0 or self._generations.get(user_id, 0) != generation:
                 return
             self._views[user_id] = view
             self._views.move_to_end(user_id)
-            while len(self._views) > self._max:
-                self._views.popitem(last=False)
+            self._evict()
+
+    def trim(self) -> None:
+        """Evict least recently used views until the bounds hold again."""
+        with self._lock:
+            self._evict()
+
+    def _evict(self) -> None:
+        total = sum(view.nbytes for view in self._views.values())
+        # The newest view always stays: evicting what was just built would only rebuild it.
+        while len(self._views) > 1 and (
+            len(self._views) > self._max_users or total > self._max_bytes
+        ):
+            _, view = self._views.popitem(last=False)
+            total -= view.nbytes
 
     def invalidate(self, user_ids: Sequence[str]) -> None:
         """Forget the views of these users."""

@@ -13,6 +13,7 @@ from tiers.errors import CorruptRecordError, InvalidInputError
 from tiers.keyword import BM25Index, tokenize
 from tiers.models import Message, SessionSummary
 from tiers.recall import FusionWeights, fuse
+from tiers.session_view import UserView, ViewCache
 from tiers.transcripts import (
     decode_header,
     decode_transcript,
@@ -228,3 +229,42 @@ def test_parse_messages_names_the_bad_item() -> None:
         with pytest.raises(InvalidInputError) as info:
             parse_messages(bad)
         assert info.value.field == "messages"
+
+
+# -- view cache -------------------------------------------------------------------------------
+
+
+def _view(revision: bytes, nbytes: int) -> UserView:
+    return UserView(revision, [], np.zeros(0), [], nbytes=nbytes)
+
+
+def test_view_cache_is_bounded_by_users_and_bytes_and_checks_revisions() -> None:
+    cache = ViewCache(max_users=3, max_bytes=1000)
+    for user in ("a", "b", "c", "d"):
+        _, generation = cache.get(user, b"r1")
+        cache.put(user, _view(b"r1", 100), generation)
+    assert cache.get("a", b"r1")[0] is None  # least recently used, over the user bound
+    assert cache.get("b", b"r1")[0] is not None
+    assert cache.get("b", b"r2")[0] is None  # another revision: stale
+    big = _view(b"r1", 900)
+    cache.put("e", big, cache.get("e", b"r1")[1])
+    # Over the byte bound: the oldest go, the newest always stays.
+    assert cache.get("e", b"r1")[0] is big
+    assert cache.get("c", b"r1")[0] is None
+    big.nbytes = 5000  # grew lazily
+    cache.trim()
+    assert cache.get("e", b"r1")[0] is big
+    assert cache.get("b", b"r1")[0] is None
+
+
+def test_view_cache_drops_a_view_built_across_an_invalidation() -> None:
+    cache = ViewCache(max_users=10, max_bytes=1 << 20)
+    _, generation = cache.get("a", b"r1")
+    cache.invalidate(["a"])  # the index changed while the view was being built
+    cache.put("a", _view(b"r1", 1), generation)
+    assert cache.get("a", b"r1")[0] is None
+    _, generation = cache.get("a", b"r1")
+    cache.put("a", _view(b"r1", 1), generation)
+    assert cache.get("a", b"r1")[0] is not None
+    cache.clear()
+    assert cache.get("a", b"r1")[0] is None

@@ -17,6 +17,8 @@ from prometheus_client import (
     generate_latest,
 )
 
+from tiers.models import SummaryUsage
+
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
@@ -31,6 +33,8 @@ class Metrics:
         checkpoint_commit: Latency of appending a checkpoint.
         summaries: Transcripts summarized, by outcome.
         summarizer_failures: Failed summarizations, by error class.
+        summarizer_tokens: Model tokens spent on summaries, by kind (prompt/completion).
+        summarizer_cost: US dollars spent on summaries (where litellm knows the price).
     """
 
     def __init__(self) -> None:
@@ -73,6 +77,17 @@ class Metrics:
             ["error"],
             registry=r,
         )
+        self.summarizer_tokens = Counter(
+            "tiermem_summarizer_tokens",
+            "Model tokens spent on summaries, by kind.",
+            ["kind"],
+            registry=r,
+        )
+        self.summarizer_cost = Counter(
+            "tiermem_summarizer_cost_usd",
+            "US dollars spent on summaries (models with a known price).",
+            registry=r,
+        )
         self._jobs_pending = Gauge(
             "tiermem_session_jobs_pending", "Background summaries queued or running.", registry=r
         )
@@ -88,6 +103,15 @@ class Metrics:
         """Read the gauges that are computed at scrape time from these callbacks."""
         self._jobs_pending.set_function(jobs_pending)
         self._outbox.set_function(outbox_backlog)
+
+    def summarized(self, usage: SummaryUsage | None) -> None:
+        """Count one successful summarization and what it cost."""
+        self.summaries.labels(outcome="succeeded").inc()
+        if usage is not None:
+            self.summarizer_tokens.labels(kind="prompt").inc(usage.prompt_tokens)
+            self.summarizer_tokens.labels(kind="completion").inc(usage.completion_tokens)
+            if usage.cost_usd:
+                self.summarizer_cost.inc(usage.cost_usd)
 
     def summarizer_failed(self, exc: BaseException) -> None:
         """Count one failed summarization."""

@@ -5,9 +5,7 @@ from __future__ import annotations
 import hashlib
 import threading
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime
 
 from api.jobs import JobRegistry
 from api.metrics import Metrics
@@ -15,7 +13,7 @@ from memory.apikeys import ApiKeyRegistry, Scope
 from memory.facade import Memory
 from memory.settings import Settings
 from tiers import keys
-from tiers.models import Message, SessionSummary
+from tiers.models import SessionSummary
 
 _KEY_CACHE_MAX = 10_000
 
@@ -128,21 +126,14 @@ class ServiceState:
 
     # -- work ----------------------------------------------------------------------------------
 
-    def summarize(
-        self,
-        memory: Memory,
-        user_id: str,
-        session_id: str,
-        transcript: Sequence[Message],
-        created_at: datetime | None,
-    ) -> SessionSummary:
-        """Summarize and save a transcript, counting the outcome."""
+    def resummarize(self, memory: Memory, user_id: str, session_id: str) -> SessionSummary:
+        """Summarize a stored transcript and save the summary, counting the outcome and tokens."""
         try:
-            saved = memory.end_session(user_id, session_id, transcript, created_at=created_at)
+            saved = memory.resummarize(user_id, session_id)
         except Exception as exc:
             self.metrics.summarizer_failed(exc)
             raise
-        self.metrics.summaries.labels(outcome="succeeded").inc()
+        self.metrics.summarized(saved.usage)
         return saved
 
     def warm_up(self) -> None:

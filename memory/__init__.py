@@ -70,6 +70,7 @@ from tiers.models import (
     RunInfo,
     RunStatus,
     SessionSummary,
+    SummaryUsage,
     UserFact,
 )
 from tiers.session import RecalledSession
@@ -129,6 +130,7 @@ __all__ = [
     "SummarizerError",
     "SummarizerUnavailableError",
     "SummaryGenerationError",
+    "SummaryUsage",
     "SystemContext",
     "TierError",
     "TokenBudgetExceededError",

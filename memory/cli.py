@@ -6,15 +6,19 @@ import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated, Any
 
 import typer
 from pydantic import ValidationError
 
 from memory.apikeys import ApiKeyError, ApiKeyRegistry
 from memory.settings import Settings
+from summarizer.errors import SummarizerError
 from tiers.backends import open_kv_store
 from tiers.errors import TierError
+
+if TYPE_CHECKING:
+    from memory.facade import Memory
 
 app = typer.Typer(help="tiermem: three-tier memory for LLM agents.", no_args_is_help=True)
 
@@ -115,6 +119,72 @@ def keys_revoke(
     with _registry() as registry:
         info = registry.revoke(key_id)
     typer.echo(f"revoked {info.key_id} (tenant {info.tenant})")
+
+
+TenantOption = Annotated[str, typer.Option(help="The tenant whose sessions to process.")]
+UsersOption = Annotated[
+    list[str] | None,
+    typer.Option("--user", help="Only this user (repeatable); default every user."),
+]
+
+
+@app.command()
+def reindex(tenant: TenantOption = "default", user: UsersOption = None) -> None:
+    """Rebuild the session vector index from the KV store (a damaged index, a new embedder).
+
+    The KV store is the truth and is not changed; recall keeps working meanwhile.
+    """
+    from tiers.session import ReindexProgress
+
+    with _memory(tenant) as memory:
+        bar: Any = None
+
+        def progress(step: ReindexProgress) -> None:
+            nonlocal bar
+            if bar is None:
+                bar = typer.progressbar(length=step.total, label="re-embedding sessions")
+                bar.__enter__()
+            bar.update(step.done - bar.pos)
+
+        try:
+            done = memory.sessions.reindex(user, progress=progress)
+        finally:
+            if bar is not None:
+                bar.__exit__(None, None, None)
+        typer.echo(f"reindexed {done} sessions of tenant {tenant}")
+
+
+@app.command()
+def resummarize(tenant: TenantOption = "default", user: UsersOption = None) -> None:
+    """Summarize every session whose transcript is stored but has no summary (a failed summary)."""
+    with _memory(tenant) as memory:
+        users = user or memory.sessions.user_ids()
+        pending = [(u, sid) for u in users for sid in memory.pending_summaries(u)]
+        failed = 0
+        with typer.progressbar(pending, label="summarizing") as bar:
+            for user_id, session_id in bar:
+                try:
+                    memory.resummarize(user_id, session_id)
+                except (TierError, SummarizerError) as exc:
+                    failed += 1
+                    typer.echo(f"\n{user_id}/{session_id}: {exc}", err=True)
+        typer.echo(f"summarized {len(pending) - failed} of {len(pending)} pending sessions")
+        if failed:
+            raise typer.Exit(1)
+
+
+@contextmanager
+def _memory(tenant: str) -> Iterator[Memory]:
+    """The configured stores, as one tenant's view; errors become a clear message and exit 1."""
+    from memory.facade import Memory
+
+    settings = _settings()
+    try:
+        with Memory.from_settings(settings) as memory:
+            yield memory.for_tenant(tenant)
+    except TierError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
 
 
 def _settings() -> Settings:

@@ -391,14 +391,26 @@ class MemoryClient:
     # -- user tier --------------------------------------------------------------------------
 
     def set_fact(
-        self, user_id: str, key: str, value: JsonValue, *, source: str = "api"
+        self,
+        user_id: str,
+        key: str,
+        value: JsonValue,
+        *,
+        source: str = "api",
+        confidence: float = 1.0,
+        evidence: str = "",
     ) -> UserFact:
         """See :meth:`memory.Memory.set_fact`."""
         return _fact(
             self._json(
                 "PUT",
                 f"/v1/users/{_id(user_id, 'user_id')}/facts/{_id(key, 'key')}",
-                json={"value": value, "source": source},
+                json={
+                    "value": value,
+                    "source": source,
+                    "confidence": confidence,
+                    "evidence": evidence,
+                },
             )
         )
 
@@ -489,6 +501,24 @@ class MemoryClient:
         if created_at is not None:
             body["created_at"] = created_at.isoformat()
         response = self._request("POST", f"/v1/users/{_id(user_id, 'user_id')}/sessions", json=body)
+        return self._saved(response, session_id)
+
+    def resummarize(self, user_id: str, session_id: str) -> SessionSummary:
+        """See :meth:`memory.Memory.resummarize`; waits for the server's job like :meth:`end_session`."""
+        response = self._request(
+            "POST",
+            f"/v1/users/{_id(user_id, 'user_id')}/sessions/{_id(session_id, 'session_id')}"
+            ":resummarize",
+        )
+        return self._saved(response, session_id)
+
+    def pending_summaries(self, user_id: str) -> list[str]:
+        """See :meth:`memory.Memory.pending_summaries`."""
+        data = self._json("GET", f"/v1/users/{_id(user_id, 'user_id')}/sessions:pending")
+        return [str(sid) for sid in data["session_ids"]]
+
+    def _saved(self, response: httpx.Response, session_id: str) -> SessionSummary:
+        """The summary a summarizing request saved: at once (201), or once its job is done (202)."""
         data = response.json()
         if response.status_code != 202:
             return _summary(data)

@@ -15,7 +15,7 @@ from pydantic import JsonValue, ValidationError
 
 from memory.context import ContinuationContext, assemble_context
 from memory.settings import Settings
-from summarizer import ExtractiveSummarizer, LiteLLMSummarizer, Summarizer
+from summarizer import ExtractiveSummarizer, LiteLLMSummarizer, Summarizer, parse_transcript
 from summarizer.embeddings import LiteLLMEmbedder
 from tiers.backends import open_kv_store
 from tiers.backends.base import Embedder, KVStore, VectorIndex
@@ -23,7 +23,15 @@ from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.errors import InvalidInputError
 from tiers.ids import check_id
-from tiers.models import Checkpoint, Message, RunInfo, RunStatus, SessionSummary, UserFact
+from tiers.models import (
+    Checkpoint,
+    Message,
+    RunInfo,
+    RunStatus,
+    SessionSummary,
+    UserFact,
+    utcnow,
+)
 from tiers.session import RecalledSession, SessionTier
 from tiers.task import RunHandle, TaskTier
 from tiers.task_events import Approval
@@ -163,23 +171,73 @@ class Memory:
         *,
         created_at: datetime | None = None,
     ) -> SessionSummary:
-        """Summarize a finished session's transcript and save it.
+        """Store a finished session's transcript, then summarize it and save the summary.
 
-        User facts the summarizer proposes are stored with the session as
-        their source; an older fact never overwrites a newer one.
+        The transcript is durable before the summarizer is called, so a
+        summarizer failure (timeout, rate limit, invalid output) loses
+        nothing: the error is raised, the session is listed by
+        :meth:`pending_summaries`, and :meth:`resummarize` tries again. User
+        facts the summarizer proposes are stored with the session as their
+        source; an older fact never overwrites a newer one.
 
         Args:
             user_id: The user.
-            session_id: The session; saving the same id again replaces it.
+            session_id: The session; ending the same id again replaces it.
             transcript: OpenAI-style ``{"role", "content"}`` messages.
             created_at: When the session ended; default now.
+
+        Raises:
+            InvalidTranscriptError: The transcript is malformed (``field``
+                names the item); nothing was written.
+            InvalidInputError: A bad id; nothing was written.
+            SummarizerError: Summarizing failed; the transcript is stored.
+        """
+        self.save_transcript(user_id, session_id, transcript, created_at=created_at)
+        return self.resummarize(user_id, session_id)
+
+    def save_transcript(
+        self,
+        user_id: str,
+        session_id: str,
+        transcript: Sequence[Message | Mapping[str, Any]],
+        *,
+        created_at: datetime | None = None,
+    ) -> None:
+        """Store a session's raw transcript without summarizing it (see :meth:`resummarize`).
+
+        Its words also count for recall once the session has a summary.
+
+        Raises:
+            InvalidTranscriptError: The transcript is malformed; nothing was written.
+            InvalidInputError: A bad id; nothing was written.
         """
         check_id(user_id, "user_id")
         check_id(session_id, "session_id")
-        result = self.summarizer.summarize(
-            transcript, user_id=user_id, session_id=session_id, created_at=created_at
+        messages = parse_transcript(transcript)
+        self.sessions.save_transcript(
+            user_id, session_id, messages, created_at=created_at or utcnow()
         )
-        saved = self.sessions.save_session(result.summary)
+
+    def resummarize(self, user_id: str, session_id: str) -> SessionSummary:
+        """Summarize a session from its stored transcript and save the summary (replacing any).
+
+        For a session whose summarizing failed, or to redo summaries with a
+        better model. Facts are written before the summary: the summary marks
+        the session done, so a crash in between leaves it pending, to be
+        summarized again, rather than done without its facts.
+
+        Raises:
+            SessionNotFoundError: No transcript is stored for the session.
+            SummarizerError: Summarizing failed; nothing changed.
+        """
+        header = self.sessions.transcript_header(user_id, session_id)
+        messages = self.sessions.get_transcript(user_id, session_id)
+        result = self.summarizer.summarize(
+            messages, user_id=user_id, session_id=session_id, created_at=header.created_at
+        )
+        summary = result.summary
+        if summary.usage is None and result.usage is not None:
+            summary = summary.model_copy(update={"usage": result.usage})
         for fact in result.facts:
             self.users.set_fact(
                 user_id,
@@ -187,9 +245,14 @@ class Memory:
                 fact.value,
                 source=f"session:{session_id}",
                 confidence=fact.confidence,
-                updated_at=saved.created_at,
+                evidence=fact.evidence,
+                updated_at=summary.created_at,
             )
-        return saved
+        return self.sessions.save_session(summary)
+
+    def pending_summaries(self, user_id: str) -> list[str]:
+        """Sessions of the user with a stored transcript but no summary yet (summarizing failed)."""
+        return self.sessions.unsummarized_sessions(user_id)
 
     def get_session(self, user_id: str, session_id: str) -> SessionSummary:
         """The stored summary of one session (``SessionNotFoundError`` if none)."""
@@ -250,10 +313,19 @@ class Memory:
     # -- user tier ----------------------------------------------------------
 
     def set_fact(
-        self, user_id: str, key: str, value: JsonValue, *, source: str = "api"
+        self,
+        user_id: str,
+        key: str,
+        value: JsonValue,
+        *,
+        source: str = "api",
+        confidence: float = 1.0,
+        evidence: str = "",
     ) -> UserFact:
         """Set a user fact or preference; the old value goes to its history."""
-        return self.users.set_fact(user_id, key, value, source=source)
+        return self.users.set_fact(
+            user_id, key, value, source=source, confidence=confidence, evidence=evidence
+        )
 
     def set_facts(
         self, user_id: str, facts: dict[str, JsonValue], *, source: str = "api"
@@ -430,6 +502,27 @@ class AsyncMemory:
             self.sync.end_session, user_id, session_id, transcript, created_at=created_at
         )
 
+    async def save_transcript(
+        self,
+        user_id: str,
+        session_id: str,
+        transcript: Sequence[Message | Mapping[str, Any]],
+        *,
+        created_at: datetime | None = None,
+    ) -> None:
+        """See :meth:`Memory.save_transcript`."""
+        await self._call(
+            self.sync.save_transcript, user_id, session_id, transcript, created_at=created_at
+        )
+
+    async def resummarize(self, user_id: str, session_id: str) -> SessionSummary:
+        """See :meth:`Memory.resummarize`."""
+        return await self._call(self.sync.resummarize, user_id, session_id)
+
+    async def pending_summaries(self, user_id: str) -> list[str]:
+        """See :meth:`Memory.pending_summaries`."""
+        return await self._call(self.sync.pending_summaries, user_id)
+
     async def get_session(self, user_id: str, session_id: str) -> SessionSummary:
         """See :meth:`Memory.get_session`."""
         return await self._call(self.sync.get_session, user_id, session_id)
@@ -470,10 +563,25 @@ class AsyncMemory:
         return await self._call(self.sync.build_continuation_context, user_id, query, max_tokens)
 
     async def set_fact(
-        self, user_id: str, key: str, value: JsonValue, *, source: str = "api"
+        self,
+        user_id: str,
+        key: str,
+        value: JsonValue,
+        *,
+        source: str = "api",
+        confidence: float = 1.0,
+        evidence: str = "",
     ) -> UserFact:
         """See :meth:`Memory.set_fact`."""
-        return await self._call(self.sync.set_fact, user_id, key, value, source=source)
+        return await self._call(
+            self.sync.set_fact,
+            user_id,
+            key,
+            value,
+            source=source,
+            confidence=confidence,
+            evidence=evidence,
+        )
 
     async def set_facts(
         self, user_id: str, facts: dict[str, JsonValue], *, source: str = "api"

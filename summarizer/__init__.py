@@ -9,7 +9,7 @@ Two implementations of the :class:`Summarizer` protocol:
 
 from __future__ import annotations
 
-from summarizer.base import Summarization, Summarizer, Usage, parse_transcript
+from summarizer.base import Summarization, Summarizer, parse_transcript
 from summarizer.errors import (
     InvalidTranscriptError,
     SummarizerError,
@@ -21,6 +21,7 @@ from summarizer.errors import (
 from summarizer.extractive import ExtractiveSummarizer
 from summarizer.llm import LiteLLMSummarizer
 from summarizer.tokens import count_tokens
+from tiers.models import SummaryUsage
 
 __all__ = [
     "ExtractiveSummarizer",
@@ -33,7 +34,7 @@ __all__ = [
     "SummarizerTimeoutError",
     "SummarizerUnavailableError",
     "SummaryGenerationError",
-    "Usage",
+    "SummaryUsage",
     "count_tokens",
     "parse_transcript",
 ]

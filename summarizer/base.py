@@ -15,31 +15,10 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from summarizer.errors import InvalidTranscriptError
-from tiers.models import FactCandidate, Message, SessionSummary
+from tiers.models import FactCandidate, Message, SessionSummary, SummaryUsage
 
 # Roles of other chat APIs folded into the four a Message knows.
 _ROLE_ALIASES = {"developer": "system", "function": "tool"}
-
-
-class Usage(BaseModel):
-    """What producing a summary cost.
-
-    Attributes:
-        prompt_tokens: Input tokens over every call made (retries included).
-        completion_tokens: Output tokens over every call made.
-        cost_usd: Price in US dollars, or ``None`` when litellm does not know
-            the model's price (e.g. a self-hosted model).
-        model: The model that was called.
-        calls: How many completion calls were made.
-    """
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
-
-    prompt_tokens: int = Field(default=0, ge=0)
-    completion_tokens: int = Field(default=0, ge=0)
-    cost_usd: float | None = None
-    model: str
-    calls: int = Field(default=1, ge=0)
 
 
 class Summarization(BaseModel):
@@ -56,7 +35,7 @@ class Summarization(BaseModel):
 
     summary: SessionSummary
     facts: list[FactCandidate] = Field(default_factory=list)
-    usage: Usage | None = None
+    usage: SummaryUsage | None = None
 
 
 @runtime_checkable

@@ -42,7 +42,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
-from summarizer.base import Summarization, Usage, parse_transcript
+from summarizer.base import Summarization, parse_transcript
 from summarizer.errors import (
     SummarizerError,
     SummarizerRateLimitError,
@@ -53,7 +53,7 @@ from summarizer.errors import (
 )
 from summarizer.tokens import count_tokens, get_encoding
 from tiers.ids import ID_PATTERN, check_id
-from tiers.models import MAX_TEXT, FactCandidate, Message, SessionSummary, utcnow
+from tiers.models import MAX_TEXT, FactCandidate, Message, SessionSummary, SummaryUsage, utcnow
 
 DEFAULT_MAX_INPUT_TOKENS = 8000
 """Transcript budget per call when litellm does not know the model's context window."""
@@ -572,6 +572,13 @@ class LiteLLMSummarizer:
             result, facts = self._summarize_lines(litellm, run, lines)
         else:
             result, facts = LLMSummary(task_description=""), []  # only tool calls: nothing to say
+        usage = SummaryUsage(
+            prompt_tokens=run.prompt_tokens,
+            completion_tokens=run.completion_tokens,
+            cost_usd=run.cost if run.calls else 0.0,
+            model=self.model,
+            calls=run.calls,
+        )
         summary = SessionSummary(
             session_id=session_id,
             user_id=user_id,
@@ -581,13 +588,7 @@ class LiteLLMSummarizer:
             open_questions=_clean_items(result.open_questions, self.max_items),
             next_recommended_steps=_clean_items(result.next_recommended_steps, self.max_items),
             created_at=created_at or utcnow(),
-        )
-        usage = Usage(
-            prompt_tokens=run.prompt_tokens,
-            completion_tokens=run.completion_tokens,
-            cost_usd=run.cost if run.calls else 0.0,
-            model=self.model,
-            calls=run.calls,
+            usage=usage,
         )
         return Summarization(summary=summary, facts=facts, usage=usage)
 

@@ -124,6 +124,7 @@ def test_public_surface_is_pinned() -> None:
         "SummarizerError",
         "SummarizerUnavailableError",
         "SummaryGenerationError",
+        "SummaryUsage",
         "SystemContext",
         "TierError",
         "TokenBudgetExceededError",

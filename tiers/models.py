@@ -49,8 +49,33 @@ class Record(BaseModel):
     schema_version: int = SCHEMA_VERSION
 
 
+class SummaryUsage(BaseModel):
+    """What producing a summary cost (litellm's own token and price accounting).
+
+    Attributes:
+        model: The model that was called.
+        prompt_tokens: Input tokens over every call made (retries included).
+        completion_tokens: Output tokens over every call made.
+        cost_usd: Price in US dollars, or ``None`` when litellm does not know
+            the model's price (e.g. a self-hosted model).
+        calls: How many completion calls were made.
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    model: Annotated[str, Field(max_length=256)]
+    prompt_tokens: int = Field(default=0, ge=0)
+    completion_tokens: int = Field(default=0, ge=0)
+    cost_usd: float | None = Field(default=None, ge=0.0)
+    calls: int = Field(default=1, ge=0)
+
+
 class SessionSummary(Record):
-    """The structured summary of one finished session of one user."""
+    """The structured summary of one finished session of one user.
+
+    ``usage`` is set when a model wrote the summary: what it cost. It is not
+    part of the rendered text.
+    """
 
     session_id: Id
     user_id: Id
@@ -60,6 +85,7 @@ class SessionSummary(Record):
     open_questions: list[Item] = Field(default_factory=list, max_length=MAX_ITEMS)
     next_recommended_steps: list[Item] = Field(default_factory=list, max_length=MAX_ITEMS)
     created_at: UtcDatetime = Field(default_factory=utcnow)
+    usage: SummaryUsage | None = None
 
     def render(self) -> str:
         """Plain-text rendering used for embedding, keyword search and prompts."""
@@ -90,13 +116,18 @@ class FactCandidate(BaseModel):
 
 
 class UserFact(Record):
-    """A standing fact or preference of a user, with its provenance."""
+    """A standing fact or preference of a user, with its provenance.
+
+    ``evidence`` is what the source based it on, e.g. the user's words in the
+    session a summarizer found it in.
+    """
 
     user_id: Id
     key: Id
     value: JsonValue
     source: Annotated[str, Field(max_length=256)] = "api"
     confidence: float = Field(default=1.0, ge=0.0, le=1.0)
+    evidence: Text = ""
     updated_at: UtcDatetime = Field(default_factory=utcnow)
 
 

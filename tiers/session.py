@@ -469,7 +469,7 @@ class SessionTier:
         if batch_size < 1:
             raise InvalidInputError("batch_size must be at least 1", field="batch_size")
         if user_ids is None:
-            users = [key for key, _ in self._kv.scan(keys.users_space(self._tenant))]
+            users = self.user_ids()
         else:
             users = [check_id(user, "user_id") for user in user_ids]
         work: list[tuple[str, list[Ref]]] = []
@@ -556,6 +556,10 @@ class SessionTier:
         space = keys.transcripts_space(self._tenant, user_id)
         pages = self._kv.get_many(space, [page_key(session_id, n) for n in range(header.pages)])
         return decode_transcript(header, pages, where=f"{space}/{session_id}")
+
+    def user_ids(self) -> list[str]:
+        """Every user of the tenant with anything stored (sessions or facts), sorted."""
+        return [key for key, _ in self._kv.scan(keys.users_space(self._tenant))]
 
     def unsummarized_sessions(self, user_id: str) -> list[str]:
         """Sessions of the user with a stored transcript but no summary (e.g. summarizing failed).

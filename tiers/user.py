@@ -45,6 +45,7 @@ class UserTier:
         *,
         source: str = "api",
         confidence: float = 1.0,
+        evidence: str = "",
         updated_at: datetime | None = None,
     ) -> UserFact:
         """Set a fact, keeping the value it replaces in the fact's history.
@@ -55,6 +56,7 @@ class UserTier:
             value: Any JSON value.
             source: Provenance, e.g. ``"api"`` or ``"session:<session_id>"``.
             confidence: 0..1, how sure the source is.
+            evidence: What the source based it on (e.g. the user's words).
             updated_at: When the fact became true; defaults to now. A value
                 older than the stored one is kept in history only.
 
@@ -65,7 +67,7 @@ class UserTier:
             InvalidInputError: Bad id, value, source or confidence.
             ValueTooLargeError: The fact is over the store's size limit.
         """
-        fact = self._build(user_id, key, value, source, confidence, updated_at)
+        fact = self._build(user_id, key, value, source, confidence, evidence, updated_at)
         space = keys.facts_space(self._tenant, fact.user_id)
         for _ in range(_CAS_ATTEMPTS):
             (current_bytes,) = self._kv.get_many(space, [fact.key])
@@ -185,6 +187,7 @@ class UserTier:
         value: JsonValue,
         source: str,
         confidence: float,
+        evidence: str,
         updated_at: datetime | None,
     ) -> UserFact:
         check_id(user_id, "user_id")
@@ -196,6 +199,7 @@ class UserTier:
                 value=value,
                 source=source,
                 confidence=confidence,
+                evidence=evidence,
                 updated_at=updated_at or utcnow(),
             )
         except ValidationError as exc:

@@ -76,7 +76,15 @@ def get_fact(user_id: UserIdPath, key: FactKeyPath, memory: ReadMemory) -> Respo
 @router.put("/facts/{key}", name="set_fact", response_model=FactOut)
 def set_fact(user_id: UserIdPath, key: FactKeyPath, body: FactPut, memory: WriteMemory) -> Response:
     """Set one fact; the value it replaces goes to its history."""
-    return json_response(_out(memory.set_fact(user_id, key, body.value, source=body.source)))
+    fact = memory.set_fact(
+        user_id,
+        key,
+        body.value,
+        source=body.source,
+        confidence=body.confidence,
+        evidence=body.evidence,
+    )
+    return json_response(_out(fact))
 
 
 @router.delete(

@@ -15,6 +15,7 @@ from api.responses import json_response
 from api.schemas.common import SessionIdPath, UserIdPath
 from api.schemas.sessions import (
     JobOut,
+    PendingSessions,
     RecalledOut,
     RecallRequest,
     RecallResponse,
@@ -94,11 +95,60 @@ def save_session(
         )
     assert body.transcript is not None  # the schema requires exactly one of the two
     transcript = [Message(role=m.role, content=m.content, name=m.name) for m in body.transcript]
-    work = partial(service.summarize, memory, user_id, body.session_id, transcript, body.created_at)
+    # Durable before anything is acknowledged: if summarizing fails or this process dies,
+    # the session is listed as pending and can be summarized again.
+    memory.save_transcript(user_id, body.session_id, transcript, created_at=body.created_at)
+    return _summarize(request, service, memory, user_id, body.session_id, wait=wait)
+
+
+@router.post(
+    f"{_USER}/sessions/{{session_id}}:resummarize",
+    name="resummarize_session",
+    status_code=status.HTTP_201_CREATED,
+    response_model=SessionOut,
+    responses={
+        202: {"model": JobOut, "description": "Accepted; poll the job at Location."},
+        404: problem_responses(404)[404],
+        429: problem_responses(429)[429],
+        502: problem_responses(502)[502],
+    },
+)
+def resummarize_session(
+    user_id: UserIdPath,
+    session_id: SessionIdPath,
+    request: Request,
+    service: ServiceDep,
+    memory: WriteMemory,
+    wait: Annotated[
+        bool,
+        Query(description="Summarize before answering (201) instead of in the background (202)."),
+    ] = False,
+) -> Response:
+    """Summarize a session again from its stored transcript (after a failure, or with a new model)."""
+    memory.sessions.transcript_header(user_id, session_id)  # 404 now, not in the job
+    return _summarize(request, service, memory, user_id, session_id, wait=wait)
+
+
+@router.get(f"{_USER}/sessions:pending", name="pending_summaries", response_model=PendingSessions)
+def pending_summaries(user_id: UserIdPath, memory: ReadMemory) -> Response:
+    """Sessions with a stored transcript but no summary yet: queued, or summarizing failed."""
+    return json_response(PendingSessions(session_ids=memory.pending_summaries(user_id)))
+
+
+def _summarize(
+    request: Request,
+    service: ServiceDep,
+    memory: WriteMemory,
+    user_id: str,
+    session_id: str,
+    *,
+    wait: bool,
+) -> Response:
+    work = partial(service.resummarize, memory, user_id, session_id)
     if wait:
         return json_response(session_out(work()), status_code=status.HTTP_201_CREATED)
     job = service.jobs.submit(
-        tenant=memory.tenant, user_id=user_id, session_id=body.session_id, work=work
+        tenant=memory.tenant, user_id=user_id, session_id=session_id, work=work
     )
     out = job_out(request, job)
     return json_response(

@@ -8,6 +8,7 @@ from typing import Annotated
 from pydantic import Field, JsonValue
 
 from api.schemas.common import Id, RequestModel, ResponseModel
+from tiers.models import MAX_TEXT
 
 MAX_FACTS_PER_REQUEST = 1000
 
@@ -21,6 +22,10 @@ class FactPut(RequestModel):
 
     value: JsonValue = Field(description="Any JSON value.")
     source: Source = "api"
+    confidence: Annotated[float, Field(ge=0.0, le=1.0, description="How sure the source is.")] = 1.0
+    evidence: Annotated[
+        str, Field(max_length=MAX_TEXT, description="What the source based it on.")
+    ] = ""
 
 
 class FactsPut(RequestModel):
@@ -40,6 +45,7 @@ class FactOut(ResponseModel):
     value: JsonValue
     source: str
     confidence: float
+    evidence: str = Field(default="", description="What the source based it on.")
     updated_at: datetime
 
 

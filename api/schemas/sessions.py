@@ -62,6 +62,16 @@ class SessionCreate(RequestModel):
         return self
 
 
+class UsageOut(ResponseModel):
+    """What a model-written summary cost (litellm's accounting)."""
+
+    model: str
+    prompt_tokens: int
+    completion_tokens: int
+    cost_usd: float | None = Field(description="US dollars; null when the price is unknown.")
+    calls: int
+
+
 class SessionOut(ResponseModel):
     """A stored session summary."""
 
@@ -73,6 +83,15 @@ class SessionOut(ResponseModel):
     open_questions: list[str]
     next_recommended_steps: list[str]
     created_at: datetime
+    usage: UsageOut | None = Field(
+        default=None, description="Tokens and cost, when a model wrote the summary."
+    )
+
+
+class PendingSessions(ResponseModel):
+    """Sessions whose transcript is stored but not summarized (summarizing failed or is queued)."""
+
+    session_ids: list[str]
 
 
 class SessionList(ResponseModel):

@@ -112,9 +112,14 @@ def test_user_facts(client: MemoryClient) -> None:
         "fr",
         "api",
     )
+    rated = client.set_fact(
+        "alice", "diet", "vegan", source="session:s1", confidence=0.7, evidence="I'm vegan."
+    )
+    assert (rated.confidence, rated.evidence) == (0.7, "I'm vegan.")
+    assert client.get_fact("alice", "diet") == rated
     client.set_facts("alice", {"language": "de", "tone": "short"}, source="crm")
     assert client.get_fact("alice", "language").value == "de"
-    assert [f.key for f in client.get_facts("alice")] == ["language", "tone"]
+    assert [f.key for f in client.get_facts("alice")] == ["diet", "language", "tone"]
     assert [f.value for f in client.fact_history("alice", "language")] == ["fr", "de"]
     assert client.delete_fact("alice", "tone") is True
     assert client.delete_fact("alice", "tone") is False
@@ -130,6 +135,12 @@ def test_sessions_recall_and_context(client: MemoryClient) -> None:
     from_transcript = client.end_session("bob", "s-chat", TRANSCRIPT)
     assert from_transcript.session_id == "s-chat"
     assert "Postgres" in from_transcript.task_description
+    assert client.pending_summaries("bob") == []
+    again = client.resummarize("bob", "s-chat")  # the extractive summarizer is deterministic
+    assert again.model_dump(exclude={"created_at"}) == from_transcript.model_dump(
+        exclude={"created_at"}
+    )
+    assert again.created_at == from_transcript.created_at
     assert {s.session_id for s in client.list_sessions("bob")} == {"s-db", "s-chat"}
     assert len(client.list_sessions("bob", limit=1)) == 1
 
@@ -203,7 +214,7 @@ def test_typed_errors(served: Served, client: MemoryClient) -> None:
 def test_client_methods_match_the_library() -> None:
     shared = [
         "set_fact", "set_facts", "get_fact", "get_facts", "fact_history", "delete_fact",
-        "forget_user", "save_session", "end_session", "get_session", "list_sessions",
+        "forget_user", "save_session", "end_session", "resummarize", "pending_summaries", "get_session", "list_sessions",
         "delete_session", "recall_relevant", "continuation_context", "build_continuation_context",
         "start_run", "get_run", "run_history", "list_runs", "cancel_run", "approve_run",
         "reject_run", "fork_run", "ping", "close",

@@ -267,6 +267,28 @@ def test_502_when_the_model_answers_garbage(
         assert api.client.get("/v1/users/u1/sessions/s2").status_code == 404
         metrics = api.client.get("/metrics").text
         assert 'tiermem_summarizer_failures_total{error="SummaryGenerationError"} 2.0' in metrics
+        # Both transcripts were stored before summarizing: nothing is lost, both can be retried.
+        pending = api.client.get("/v1/users/u1/sessions:pending")
+        assert pending.json() == {"session_ids": ["s1", "s2"]}
+        stub.fallback = lambda body: StubReply.json(GOOD_SUMMARY)
+        r = api.client.post("/v1/users/u1/sessions/s2:resummarize?wait=true")
+        assert r.status_code == 201, r.text
+        usage = r.json()["usage"]
+        assert usage["model"] == "openai/stub-model"
+        assert usage["calls"] == 1
+        assert usage["prompt_tokens"] > 0
+        job = api.client.post("/v1/users/u1/sessions/s1:resummarize").json()
+        while job["status"] not in ("failed", "succeeded") and time.monotonic() < deadline:
+            time.sleep(0.02)
+            job = api.client.get(job["status_url"]).json()
+        assert job["status"] == "succeeded"
+        assert api.client.get("/v1/users/u1/sessions:pending").json() == {"session_ids": []}
+        assert api.client.get("/v1/users/u1/sessions/s1").json()["usage"]["calls"] == 1
+        metrics = api.client.get("/metrics").text
+        assert 'tiermem_summaries_total{outcome="succeeded"} 2.0' in metrics
+        assert 'tiermem_summarizer_tokens_total{kind="prompt"}' in metrics
+        missing = api.client.post("/v1/users/u1/sessions/nope:resummarize")
+        assert_problem(missing, 404, "session-not-found")
 
 
 def test_503_when_the_model_is_unreachable(

@@ -101,6 +101,8 @@ def test_tenant_a_cannot_touch_tenant_b_through_any_route(api: Api) -> None:
     }
     assert probe("POST", "/v1/users/u-b/context", {"query": SECRET}).json()["text"] == ""
     assert probe("GET", job["status_url"]).status_code == 404
+    assert probe("GET", "/v1/users/u-b/sessions:pending").json() == {"session_ids": []}
+    assert probe("POST", "/v1/users/u-b/sessions/s-b2:resummarize").status_code == 404
     assert probe("GET", "/v1/runs").json() == {"runs": []}
     assert probe("GET", "/v1/runs/run-b").status_code == 404
     assert probe("GET", "/v1/runs/run-b/checkpoints").status_code == 404

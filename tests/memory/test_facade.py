@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+import json
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -16,9 +17,12 @@ from memory import (
     AsyncMemory,
     InvalidInputError,
     InvalidTranscriptError,
+    LiteLLMSummarizer,
     Memory,
     RunNotFoundError,
+    SessionNotFoundError,
     SessionSummary,
+    SummaryGenerationError,
 )
 from memory.settings import Settings
 from summarizer.tokens import count_tokens
@@ -121,6 +125,84 @@ def test_malformed_transcript_is_refused_and_nothing_stored(memory: Memory) -> N
     with pytest.raises(InvalidInputError):
         memory.end_session("", "s", TRANSCRIPT)
     assert memory.list_sessions("u1") == []
+    assert memory.pending_summaries("u1") == []  # not even the transcript was stored
+
+
+def llm_reply(**facts: str) -> str:
+    return json.dumps(
+        {
+            "task_description": "Migrate billing from MySQL to Postgres.",
+            "decisions_made": ["Use logical replication for the cutover."],
+            "work_completed": ["Wrote the schema conversion script."],
+            "open_questions": ["What about the stored procedures?"],
+            "next_recommended_steps": ["Port the stored procedures to PL/pgSQL."],
+            "facts": [
+                {"key": key, "value": value, "confidence": 0.8, "evidence": f"I use {value}."}
+                for key, value in facts.items()
+            ],
+        }
+    )
+
+
+def llm(reply: str) -> LiteLLMSummarizer:
+    """A litellm summarizer answered by litellm's own ``mock_response``, no retries."""
+    return LiteLLMSummarizer(
+        "gpt-4o-mini", max_retries=0, completion_kwargs={"mock_response": reply}
+    )
+
+
+def test_a_failed_summary_keeps_the_transcript_for_resummarize(memory: Memory) -> None:
+    when = datetime(2026, 3, 1, 12, tzinfo=UTC)
+    memory.summarizer = llm("Sorry, I cannot produce JSON today.")
+    with pytest.raises(SummaryGenerationError) as info:
+        memory.end_session("u1", "s1", TRANSCRIPT, created_at=when)
+    assert info.value.raw_output == "Sorry, I cannot produce JSON today."
+    assert memory.pending_summaries("u1") == ["s1"]
+    with pytest.raises(SessionNotFoundError):
+        memory.get_session("u1", "s1")
+    stored = memory.sessions.get_transcript("u1", "s1")
+    assert [(m.role, m.content) for m in stored] == [(m["role"], m["content"]) for m in TRANSCRIPT]
+
+    memory.summarizer = llm(llm_reply(editor="vim"))
+    saved = memory.resummarize("u1", "s1")
+    assert saved.created_at == when  # the session's own date, kept with the transcript
+    assert saved.decisions_made == ["Use logical replication for the cutover."]
+    assert saved.usage is not None
+    assert (saved.usage.model, saved.usage.calls, saved.usage.prompt_tokens) == (
+        "gpt-4o-mini",
+        1,
+        10,
+    )
+    assert saved.usage.cost_usd is not None
+    assert saved.usage.cost_usd > 0
+    assert memory.get_session("u1", "s1").usage == saved.usage
+    assert memory.pending_summaries("u1") == []
+    fact = memory.get_fact("u1", "editor")
+    assert (fact.value, fact.source, fact.evidence) == ("vim", "session:s1", "I use vim.")
+    assert fact.updated_at == when
+    # Its words count for recall now that it has a summary.
+    assert (
+        memory.recall_relevant("u1", "PL/pgSQL procedures", top_k=1)[0].summary.session_id == "s1"
+    )
+
+
+def test_facts_from_sessions_resolve_by_recency_and_keep_history(memory: Memory) -> None:
+    now = datetime.now(UTC)
+    memory.summarizer = llm(llm_reply(editor="emacs"))
+    memory.end_session("u1", "new", TRANSCRIPT, created_at=now - timedelta(days=1))
+    # A backfilled older session saying otherwise does not overwrite the newer fact...
+    memory.summarizer = llm(llm_reply(editor="nano"))
+    memory.end_session("u1", "old", TRANSCRIPT, created_at=now - timedelta(days=30))
+    assert memory.get_fact("u1", "editor").value == "emacs"
+    # ...a later one does, and every value stays in the history, with its session.
+    memory.summarizer = llm(llm_reply(editor="vim"))
+    memory.end_session("u1", "latest", TRANSCRIPT, created_at=now)
+    history = memory.fact_history("u1", "editor")
+    assert [(f.value, f.source) for f in history] == [
+        ("nano", "session:old"),
+        ("emacs", "session:new"),
+        ("vim", "session:latest"),
+    ]
 
 
 def test_unknown_run_is_a_typed_error(memory: Memory) -> None:
@@ -131,9 +213,13 @@ def test_unknown_run_is_a_typed_error(memory: Memory) -> None:
 def test_forget_user_removes_everything(memory: Memory) -> None:
     memory.end_session("u1", "s1", TRANSCRIPT)
     memory.set_fact("u1", "k", "v")
+    memory.save_transcript("u1", "s2", TRANSCRIPT)
     memory.forget_user("u1")
     assert memory.get_facts("u1") == []
     assert memory.list_sessions("u1") == []
+    assert memory.pending_summaries("u1") == []
+    with pytest.raises(SessionNotFoundError):
+        memory.resummarize("u1", "s1")
     assert memory.recall_relevant("u1", "Postgres", top_k=3) == []
 
 

@@ -1,0 +1,75 @@
+"""The session maintenance commands: ``tiermem reindex`` and ``tiermem resummarize``."""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from memory import Memory, SessionSummary
+from memory.cli import app as cli
+
+TRANSCRIPT = [
+    {"role": "user", "content": "Can you plan the Kubernetes upgrade for the staging cluster?"},
+    {"role": "assistant", "content": "We decided to upgrade the control plane first."},
+    {"role": "assistant", "content": "Next step: drain the old node pool on Monday."},
+]
+
+
+@pytest.fixture
+def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    monkeypatch.setenv("TIERMEM_DATA_DIR", str(tmp_path))
+    monkeypatch.delenv("TIERMEM_KV_URL", raising=False)
+    monkeypatch.delenv("TIERMEM_CHROMA_URL", raising=False)
+    return tmp_path
+
+
+def test_reindex_rebuilds_a_lost_index_from_the_kv_store(data_dir: Path) -> None:
+    with Memory.open(data_dir) as memory:
+        for n, topic in enumerate(["billing database migration", "kubernetes upgrade plan"]):
+            memory.save_session(
+                SessionSummary(session_id=f"s{n}", user_id="u1", task_description=topic)
+            )
+        memory.set_fact("u2", "language", "en")  # a user with no sessions is no trouble
+    chroma = [p for p in data_dir.iterdir() if p.is_dir()]
+    assert chroma, "the embedded index should live in the data dir"
+    for folder in chroma:
+        shutil.rmtree(folder)
+
+    result = CliRunner().invoke(cli, ["reindex"])
+    assert result.exit_code == 0, result.output
+    assert "reindexed 2 sessions of tenant default" in result.stdout
+
+    with Memory.open(data_dir) as memory:
+        assert memory.index.count() == 2
+        hits = memory.recall_relevant("u1", "kubernetes", top_k=1)
+        assert hits[0].summary.session_id == "s1"
+
+
+def test_resummarize_summarizes_every_pending_transcript(data_dir: Path) -> None:
+    with Memory.open(data_dir) as memory:
+        memory.save_transcript("u1", "s1", TRANSCRIPT)
+        memory.for_tenant("acme").save_transcript("u9", "s1", TRANSCRIPT)
+        assert memory.pending_summaries("u1") == ["s1"]
+
+    result = CliRunner().invoke(cli, ["resummarize"])
+    assert result.exit_code == 0, result.output
+    assert "summarized 1 of 1 pending sessions" in result.stdout
+
+    with Memory.open(data_dir) as memory:
+        assert memory.pending_summaries("u1") == []
+        summary = memory.get_session("u1", "s1")
+        assert any("control plane" in d for d in summary.decisions_made)
+        # Another tenant is only touched when asked for.
+        assert memory.for_tenant("acme").pending_summaries("u9") == ["s1"]
+    acme = CliRunner().invoke(cli, ["resummarize", "--tenant", "acme", "--user", "u9"])
+    assert acme.exit_code == 0, acme.output
+    assert "summarized 1 of 1" in acme.stdout
+
+
+def test_a_bad_tenant_is_a_clear_error(data_dir: Path) -> None:
+    result = CliRunner().invoke(cli, ["reindex", "--tenant", "no spaces"])
+    assert result.exit_code == 1
+    assert "tenant 'no spaces' is invalid" in result.stderr

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -56,6 +57,10 @@ class Memory:
         summarizer: Turns transcripts into summaries; default offline extractive.
         tenant: Namespace of every key this instance touches.
         context_max_tokens: Default budget of :meth:`build_continuation_context`.
+        background_indexing: Embed saved sessions in a worker thread, many
+            per batch: a save returns once its KV commit is durable, and
+            recall still sees it (it finishes the user's queued work first).
+            ``False`` indexes before each save returns.
     """
 
     def __init__(
@@ -67,6 +72,7 @@ class Memory:
         summarizer: Summarizer | None = None,
         tenant: str = "default",
         context_max_tokens: int = 2000,
+        background_indexing: bool = True,
     ) -> None:
         self.kv = kv
         self.index = index
@@ -75,7 +81,10 @@ class Memory:
         self.tenant = check_id(tenant, "tenant")
         self.context_max_tokens = context_max_tokens
         self.tasks = TaskTier(kv, tenant=self.tenant)
-        self.sessions = SessionTier(kv, index, embedder, tenant=self.tenant)
+        self.background_indexing = background_indexing
+        self.sessions = SessionTier(
+            kv, index, embedder, tenant=self.tenant, background=background_indexing
+        )
         self.users = UserTier(kv, tenant=self.tenant)
         self._owns_stores = True
         self._tenants: dict[str, Memory] = {}
@@ -100,6 +109,7 @@ class Memory:
                     summarizer=self.summarizer,
                     tenant=tenant,
                     context_max_tokens=self.context_max_tokens,
+                    background_indexing=self.background_indexing,
                 )
                 view._owns_stores = False
                 self._tenants[tenant] = view
@@ -146,6 +156,7 @@ class Memory:
             summarizer=summarizer,
             tenant=settings.tenant,
             context_max_tokens=settings.context_max_tokens,
+            background_indexing=settings.background_indexing,
         )
 
     # -- session tier -------------------------------------------------------
@@ -429,12 +440,35 @@ class Memory:
         self.kv.ping()
         self.index.ping()
 
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the vector index holds every session saved so far (all tenant views).
+
+        Recall does not need this (it reads its own writes); benchmarks and
+        backups do. Returns whether everything was indexed within ``timeout``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for memory in self._with_views():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not memory.sessions.flush(left):
+                return False
+        return True
+
     def close(self) -> None:
-        """Close the stores (unless this is a tenant view). Idempotent."""
+        """Finish queued index work, then close the stores (unless this is a tenant view).
+
+        Index work not finished in time stays queued in the KV store and is
+        replayed by the next instance opened on it. Idempotent.
+        """
         if not self._owns_stores:
             return
+        for memory in self._with_views():
+            memory.sessions.close()
         self.index.close()
         self.kv.close()
+
+    def _with_views(self) -> list[Memory]:
+        with self._tenants_lock:
+            return [self, *self._tenants.values()]
 
     def __enter__(self) -> Self:
         return self
@@ -677,6 +711,10 @@ class AsyncMemory:
     async def ping(self) -> None:
         """See :meth:`Memory.ping`."""
         await self._call(self.sync.ping)
+
+    async def flush(self, timeout: float | None = None) -> bool:
+        """See :meth:`Memory.flush`."""
+        return await self._call(self.sync.flush, timeout)
 
     async def close(self) -> None:
         """See :meth:`Memory.close`."""

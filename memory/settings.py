@@ -62,6 +62,11 @@ class Settings(BaseSettings):
     max_request_bytes: int = Field(
         default=2 * 1024 * 1024, gt=0, description="Largest request body accepted (HTTP 413)."
     )
+    background_indexing: bool = Field(
+        default=True,
+        description="Embed saved sessions in a worker thread, batched: saves return once "
+        "durable in the KV store and recall still sees them. False: index before returning.",
+    )
     api_host: str = Field(default="127.0.0.1", description="Interface `tiermem serve` binds.")
     api_port: int = Field(default=8080, ge=0, le=65535, description="Port `tiermem serve` binds.")
     summarize_workers: int = Field(

@@ -261,7 +261,13 @@ def canonical_json(value: object, *, field: str, step: str | None = None) -> str
 
 def input_hash(value: object, *, step: str | None = None, field: str = "input") -> str:
     """SHA-256 hex digest of the canonical JSON (:func:`canonical_json`) of a step's input."""
+    if value is None:
+        # Most steps have no input: skip the encoder on the hot path.
+        return _NULL_HASH
     return hashlib.sha256(canonical_json(value, field=field, step=step).encode()).hexdigest()
+
+
+_NULL_HASH: Final = hashlib.sha256(b"null").hexdigest()
 
 
 def output_digest(value: JsonValue) -> str:

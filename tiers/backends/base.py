@@ -144,6 +144,22 @@ class KVStore(Protocol):
         ...
 
 
+@runtime_checkable
+class Flushable(Protocol):
+    """A store that may acknowledge a commit before it is durable (a bounded-durability mode).
+
+    Stores whose every commit is durable when acknowledged need not implement it.
+    """
+
+    def flush(self) -> None:
+        """Block until every commit acknowledged before this call survives a power cut.
+
+        Raises:
+            BackendUnavailableError: The store is closed or the flush failed.
+        """
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class VectorItem:
     """One document of a vector index."""

@@ -7,19 +7,37 @@ which WAL lets run beside the writer. A reader connection is closed when its
 thread has ended (noticed when another thread opens one) or when the store is.
 
 **Group commit.** Concurrent :meth:`SqliteKVStore.commit` calls share fsyncs: a
-caller queues its transaction, and whichever caller holds the writer lock
-applies every queued transaction in one SQLite transaction (each inside its
-own savepoint, so its checks see the ones before it and a failed check undoes
-only its own writes) and commits once. Each caller returns only after the
-fsync that made its transaction durable; serial callers see no difference.
+caller queues its transaction, and one caller at a time (the leader) applies
+every queued transaction in one SQLite transaction and commits once. Each
+queued commit's checks are evaluated in order against the database plus the
+writes of the commits before it in the batch, so a failed check drops only its
+own commit (a batch with a ``DeleteSpace`` uses a savepoint per commit
+instead). Each caller returns only after the fsync that made its transaction
+durable; serial callers see no difference. When the last batches had several
+callers, a leader waits briefly (at most one commit's duration, capped at
+:data:`_MAX_GATHER_S`) for the callers of the last batch to queue again:
+otherwise the first caller back after an fsync commits alone and batches
+alternate between one caller and all the others.
+
+**Bounded durability** (``durable=False``): ``synchronous=NORMAL`` acknowledges a
+commit once it is written to the WAL, before the WAL is fsync'd (SQLite syncs
+the WAL only at checkpoints), so a power cut may lose the last commits; a
+process crash loses none (the data is in the OS page cache). :meth:`flush`
+makes every commit acknowledged before it durable by fsyncing the WAL file,
+the cheap way the SQLite developers describe for WAL mode (a PASSIVE
+checkpoint is not enough: it may stop early beside readers and writers). With
+``flush_interval`` a background thread flushes at that period, so an
+acknowledged commit is durable within about ``flush_interval`` seconds.
 """
 
 from __future__ import annotations
 
+import os
 import sqlite3
 import threading
+import time
 from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from tiers.backends.base import (
@@ -37,7 +55,7 @@ from tiers.backends.common import (
     check_writes,
     prefix_upper_bound,
 )
-from tiers.errors import BackendUnavailableError, ConflictError
+from tiers.errors import BackendUnavailableError, ConflictError, InvalidInputError
 
 # Ordered schema migrations: the list index + 1 is the schema version (PRAGMA user_version).
 MIGRATIONS: tuple[str, ...] = (
@@ -52,6 +70,9 @@ MIGRATIONS: tuple[str, ...] = (
 )
 
 _BUSY_TIMEOUT_S = 30.0
+_GET_ONE = "SELECT value FROM kv WHERE space = ? AND key = ?"
+# Longest a group-commit leader waits for the callers of the last batches.
+_MAX_GATHER_S = 0.002
 # Keys per statement in get_many, under SQLite's bound-parameter limit.
 _CHUNK = 500
 # Checks per SELECT and rows per INSERT of a commit (under the same limit).
@@ -89,10 +110,17 @@ class SqliteKVStore:
         path: Database file; its parent directory is created if missing.
         max_value_bytes: Largest value accepted by :meth:`commit`.
         durable: ``True`` (default) fsyncs every commit (``synchronous=FULL``);
-            ``False`` uses ``synchronous=NORMAL``: a power cut may lose the last
-            commits, a process crash loses nothing.
+            ``False`` uses ``synchronous=NORMAL``: a commit is acknowledged
+            before it is fsync'd, so a power cut may lose the last commits (a
+            process crash loses nothing) until :meth:`flush` or a checkpoint.
+        flush_interval: With ``durable=False``, seconds between background
+            :meth:`flush` calls: the bound on how long an acknowledged commit
+            may stay at risk of a power cut. ``None`` (default): no background
+            flush.
 
     Raises:
+        InvalidInputError: ``flush_interval`` is not a number > 0, or is given
+            with ``durable=True`` (every commit is durable already).
         BackendUnavailableError: The file cannot be opened or created, is not a
             SQLite database, or was written by a newer tiermem (its schema
             version is above ``len(MIGRATIONS)``).
@@ -104,16 +132,48 @@ class SqliteKVStore:
         *,
         max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
         durable: bool = True,
+        flush_interval: float | None = None,
     ) -> None:
+        if flush_interval is not None:
+            if (
+                isinstance(flush_interval, bool)
+                or not isinstance(flush_interval, int | float)
+                or not flush_interval > 0
+            ):
+                raise InvalidInputError(
+                    "flush_interval must be a number of seconds > 0", field="flush_interval"
+                )
+            if durable:
+                raise InvalidInputError(
+                    "flush_interval needs durable=False: with durable=True every commit is "
+                    "fsync'd before it is acknowledged",
+                    field="flush_interval",
+                )
         self.path = Path(path)
         self.max_value_bytes = max_value_bytes
+        self.durable = durable
+        self.flush_interval = None if flush_interval is None else float(flush_interval)
         self._synchronous = "FULL" if durable else "NORMAL"
         self._write_lock = threading.Lock()
         # Commits waiting for the writer, and whether a caller is committing a
-        # batch now (the leader); both guarded by _queue_cond.
+        # batch now (the leader); all guarded by the lock of _queue_cond, which
+        # _gather_cond shares (a gathering leader waits on it for arrivals).
         self._queue: list[_Pending] = []
         self._leading = False
-        self._queue_cond = threading.Condition(threading.Lock())
+        self._gathering = False
+        queue_lock = threading.Lock()
+        self._queue_cond = threading.Condition(queue_lock)
+        self._gather_cond = threading.Condition(queue_lock)
+        # Sizes of the last two batches and how long the last commit took.
+        self._batch_sizes = (1, 1)
+        self._commit_seconds = 0.0
+        # Commits acknowledged (counted after COMMIT) and how many of them are
+        # known durable; _flush_lock serialises flushes.
+        self._acked = 0
+        self._flushed = 0
+        self._flush_lock = threading.Lock()
+        self._stop_flusher = threading.Event()
+        self._flusher: threading.Thread | None = None
         self._local = threading.local()
         self._readers: list[_Reader] = []
         # Guards _readers and _closed, so no reader is registered after close().
@@ -137,6 +197,11 @@ class SqliteKVStore:
                 writer.close()
             raise
         self._writer = writer
+        if self.flush_interval is not None:
+            self._flusher = threading.Thread(
+                target=self._flush_loop, name=f"tiermem-flush-{self.path.name}", daemon=True
+            )
+            self._flusher.start()
 
     def _connect(self) -> sqlite3.Connection:
         # check_same_thread=False: close() and the dead-thread sweep close
@@ -205,6 +270,24 @@ class SqliteKVStore:
     def get_many(self, space: str, keys: Sequence[str]) -> list[bytes | None]:
         """See :meth:`KVStore.get_many`."""
         check_reads(space, keys)
+        if len(keys) == 1:
+            # The hot path (a run's head, once per step): one prepared
+            # statement, no generator-based context managers.
+            try:
+                reader = self._local.reader
+            except AttributeError:
+                with self._translate("read"):
+                    reader = self._thread_reader()
+            with reader.lock:
+                if self._closed:
+                    raise self._closed_error()
+                try:
+                    row = reader.conn.execute(_GET_ONE, (space, keys[0])).fetchone()
+                except sqlite3.Error as exc:
+                    raise BackendUnavailableError(
+                        f"SQLite read failed on {self.path}: {exc}"
+                    ) from exc
+            return [None if row is None else bytes(row[0])]
         if not keys:
             self._ensure_open()
             return []
@@ -276,22 +359,50 @@ class SqliteKVStore:
         pending = _Pending(writes, checks)
         with self._queue_cond:
             self._queue.append(pending)
+            if self._gathering:
+                self._gather_cond.notify()
             # Wait while another caller (the leader) commits; it may take this one along.
             while not pending.done and self._leading:
                 self._queue_cond.wait()
             if not pending.done:
                 self._leading = True
+                self._gather()
                 batch, self._queue = self._queue, []
         if not pending.done:
             try:
                 with self._write_lock:
+                    began = time.perf_counter()
                     self._commit_batch(batch, pending)
+                    self._commit_seconds = time.perf_counter() - began
             finally:
                 with self._queue_cond:
+                    self._batch_sizes = (self._batch_sizes[1], len(batch))
                     self._leading = False
                     self._queue_cond.notify_all()
         if pending.error is not None:
             raise pending.error
+
+    def _gather(self) -> None:
+        """As the new leader, wait briefly for the callers of the last batches (lock held).
+
+        Callers acknowledged by the last fsync come back one by one (each runs
+        its own code first); committing at once would send the first of them
+        alone. Waiting costs at most about one commit's duration, and only
+        when recent batches had several callers, so a lone writer never waits.
+        """
+        expect = max(self._batch_sizes)
+        if expect <= 1 or len(self._queue) >= expect:
+            return
+        deadline = time.monotonic() + min(_MAX_GATHER_S, self._commit_seconds)
+        self._gathering = True
+        try:
+            while len(self._queue) < expect:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._gather_cond.wait(left)
+        finally:
+            self._gathering = False
 
     def _commit_batch(self, batch: list[_Pending], own: _Pending) -> None:
         """Apply queued commits in one transaction and one fsync; record each one's outcome.
@@ -306,7 +417,7 @@ class SqliteKVStore:
             if self._closed:
                 raise self._closed_error()
             conn = self._writer
-            with self._translate("commit"):
+            try:
                 # IMMEDIATE takes the write lock first, so the checks and the writes
                 # see the same state even with other processes on the file.
                 conn.execute("BEGIN IMMEDIATE")
@@ -319,20 +430,19 @@ class SqliteKVStore:
                             batch[0].error = exc
                             conn.execute("ROLLBACK")
                             return
+                    elif any(isinstance(w, DeleteSpace) for p in batch for w in p.writes):
+                        _apply_with_savepoints(conn, batch)
                     else:
-                        for pending in batch:
-                            conn.execute("SAVEPOINT one")
-                            try:
-                                _apply(conn, pending.writes, pending.checks)
-                            except ConflictError as exc:
-                                # Undo only this commit's writes; the batch goes on.
-                                conn.execute("ROLLBACK TO one")
-                                pending.error = exc
-                            conn.execute("RELEASE one")
+                        _apply_merged(conn, batch)
                     conn.execute("COMMIT")
                 except BaseException:
                     _end_transaction(conn, "ROLLBACK")
                     raise
+            except sqlite3.Error as exc:
+                raise BackendUnavailableError(
+                    f"SQLite commit failed on {self.path}: {exc}"
+                ) from exc
+            self._acked += sum(1 for p in batch if p.error is None)
         except BaseException as exc:
             failure = exc
         finally:
@@ -346,6 +456,62 @@ class SqliteKVStore:
                 pending.done = True
         if failure is not None:
             raise failure
+
+    def flush(self) -> None:
+        """Block until every commit acknowledged before this call is durable (survives a power cut).
+
+        With ``durable=True`` every commit already is, and this returns at
+        once. Otherwise it fsyncs the WAL file once for every commit
+        acknowledged so far (concurrent callers share the fsync).
+
+        Raises:
+            BackendUnavailableError: The store is closed, or the fsync failed
+                (then nothing is known to be durable beyond the last flush).
+        """
+        self._ensure_open()
+        self._flush()
+
+    def _flush(self) -> None:
+        target = self._acked
+        if self.durable or self._flushed >= target:
+            return
+        with self._flush_lock:
+            if self._flushed >= target:
+                return
+            # Read again under the lock: everything acknowledged by now is covered.
+            target = self._acked
+            wal = self.path.with_name(self.path.name + "-wal")
+            try:
+                fd = os.open(wal, os.O_RDONLY)
+            except FileNotFoundError:
+                # No WAL: every commit was checkpointed into the database file,
+                # which a checkpoint fsyncs.
+                self._flushed = target
+                return
+            except OSError as exc:
+                raise BackendUnavailableError(f"cannot open {wal} to flush it: {exc}") from exc
+            try:
+                os.fsync(fd)
+            except OSError as exc:
+                raise BackendUnavailableError(f"fsync of {wal} failed: {exc}") from exc
+            finally:
+                os.close(fd)
+            self._flushed = target
+
+    @property
+    def unflushed(self) -> int:
+        """How many acknowledged commits are not known to be durable yet (0 with ``durable=True``)."""
+        return 0 if self.durable else self._acked - self._flushed
+
+    def _flush_loop(self) -> None:
+        interval = self.flush_interval or 0.0
+        while not self._stop_flusher.wait(interval):
+            try:
+                self.flush()
+            except BackendUnavailableError:
+                if self._closed:
+                    return
+                # A failed fsync is retried next period; flush() callers see it too.
 
     def ping(self) -> None:
         """See :meth:`KVStore.ping`."""
@@ -363,11 +529,86 @@ class SqliteKVStore:
                 return
             self._closed = True
             readers, self._readers = self._readers, []
+        self._stop_flusher.set()
+        if self._flusher is not None and self._flusher is not threading.current_thread():
+            self._flusher.join()
         with self._write_lock:
+            # A last flush, so a clean close leaves every acknowledged commit durable;
+            # if it fails, the commits stay in the WAL for the next open.
+            with suppress(BackendUnavailableError):
+                self._flush()
             self._writer.close()
         for reader in readers:
             with reader.lock:
                 reader.conn.close()
+
+
+def _apply_with_savepoints(conn: sqlite3.Connection, batch: list[_Pending]) -> None:
+    """Apply each queued commit in its own savepoint: a failed check undoes only its writes."""
+    for pending in batch:
+        conn.execute("SAVEPOINT one")
+        try:
+            _apply(conn, pending.writes, pending.checks)
+        except ConflictError as exc:
+            conn.execute("ROLLBACK TO one")
+            pending.error = exc
+        conn.execute("RELEASE one")
+
+
+_ABSENT = object()
+
+
+def _apply_merged(conn: sqlite3.Connection, batch: list[_Pending]) -> None:
+    """Apply queued commits (no ``DeleteSpace``) with one read and as few writes as fit.
+
+    Every check of the batch is read in one pass; each commit's checks are then
+    evaluated in order against those values overlaid with the writes of the
+    commits accepted before it, exactly what a savepoint per commit would see.
+    A commit whose check fails gets a :class:`ConflictError` and writes nothing.
+    """
+    wanted = list({(c.space, c.key): None for p in batch for c in p.checks})
+    stored: dict[tuple[str, str], bytes] = {}
+    for start in range(0, len(wanted), _CHECKS_PER_STATEMENT):
+        chunk = wanted[start : start + _CHECKS_PER_STATEMENT]
+        where = " OR ".join(["(space = ? AND key = ?)"] * len(chunk))
+        args: list[object] = []
+        for space, key in chunk:
+            args += [space, key]
+        stored.update(
+            ((space, key), bytes(value))
+            for space, key, value in conn.execute(
+                f"SELECT space, key, value FROM kv WHERE {where}",  # noqa: S608
+                args,
+            )
+        )
+    overlay: dict[tuple[str, str], bytes | None] = {}
+    accepted: list[Write] = []
+    for pending in batch:
+        failed: Check | None = None
+        for check in pending.checks:
+            address = (check.space, check.key)
+            current = overlay.get(address, _ABSENT)
+            if current is _ABSENT:
+                current = stored.get(address)
+            if current != check.expected:
+                failed = check
+                break
+        if failed is not None:
+            pending.error = _conflict(failed)
+            continue
+        for write in pending.writes:
+            if isinstance(write, Put):
+                overlay[(write.space, write.key)] = write.value
+            elif isinstance(write, Delete):
+                overlay[(write.space, write.key)] = None
+        accepted.extend(pending.writes)
+    _apply(conn, accepted, ())
+
+
+def _conflict(check: Check) -> ConflictError:
+    return ConflictError(
+        f"check failed on {check.space!r}/{check.key!r}: the value changed; re-read and retry"
+    )
 
 
 def _apply(conn: sqlite3.Connection, writes: Sequence[Write], checks: Sequence[Check]) -> None:
@@ -392,10 +633,7 @@ def _apply(conn: sqlite3.Connection, writes: Sequence[Write], checks: Sequence[C
         }
         for check in chunk:
             if found.get((check.space, check.key)) != check.expected:
-                raise ConflictError(
-                    f"check failed on {check.space!r}/{check.key!r}: the value changed; "
-                    "re-read and retry"
-                )
+                raise _conflict(check)
     puts: list[Put] = []
     for write in writes:
         if isinstance(write, Put):

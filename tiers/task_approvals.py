@@ -1,0 +1,203 @@
+"""Human-approval gates: a run freezes a plan and pauses; an operator approves or rejects it."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+from tiers import keys
+from tiers.backends.base import Check, Put
+from tiers.codec import decode, encode
+from tiers.errors import (
+    CorruptRecordError,
+    InvalidInputError,
+    PlanMismatchError,
+    RunStateError,
+)
+from tiers.ids import check_id
+from tiers.models import PendingApproval, RunInfo, RunStatus
+from tiers.task_events import (
+    Approval,
+    ApprovalRecord,
+    EventKind,
+    check_key,
+    input_hash,
+    to_json,
+)
+from tiers.task_handle_core import HandleCore
+from tiers.task_storage import TierCore
+from tiers.task_txn import Txn
+
+__all__ = ["ApprovalsMixin", "HandleApprovalsMixin"]
+
+
+class ApprovalsMixin(TierCore):
+    """The operator side of approval gates (:class:`~tiers.task.TaskTier`)."""
+
+    def approve(self, run_id: str, plan_hash: str, *, by: str, note: str | None = None) -> Approval:
+        """Approve the plan a run waits on; the run becomes resumable and passes its gate.
+
+        Approving an already approved plan again returns the same decision.
+
+        Args:
+            run_id: The paused run.
+            plan_hash: The SHA-256 of the plan being approved (from
+                :class:`ApprovalPendingError` or ``RunInfo.pending_approval``):
+                the approval is bound to exactly that plan.
+            by: Who approves (kept in the event log).
+            note: Optional comment.
+
+        Raises:
+            PlanMismatchError: The run waits on another plan.
+            RunStateError: No approval is pending (and this plan was not approved), or the
+                run is finished.
+            RunNotFoundError: No such run.
+        """
+        return self._decide(run_id, plan_hash, by, note, granted=True)
+
+    def reject(self, run_id: str, plan_hash: str, *, by: str, note: str | None = None) -> Approval:
+        """Reject the plan a run waits on; the resumed run's gate returns ``approved=False``.
+
+        Raises:
+            PlanMismatchError, RunStateError, RunNotFoundError: As for :meth:`approve`.
+        """
+        return self._decide(run_id, plan_hash, by, note, granted=False)
+
+    def _decide(
+        self, run_id: str, plan_hash: str, by: str, note: str | None, *, granted: bool
+    ) -> Approval:
+        check_id(run_id, "run_id")
+        if not isinstance(plan_hash, str) or len(plan_hash) != 64:
+            raise InvalidInputError("plan_hash must be a hex SHA-256 digest", field="plan_hash")
+        if not isinstance(by, str) or not 1 <= len(by.strip()) <= 256:
+            raise InvalidInputError("by must name who decides (1-256 characters)", field="by")
+        if note is not None and (not isinstance(note, str) or len(note) > 2000):
+            raise InvalidInputError(
+                "note must be a string of at most 2000 characters", field="note"
+            )
+        wanted = "granted" if granted else "rejected"
+        space = keys.run_space(self._tenant, run_id)
+        decided: list[ApprovalRecord] = []
+
+        def build(info: RunInfo, now: datetime) -> Txn | RunInfo:
+            decided.clear()
+            if info.status.finished:
+                raise RunStateError(f"run {run_id!r} is {info.status.value}: nothing to approve")
+            pending = info.pending_approval
+            if pending is None:
+                for appr_key, raw in self._kv.scan(space, prefix=keys.APPROVAL_PREFIX):
+                    rec = decode(ApprovalRecord, raw, where=f"{space}/{appr_key}")
+                    if rec.plan_hash == plan_hash and rec.status == wanted:
+                        decided.append(rec)
+                        return info
+                raise RunStateError(
+                    f"run {run_id!r} waits for no approval of plan {plan_hash[:12]}...: "
+                    "nothing to decide"
+                )
+            if pending.plan_hash != plan_hash:
+                raise PlanMismatchError(
+                    f"run {run_id!r} waits for approval of plan {pending.plan_hash[:12]}..., "
+                    f"not {plan_hash[:12]}...: review the plan the run froze and decide on "
+                    "that one"
+                )
+            (data,) = self._kv.get_many(space, [keys.approval_key(pending.key)])
+            if data is None:
+                raise CorruptRecordError(
+                    f"run {run_id!r} waits on gate {pending.key!r}, which is not stored"
+                )
+            rec = decode(ApprovalRecord, data, where=f"{space}/{keys.approval_key(pending.key)}")
+            new = rec.model_copy(
+                update={"status": wanted, "decided_by": by.strip(), "decided_at": now, "note": note}
+            )
+            decided.append(new)
+            txn = Txn(run_id, info.lease_epoch, info, now)
+            kind = EventKind.APPROVAL_GRANTED if granted else EventKind.APPROVAL_REJECTED
+            txn.add_event(kind, key=pending.key, plan_hash=plan_hash, by=by.strip())
+            txn.puts.append(Put(space, keys.approval_key(pending.key), encode(new)))
+            txn.checks.append(Check(space, keys.approval_key(pending.key), data))
+            txn.update.update(pending_approval=None, status=RunStatus.RESUMABLE)
+            return txn
+
+        self._operate(run_id, build, "decide")
+        rec = decided[0]
+        return Approval(
+            approved=rec.status == "granted",
+            plan_hash=rec.plan_hash,
+            by=rec.decided_by,
+            at=rec.decided_at,
+            note=rec.note,
+        )
+
+
+class HandleApprovalsMixin(HandleCore):
+    """The worker side of approval gates (:class:`~tiers.task_handle.RunHandle`)."""
+
+    def await_approval(self, plan: object, *, key: str | None = None) -> Approval:
+        """Stop at a human-approval gate for ``plan`` until a human decides.
+
+        The first call freezes the plan (its canonical JSON and SHA-256) in a
+        checkpointed ``ApprovalRequested`` event, pauses the run and raises
+        :class:`ApprovalPendingError`: the worker should stop (release nothing;
+        the run is paused). :meth:`TaskTier.approve` / :meth:`TaskTier.reject`
+        decide; the resumed script calls this again with the same plan and gets
+        the decision. No step or effect can be appended while the gate is
+        pending, so a resume cannot skip it.
+
+        Args:
+            plan: The JSON-serialisable plan to approve.
+            key: Explicit gate key (default ``<run_id>/approval/<n>``, ``n``
+                counting this handle's earlier gates).
+
+        Returns:
+            The decision: ``approved`` true or false, by whom, when.
+
+        Raises:
+            ApprovalPendingError: No decision yet (the run is paused).
+            PlanMismatchError: The gate was requested for another plan (the
+                plan must be deterministic across resumes).
+            StaleWriterError, RunCancelledError, RunStateError: As for :meth:`step`.
+        """
+        self._refuse_nesting("approval")
+        occurrence = self._occurrences.get("\0approval", 0)
+        gate = f"{self.run_id}/approval/{occurrence}" if key is None else check_key(key, "key")
+        plan_json = to_json(plan, field="plan")
+        plan_hash = input_hash(plan_json, field="plan")
+        info = self._refresh(allow_paused=True)
+        space = keys.run_space(self._tier.tenant, self.run_id)
+        (data,) = self._tier._kv.get_many(space, [keys.approval_key(gate)])
+        if data is not None:
+            rec = decode(ApprovalRecord, data, where=f"{space}/{keys.approval_key(gate)}")
+            if rec.plan_hash != plan_hash:
+                raise PlanMismatchError(
+                    f"approval gate {gate!r} of run {self.run_id!r} was requested for plan "
+                    f"{rec.plan_hash[:12]}..., not {plan_hash[:12]}...: the plan changed between "
+                    "runs; make it deterministic, or use a new gate key"
+                )
+            if rec.status == "requested":
+                raise self._pending(rec.plan_hash, gate)
+            self._occurrences["\0approval"] = occurrence + 1
+            return Approval(
+                approved=rec.status == "granted",
+                plan_hash=rec.plan_hash,
+                by=rec.decided_by,
+                at=rec.decided_at,
+                note=rec.note,
+            )
+        if info.pending_approval is not None:
+            raise self._pending(info.pending_approval.plan_hash, info.pending_approval.key)
+        with self._lock:
+            txn = self._txn()
+            record = ApprovalRecord(
+                key=gate, plan_hash=plan_hash, plan=plan_json, requested_at=txn.now
+            )
+            txn.add_event(EventKind.APPROVAL_REQUESTED, key=gate, plan_hash=plan_hash)
+            txn.add_event(EventKind.RUN_PAUSED, reason="approval", key=gate)
+            txn.puts.append(Put(space, keys.approval_key(gate), encode(record)))
+            txn.checks.append(Check(space, keys.approval_key(gate), None))
+            txn.update.update(
+                status=RunStatus.PAUSED,
+                pending_approval=PendingApproval(
+                    key=gate, plan_hash=plan_hash, requested_at=txn.now
+                ),
+            )
+            self._apply(txn, "approval")
+        raise self._pending(plan_hash, gate)

@@ -1,0 +1,590 @@
+"""Exactly-once external effects: the effect ledger, reconciliation, operator decisions, compensation."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+from pydantic import JsonValue
+
+from tiers import keys
+from tiers.backends.base import Check, Put
+from tiers.codec import encode
+from tiers.errors import (
+    CheckpointNotFoundError,
+    CompensationError,
+    ConflictError,
+    EffectOutcomeUnknownError,
+    InputMismatchError,
+    InvalidInputError,
+    RunStateError,
+)
+from tiers.ids import check_id
+from tiers.models import RunInfo
+from tiers.task_events import (
+    NOT_DONE,
+    EffectRecord,
+    EffectStatus,
+    EventKind,
+    check_key,
+    check_name,
+    input_hash,
+    output_digest,
+    to_json,
+)
+from tiers.task_handle_core import HandleCore
+from tiers.task_storage import TierCore
+from tiers.task_txn import _UNSET, Txn, _check_fits, _unpack, _with
+
+__all__ = ["EffectsMixin", "HandleEffectsMixin", "Reconcile"]
+
+
+Reconcile = Callable[[str], object]
+
+
+@dataclass
+class _EffectCall:
+    name: str
+    key: str
+    step_key: str
+    top_level: bool
+    digest: str
+    safe_to_retry: bool
+    level: int = 0
+    # Top-level effects commit a checkpoint under this step name.
+    step_name: str = ""
+    kind: str = "effect"
+    on_record: Callable[[Txn], None] | None = None
+
+
+class EffectsMixin(TierCore):
+    """The operator side of effects (:class:`~tiers.task.TaskTier`)."""
+
+    def resolve_effect(
+        self,
+        run_id: str,
+        key: str,
+        *,
+        output: object = _UNSET,
+        rerun: bool = False,
+        by: str = "operator",
+    ) -> EffectRecord:
+        """An operator's decision on an effect whose outcome is unknown.
+
+        Give exactly one of ``output`` (the effect happened; the resumed run
+        gets this output without calling the effect) or ``rerun=True`` (it did
+        not happen; the resumed run calls it again).
+
+        Raises:
+            InvalidInputError: Neither or both given, or a non-JSON output.
+            NotFoundError: No such run or effect.
+            RunStateError: The effect's outcome is not unknown (it is recorded or
+                was never invoked), or the run is finished.
+        """
+        check_id(run_id, "run_id")
+        if (output is _UNSET) == (not rerun):
+            raise InvalidInputError(
+                "give exactly one of output=... (the effect happened) or rerun=True (it did not)",
+                field="output",
+            )
+        value = None if output is _UNSET else to_json(output, field="output")
+        space = keys.run_space(self._tenant, run_id)
+        result: list[EffectRecord] = []
+
+        def build(info: RunInfo, now: datetime) -> Txn | RunInfo:
+            result.clear()
+            if info.status.finished:
+                raise RunStateError(f"run {run_id!r} is {info.status.value}")
+            rec, data = self._read_effect(run_id, key)
+            if rec is None:
+                raise CheckpointNotFoundError(f"run {run_id!r} has no effect with key {key!r}")
+            if rec.status is not EffectStatus.INVOKED:
+                raise RunStateError(
+                    f"effect {key!r} of run {run_id!r} is {rec.status.value}, not of unknown "
+                    "outcome: nothing to resolve"
+                )
+            txn = Txn(run_id, info.lease_epoch, info, now)
+            if rerun:
+                txn.add_event(EventKind.EFFECT_NOT_DONE, key=key, source="operator", by=by)
+                new = rec.model_copy(update={"status": EffectStatus.NOT_DONE, "source": "operator"})
+            else:
+                seq = txn.add_event(
+                    EventKind.EFFECT_RECORDED,
+                    key=key,
+                    response_hash=output_digest(value),
+                    source="operator",
+                    by=by,
+                )
+                new = rec.model_copy(
+                    update={
+                        "status": EffectStatus.RECORDED,
+                        "output": value,
+                        "response_hash": output_digest(value),
+                        "source": "operator",
+                        "recorded_seq": seq,
+                    }
+                )
+            txn.puts.append(Put(space, keys.effect_key(key), encode(new)))
+            txn.checks.append(Check(space, keys.effect_key(key), data))
+            result.append(new)
+            return txn
+
+        self._operate(run_id, build, "resolve an effect of")
+        return result[0]
+
+
+class HandleEffectsMixin(HandleCore):
+    """The worker side of effects (:class:`~tiers.task_handle.RunHandle`)."""
+
+    def effect(
+        self,
+        name: str,
+        fn: Callable[[], object] | Callable[[str], object],
+        *,
+        idempotency_key: str | None = None,
+        input: object = None,
+        safe_to_retry: bool = False,
+        reconcile: Reconcile | None = None,
+        compensation: Callable[[JsonValue], object] | None = None,
+    ) -> JsonValue:
+        """Perform an external side effect exactly once per run.
+
+        ``EffectInvoked`` is committed durably *before* ``fn`` is called and
+        the result is committed before this returns, so:
+
+        - a recorded effect is never called again: a replay returns its output;
+        - an effect invoked but never recorded (the worker died during ``fn``)
+          has an *unknown outcome*: it is re-run only if ``safe_to_retry``;
+          otherwise ``reconcile(idempotency_key)`` is asked (return the
+          effect's output if the external system shows it happened, or
+          :data:`NOT_DONE` if it did not, and then ``fn`` is called again); with
+          no ``reconcile`` the run refuses to continue
+          (:class:`EffectOutcomeUnknownError`) until an operator decides with
+          :meth:`TaskTier.resolve_effect`.
+
+        Called at the top level of a script, an effect is a checkpointed step of
+        its own (two durable commits: before and after ``fn``). Called inside a
+        :meth:`step`'s function, it is recorded in the effect ledger and the
+        step's checkpoint follows when the step's function returns.
+
+        The default idempotency key is ``<run_id>/effect:<name>/<n>`` at the top
+        level and ``<step key>/effect:<name>/<n>`` inside a step (``n`` counts
+        earlier calls with that name): deterministic, so a re-executed script
+        finds its effects. Pass it to the external system when it deduplicates.
+
+        Args:
+            name: Effect name (1-256 characters); compensations are registered by name.
+            fn: The effect, called with its idempotency key if it takes one
+                positional argument (pass it to an external system that
+                deduplicates), else with none; returns JSON-serialisable output
+                (or a :class:`Charged`).
+            idempotency_key: Explicit key instead of the derived one.
+            input: The request, recorded as its SHA-256; a replay with another
+                request raises :class:`InputMismatchError`.
+            safe_to_retry: The effect is idempotent: re-run it when its outcome is unknown.
+            reconcile: Probe of the external system by idempotency key (see above).
+            compensation: Undo of this effect, called with its output by
+                :meth:`compensate` (same as :meth:`register_compensation`).
+
+        Returns:
+            The effect's output after a JSON round trip (the recorded one on replay).
+
+        Raises:
+            EffectOutcomeUnknownError: Invoked before but never recorded, and neither
+                ``safe_to_retry`` nor ``reconcile`` can settle it.
+            InputMismatchError: The key was used by another effect or request.
+            InvalidInputError: Bad arguments, non-JSON output, or an effect inside an effect.
+            StaleWriterError, RunCancelledError, ApprovalPendingError,
+            BudgetExceededError, RunStateError, ConflictError: as for :meth:`step`;
+                checked (atomically) before ``fn`` is called.
+            Exception: Whatever ``fn`` raises; the effect stays invoked (its
+                outcome unknown), since a failed call may have had an effect.
+        """
+        call = self._effect_call(name, idempotency_key, input, safe_to_retry, compensation)
+        outcome = self._effect_begin(call, reconcile is not None)
+        while True:
+            if outcome[0] == "done":
+                self._effect_done(call)
+                return outcome[1]
+            if outcome[0] == "reconcile":
+                assert reconcile is not None
+                outcome = self._effect_reconciled(call, reconcile(call.key))
+                continue
+            self._in_effect = True
+            try:
+                raw = _call(fn, call.key)
+            finally:
+                self._in_effect = False
+            output = self._effect_record(call, raw, "fn")
+            self._effect_done(call)
+            return output
+
+    async def aeffect(
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[object]] | Callable[[str], Awaitable[object]],
+        *,
+        idempotency_key: str | None = None,
+        input: object = None,
+        safe_to_retry: bool = False,
+        reconcile: Callable[[str], object] | None = None,
+        compensation: Callable[[JsonValue], object] | None = None,
+    ) -> JsonValue:
+        """The async twin of :meth:`effect`: awaits ``fn()`` (and ``reconcile``'s result if awaitable).
+
+        The durable commits before and after ``fn`` are the same synchronous
+        store calls as :meth:`effect` (one fsync each).
+        """
+        call = self._effect_call(name, idempotency_key, input, safe_to_retry, compensation)
+        outcome = self._effect_begin(call, reconcile is not None)
+        while True:
+            if outcome[0] == "done":
+                self._effect_done(call)
+                return outcome[1]
+            if outcome[0] == "reconcile":
+                assert reconcile is not None
+                probed = reconcile(call.key)
+                if inspect.isawaitable(probed):
+                    probed = await probed
+                outcome = self._effect_reconciled(call, probed)
+                continue
+            self._in_effect = True
+            try:
+                raw = await _call(fn, call.key)
+            finally:
+                self._in_effect = False
+            output = self._effect_record(call, raw, "fn")
+            self._effect_done(call)
+            return output
+
+    def register_compensation(self, name: str, fn: Callable[[JsonValue], object]) -> None:
+        """Register the undo of effects named ``name``; :meth:`compensate` calls ``fn(output)``.
+
+        Compensations live in code (this handle), never in the store: a resumed
+        worker registers them again, as its script does.
+        """
+        self._compensations[check_name(name, "effect")] = fn
+
+    def compensate(self) -> list[str]:
+        """Undo the run's recorded effects, newest first, each exactly once.
+
+        Each compensation runs as a checkpointed effect of its own (key
+        ``<effect key>/compensate``, safe to retry: compensations must be
+        idempotent) and marks its effect compensated in the same commit, so a
+        crash in the middle resumes where it stopped. Compensations are one
+        level deep: effects of compensations are never compensated (no cascades).
+
+        Returns:
+            The idempotency keys of the effects compensated by this call.
+
+        Raises:
+            CompensationError: An effect has no registered compensation (nothing
+                was run), or a compensation raised (the ones before it are kept);
+                a human must take over.
+            StaleWriterError, RunStateError: As for :meth:`step`.
+        """
+        self._refuse_nesting("compensate")
+        self._refresh()
+        todo = [
+            rec
+            for rec in self._tier._effect_records(self.run_id)
+            if rec.status is EffectStatus.RECORDED and rec.level == 0 and not rec.compensated
+        ]
+        todo.sort(key=lambda r: r.recorded_seq or 0, reverse=True)
+        missing = sorted({r.name for r in todo if r.name not in self._compensations})
+        if missing:
+            raise CompensationError(
+                f"run {self.run_id!r}: no compensation registered for effect(s) {missing}: "
+                "register them with RunHandle.register_compensation (or effect(..., "
+                "compensation=...)) before compensate(), or undo them by hand"
+            )
+        done: list[str] = []
+        for rec in todo:
+            undo = self._compensations[rec.name]
+
+            def mark(txn: Txn, rec: EffectRecord = rec) -> None:
+                space = keys.run_space(self._tier.tenant, self.run_id)
+                old = self._tier._read_effect_bytes(self.run_id, rec.key)
+                txn.add_event(EventKind.COMPENSATED, key=rec.key, name=rec.name)
+                txn.puts.append(
+                    Put(space, keys.effect_key(rec.key), encode(_with(rec, compensated=True)))
+                )
+                txn.checks.append(Check(space, keys.effect_key(rec.key), old))
+
+            call = _EffectCall(
+                name=f"compensate:{rec.name}",
+                key=f"{rec.key}/compensate",
+                step_key=f"{rec.key}/compensate",
+                top_level=True,
+                digest=input_hash(rec.output, field="output"),
+                safe_to_retry=True,
+                level=1,
+                step_name=f"compensate:{rec.name}",
+                kind="compensation",
+                on_record=mark,
+            )
+            outcome = self._effect_begin(call, False)
+            if outcome[0] == "invoke":
+                self._in_effect = True
+                try:
+                    raw = undo(rec.output)
+                except Exception as exc:
+                    raise CompensationError(
+                        f"run {self.run_id!r}: compensation of effect {rec.key!r} "
+                        f"({rec.name}) raised {type(exc).__name__}: {exc}; the compensations "
+                        f"before it are recorded ({done}); fix the cause and call compensate() "
+                        "again, or undo it by hand"
+                    ) from exc
+                finally:
+                    self._in_effect = False
+                self._effect_record(call, raw, "fn")
+            done.append(rec.key)
+        return done
+
+    def _effect_call(
+        self,
+        name: str,
+        idempotency_key: str | None,
+        input: object,
+        safe_to_retry: bool,
+        compensation: Callable[[JsonValue], object] | None,
+    ) -> _EffectCall:
+        effect_name = check_name(name, "effect")
+        if self._in_effect:
+            raise InvalidInputError(
+                f"effect {effect_name!r} called inside another effect's function: effects "
+                "cannot be nested",
+                field="effect",
+            )
+        if compensation is not None:
+            self._compensations[effect_name] = compensation
+        digest = input_hash(input, step=effect_name)
+        active = self._active
+        if active is None:
+            counter = f"effect:{effect_name}"
+            n = self._occurrences.get(counter, 0)
+            key = f"{self.run_id}/effect:{effect_name}/{n}"
+        else:
+            n = active.effect_counts.get(effect_name, 0)
+            key = f"{active.key}/effect:{effect_name}/{n}"
+        if idempotency_key is not None:
+            key = check_key(idempotency_key)
+        return _EffectCall(
+            name=effect_name,
+            key=key,
+            step_key=key if active is None else active.key,
+            top_level=active is None,
+            digest=digest,
+            safe_to_retry=safe_to_retry,
+            step_name=effect_name,
+        )
+
+    def _effect_done(self, call: _EffectCall) -> None:
+        active = self._active
+        if call.top_level:
+            counter = f"effect:{call.name}"
+            self._occurrences[counter] = self._occurrences.get(counter, 0) + 1
+        elif active is not None:
+            active.effect_counts[call.name] = active.effect_counts.get(call.name, 0) + 1
+
+    def _effect_begin(self, call: _EffectCall, can_reconcile: bool) -> tuple[str, JsonValue]:
+        """Decide what an effect call does: ("done", output) | ("reconcile", None) | ("invoke", None).
+
+        For "invoke", ``EffectInvoked`` is already committed when this returns.
+        """
+        info = self._refresh(allow_paused=True)
+        entry: bytes | None = None
+        if call.top_level:
+            existing, entry = self._lookup(call.key, info)
+            if existing is not None:
+                self._verify_replay(existing, call.step_name, call.digest, call.key)
+                return ("done", existing.output)
+        self._check_writable(info)
+        rec, rec_bytes = self._tier._read_effect(self.run_id, call.key)
+        if rec is not None:
+            if rec.name != call.name or rec.request_hash != call.digest:
+                raise InputMismatchError(
+                    f"effect key {call.key!r} of run {self.run_id!r} was used by effect "
+                    f"{rec.name!r} with another request: make the request deterministic, or "
+                    "give a changed effect a new name or key",
+                    step=call.name,
+                    idempotency_key=call.key,
+                )
+            if rec.status is EffectStatus.RECORDED:
+                if call.top_level:
+                    # Recorded (by reconcile or an operator) but its checkpoint is not
+                    # committed yet: commit it now, without calling fn.
+                    with self._lock:
+                        txn = self._txn()
+                        self._add_checkpoint(
+                            txn,
+                            call.step_name,
+                            call.key,
+                            call.digest,
+                            rec.output,
+                            None,
+                            txn.now,
+                            call.kind,
+                            None,
+                            entry,
+                        )
+                        self._apply(txn, call.name)
+                return ("done", rec.output)
+            if rec.status is EffectStatus.INVOKED and not call.safe_to_retry:
+                if can_reconcile:
+                    return ("reconcile", None)
+                self._flag_unknown(rec, rec_bytes)
+                raise EffectOutcomeUnknownError(
+                    f"effect {call.name!r} (key {call.key!r}) of run {self.run_id!r} was "
+                    f"invoked (attempt {rec.attempt}) but its result was never recorded: it may "
+                    "or may not have happened. Pass reconcile= to probe the external system by "
+                    "this idempotency key, mark it safe_to_retry if it is idempotent, or decide "
+                    "with TaskTier.resolve_effect(run_id, key, output=... | rerun=True)",
+                    run_id=self.run_id,
+                    effect_key=call.key,
+                    effect_name=call.name,
+                )
+        self._check_budget(info)
+        self._effect_invoke(call, rec, rec_bytes, None)
+        return ("invoke", None)
+
+    def _effect_invoke(
+        self,
+        call: _EffectCall,
+        rec: EffectRecord | None,
+        rec_bytes: bytes | None,
+        not_done_source: str | None,
+    ) -> None:
+        space = keys.run_space(self._tier.tenant, self.run_id)
+        with self._lock:
+            txn = self._txn()
+            active = self._active
+            if active is not None and not active.started_written:
+                txn.add_event(EventKind.STEP_STARTED, step=active.name, key=active.key)
+            if not_done_source is not None:
+                txn.add_event(EventKind.EFFECT_NOT_DONE, key=call.key, source=not_done_source)
+            attempt = 1 if rec is None else rec.attempt + 1
+            seq = txn.add_event(
+                EventKind.EFFECT_INVOKED,
+                key=call.key,
+                name=call.name,
+                attempt=attempt,
+                request_hash=call.digest,
+                step_key=call.step_key,
+            )
+            new = EffectRecord(
+                key=call.key,
+                name=call.name,
+                step_key=call.step_key,
+                status=EffectStatus.INVOKED,
+                attempt=attempt,
+                request_hash=call.digest,
+                safe_to_retry=call.safe_to_retry,
+                level=call.level,
+                invoked_seq=seq,
+            )
+            txn.puts.append(Put(space, keys.effect_key(call.key), encode(new)))
+            txn.checks.append(Check(space, keys.effect_key(call.key), rec_bytes))
+            self._apply(txn, call.name)
+            if active is not None:
+                active.started_written = True
+        # The caller invokes the effect next: on a store that acknowledges before
+        # fsync, make EffectInvoked durable first.
+        self._tier.force_flush()
+
+    def _effect_reconciled(self, call: _EffectCall, probed: object) -> tuple[str, JsonValue]:
+        rec, rec_bytes = self._tier._read_effect(self.run_id, call.key)
+        if rec is None or rec.status is not EffectStatus.INVOKED:
+            # Someone settled it meanwhile (an operator); start over.
+            return self._effect_begin(call, True)
+        if probed is NOT_DONE:
+            self._refresh()
+            self._effect_invoke(call, rec, rec_bytes, "reconcile")
+            return ("invoke", None)
+        return ("done", self._effect_record(call, probed, "reconcile"))
+
+    def _flag_unknown(self, rec: EffectRecord, rec_bytes: bytes | None) -> None:
+        if rec.flagged_unknown:
+            return
+        space = keys.run_space(self._tier.tenant, self.run_id)
+        with self._lock:
+            txn = self._txn()
+            txn.add_event(
+                EventKind.EFFECT_OUTCOME_UNKNOWN, key=rec.key, name=rec.name, attempt=rec.attempt
+            )
+            txn.puts.append(
+                Put(space, keys.effect_key(rec.key), encode(_with(rec, flagged_unknown=True)))
+            )
+            txn.checks.append(Check(space, keys.effect_key(rec.key), rec_bytes))
+            self._apply(txn, rec.name)
+
+    def _effect_record(self, call: _EffectCall, raw: object, source: str) -> JsonValue:
+        output, tokens, cost, delta = _unpack(raw, call.name)
+        space = keys.run_space(self._tier.tenant, self.run_id)
+        with self._lock:
+            rec, rec_bytes = self._tier._read_effect(self.run_id, call.key)
+            if rec is None or rec.status is not EffectStatus.INVOKED:
+                raise ConflictError(
+                    f"effect {call.key!r} of run {self.run_id!r} was settled by someone else "
+                    "while it ran; nothing was recorded by this call"
+                )
+            txn = self._txn()
+            txn.add_event(
+                EventKind.EFFECT_RECORDED,
+                key=call.key,
+                response_hash=output_digest(output),
+                source=source,
+            )
+            new = _with(
+                rec,
+                status=EffectStatus.RECORDED,
+                output=output,
+                response_hash=output_digest(output),
+                source=source,
+                recorded_seq=txn.base.event_seq + len(txn.events),
+            )
+            data = encode(new)
+            _check_fits(
+                self._tier._kv.max_value_bytes, data, f"output of effect {call.name!r}", "output"
+            )
+            txn.puts.append(Put(space, keys.effect_key(call.key), data))
+            txn.checks.append(Check(space, keys.effect_key(call.key), rec_bytes))
+            self._add_debit(txn, tokens, cost, call.key)
+            if call.on_record is not None:
+                call.on_record(txn)
+            if call.top_level:
+                _, entry = self._lookup(call.key, txn.base)
+                self._add_checkpoint(
+                    txn,
+                    call.step_name,
+                    call.key,
+                    call.digest,
+                    output,
+                    None,
+                    txn.now,
+                    call.kind,
+                    delta,
+                    entry,
+                )
+            elif delta:
+                raise InvalidInputError(
+                    f"effect {call.name!r} inside a step returned a state delta: return it from "
+                    "the step instead",
+                    field="state",
+                )
+            self._apply(txn, call.name)
+        return output
+
+
+def _call(fn: Callable[..., Any], key: str) -> Any:
+    """Call an effect's function with its idempotency key if it takes one argument, else with none."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return fn()
+    positional = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    required = [p for p in params if p.kind in positional and p.default is p.empty]
+    return fn(key) if len(required) == 1 else fn()

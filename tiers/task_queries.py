@@ -1,0 +1,268 @@
+"""Read-only views of runs: checkpoints, events, the effect ledger, listings, and the log's fold."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime
+
+from pydantic import JsonValue
+
+from tiers import keys
+from tiers.codec import decode
+from tiers.errors import (
+    CorruptRecordError,
+    InvalidInputError,
+)
+from tiers.ids import check_id
+from tiers.models import Checkpoint, RunInfo, RunStatus
+from tiers.task_events import (
+    EffectRecord,
+    EffectStatus,
+    Event,
+    EventKind,
+    Snapshot,
+)
+from tiers.task_storage import TierCore
+
+__all__ = ["QueriesMixin", "RebuiltRun"]
+
+
+@dataclass(frozen=True)
+class RebuiltRun:
+    """A run's state folded from its latest snapshot and the event log's tail (:meth:`TaskTier.rebuild`)."""
+
+    status: RunStatus
+    head_seq: int
+    head_checkpoint_id: str | None
+    event_seq: int
+    spent_tokens: int
+    spent_cost: float
+    pending_plan_hash: str | None
+    values: dict[str, JsonValue]
+    events_read: int
+
+
+class QueriesMixin(TierCore):
+    """Queries of :class:`~tiers.task.TaskTier`."""
+
+    def latest_checkpoint(self, run_id: str) -> Checkpoint | None:
+        """The run's head checkpoint, or ``None`` if it has none yet.
+
+        Raises:
+            RunNotFoundError: No such run.
+        """
+        info = self.get_run(run_id)
+        if info.head_seq == 0:
+            return None
+        ckpt = self._read_checkpoint(run_id, info.head_seq)
+        if ckpt is None:
+            raise CorruptRecordError(
+                f"run {run_id!r} has head_seq {info.head_seq} but no checkpoint at "
+                f"{keys.run_space(self._tenant, run_id)}/{keys.checkpoint_key(info.head_seq)}"
+            )
+        return ckpt
+
+    def history(
+        self, run_id: str, *, limit: int | None = None, after_seq: int | None = None
+    ) -> list[Checkpoint]:
+        """Checkpoints of a run in sequence order (every branch; see ``RunInfo.superseded``).
+
+        Args:
+            run_id: The run.
+            limit: At most this many (``None``: all).
+            after_seq: Only checkpoints with a larger seq (for paging).
+
+        Raises:
+            RunNotFoundError: No such run.
+            InvalidInputError: Negative ``limit`` or ``after_seq``.
+        """
+        _check_paging(limit, after_seq)
+        self.get_run(run_id)
+        space = keys.run_space(self._tenant, run_id)
+        start = keys.checkpoint_key(after_seq) if after_seq else None
+        items = self._kv.scan(space, prefix=keys.CHECKPOINT_PREFIX, start_after=start, limit=limit)
+        return [self._decode_checkpoint(run_id, key, data) for key, data in items]
+
+    def events(
+        self, run_id: str, *, after_seq: int | None = None, limit: int | None = None
+    ) -> list[Event]:
+        """The run's event log in seq order (from ``compacted_through + 1`` after a compaction).
+
+        Raises:
+            RunNotFoundError: No such run.
+            InvalidInputError: Negative ``limit`` or ``after_seq``.
+        """
+        _check_paging(limit, after_seq)
+        self.get_run(run_id)
+        space = keys.run_space(self._tenant, run_id)
+        start = keys.event_key(after_seq) if after_seq else None
+        items = self._kv.scan(space, prefix=keys.EVENT_PREFIX, start_after=start, limit=limit)
+        return [decode(Event, data, where=f"{space}/{key}") for key, data in items]
+
+    def effects(self, run_id: str) -> list[EffectRecord]:
+        """The run's effect ledger, by idempotency key.
+
+        Raises:
+            RunNotFoundError: No such run.
+        """
+        self.get_run(run_id)
+        return self._effect_records(run_id)
+
+    def unknown_effects(self, run_id: str) -> list[EffectRecord]:
+        """Effects invoked but never recorded: what blocks the run until reconciled."""
+        return [r for r in self.effects(run_id) if r.status is EffectStatus.INVOKED]
+
+    def list_runs(
+        self, user_id: str | None = None, status: RunStatus | str | None = None
+    ) -> list[RunInfo]:
+        """Runs of this tenant, oldest first, optionally only one user's or one status.
+
+        Raises:
+            InvalidInputError: Bad ``user_id`` or unknown ``status``.
+        """
+        if user_id is not None:
+            check_id(user_id, "user_id")
+        wanted: RunStatus | None = None
+        if status is not None:
+            try:
+                wanted = RunStatus(status)
+            except ValueError as exc:
+                choices = ", ".join(s.value for s in RunStatus)
+                raise InvalidInputError(
+                    f"unknown run status {status!r}: use one of {choices}", field="status"
+                ) from exc
+        runs = [
+            decode(RunInfo, data, where=f"{self._runs}/{key}")
+            for key, data in self._kv.scan(self._runs)
+        ]
+        runs = [
+            r
+            for r in runs
+            if (user_id is None or r.user_id == user_id) and (wanted is None or r.status is wanted)
+        ]
+        runs.sort(key=lambda r: (r.created_at, r.run_id))
+        return runs
+
+    def list_resumable(self, *, now: datetime | None = None) -> list[RunInfo]:
+        """Runs a worker pool should pick up: not finished, not paused, no live lease.
+
+        That is runs released by their worker, runs whose lease expired (the
+        worker died or stopped heartbeating), and runs whose lease has no TTL.
+        Oldest last checkpoint first. Take one with :meth:`acquire`.
+        """
+        at = self._now() if now is None else now
+        runs = [
+            r
+            for r in self.list_runs()
+            if not r.status.finished and r.status is not RunStatus.PAUSED and not r.lease_live(at)
+        ]
+        runs.sort(key=lambda r: (r.last_checkpoint_at or r.created_at, r.run_id))
+        return runs
+
+    def rebuild(self, run_id: str) -> RebuiltRun:
+        """Fold the run's state from its latest snapshot and the event log's tail.
+
+        The head (``RunInfo``) is this fold kept up to date in every commit;
+        this recomputes it from the log, for audits and consistency checks.
+
+        Raises:
+            RunNotFoundError: No such run.
+        """
+        info = self.get_run(run_id)
+        space = keys.run_space(self._tenant, run_id)
+        snaps = self._kv.scan(space, prefix=keys.SNAPSHOT_PREFIX)
+        latest: Snapshot | None = None
+        for key, raw in snaps:
+            snap = decode(Snapshot, raw, where=f"{space}/{key}")
+            if latest is None or snap.event_seq > latest.event_seq:
+                latest = snap
+        status = RunStatus.RUNNING
+        head_seq, head_id, spent_tokens, spent_cost = 0, None, 0, 0.0
+        values: dict[str, JsonValue] = {}
+        after = 0
+        if latest is not None:
+            status = RunStatus(latest.status)
+            head_seq, head_id = latest.seq, latest.checkpoint_id
+            spent_tokens, spent_cost = latest.spent_tokens, latest.spent_cost
+            values = dict(latest.values)
+            after = latest.event_seq
+        pending: str | None = None if latest is None else latest.pending_plan_hash
+        if after < info.compacted_through:
+            raise CorruptRecordError(
+                f"run {run_id!r}: events up to {info.compacted_through} were compacted but the "
+                f"latest snapshot is at event {after}"
+            )
+        tail = self.events(run_id, after_seq=after)
+        handle_kinds = {
+            EventKind.STEP_STARTED,
+            EventKind.STEP_COMMITTED,
+            EventKind.EFFECT_INVOKED,
+            EventKind.EFFECT_RECORDED,
+            EventKind.EFFECT_NOT_DONE,
+            EventKind.EFFECT_OUTCOME_UNKNOWN,
+            EventKind.BUDGET_DEBITED,
+            EventKind.COMPENSATED,
+        }
+        for event in tail:
+            kind, data = event.kind, event.data
+            by_worker = kind in handle_kinds and data.get("source") != "operator"
+            if by_worker and status is RunStatus.RESUMABLE:
+                status = RunStatus.RUNNING
+            if kind is EventKind.STEP_COMMITTED:
+                seq = int(str(data["seq"]))
+                ckpt = self._read_checkpoint(run_id, seq)
+                if ckpt is None:
+                    raise CorruptRecordError(
+                        f"run {run_id!r}: event {event.seq} names no checkpoint"
+                    )
+                head_seq, head_id = seq, ckpt.checkpoint_id
+                if ckpt.state_delta:
+                    values.update(ckpt.state_delta)
+            elif kind is EventKind.STATE_UPDATED:
+                seq = int(str(data["seq"]))
+                head_seq, head_id = seq, str(data["checkpoint_id"])
+                values = self._values_at(run_id, seq)
+                if status is not RunStatus.PAUSED:
+                    status = RunStatus.RESUMABLE
+            elif kind is EventKind.BUDGET_DEBITED:
+                spent_tokens = int(str(data["spent_tokens"]))
+                spent_cost = float(str(data["spent_cost"]))
+            elif kind in (EventKind.RUN_STARTED, EventKind.RUN_RESUMED):
+                if status is not RunStatus.PAUSED:
+                    status = RunStatus.RUNNING
+            elif kind is EventKind.RUN_FORKED:
+                status = RunStatus.RESUMABLE
+            elif kind is EventKind.APPROVAL_REQUESTED:
+                pending = str(data["plan_hash"])
+            elif kind is EventKind.RUN_PAUSED:
+                status = RunStatus.PAUSED
+            elif kind in (EventKind.APPROVAL_GRANTED, EventKind.APPROVAL_REJECTED):
+                pending, status = None, RunStatus.RESUMABLE
+            elif kind is EventKind.RUN_RELEASED:
+                if status is RunStatus.RUNNING:
+                    status = RunStatus.RESUMABLE
+            elif kind is EventKind.RUN_COMPLETED:
+                status = RunStatus.COMPLETED
+            elif kind is EventKind.RUN_FAILED:
+                status = RunStatus.FAILED
+            elif kind is EventKind.RUN_CANCELLED:
+                status = RunStatus.CANCELLED
+        return RebuiltRun(
+            status=status,
+            head_seq=head_seq,
+            head_checkpoint_id=head_id,
+            event_seq=tail[-1].seq if tail else after,
+            spent_tokens=spent_tokens,
+            spent_cost=spent_cost,
+            pending_plan_hash=pending,
+            values=values,
+            events_read=len(tail),
+        )
+
+
+def _check_paging(limit: int | None, after_seq: int | None) -> None:
+    for name, value in (("limit", limit), ("after_seq", after_seq)):
+        if value is not None and (
+            isinstance(value, bool) or not isinstance(value, int) or value < 0
+        ):
+            raise InvalidInputError(f"{name} must be an integer >= 0", field=name)

@@ -11,7 +11,15 @@ from datetime import UTC, datetime
 from enum import StrEnum
 from typing import Annotated, Any, Literal
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    JsonValue,
+    StringConstraints,
+    field_validator,
+)
 
 from tiers.ids import Id
 
@@ -37,14 +45,15 @@ def _as_utc(value: datetime) -> datetime:
 
 UtcDatetime = Annotated[datetime, AfterValidator(_as_utc)]
 
-Text = Annotated[str, Field(max_length=MAX_TEXT)]
-Item = Annotated[str, Field(min_length=1, max_length=MAX_TEXT)]
+# Prose is stripped; nothing else is: an output or fact value must read back exactly as written.
+Text = Annotated[str, StringConstraints(strip_whitespace=True, max_length=MAX_TEXT)]
+Item = Annotated[str, StringConstraints(strip_whitespace=True, min_length=1, max_length=MAX_TEXT)]
 
 
 class Record(BaseModel):
     """Base of stored records: strict about unknown fields, immutable once built."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     schema_version: int = SCHEMA_VERSION
 
@@ -107,7 +116,7 @@ class SessionSummary(Record):
 class FactCandidate(BaseModel):
     """A user fact or preference proposed by a summarizer, not yet stored."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, str_strip_whitespace=True)
+    model_config = ConfigDict(extra="forbid", frozen=True)
 
     key: Id
     value: JsonValue

@@ -283,3 +283,15 @@ def test_effect_ledger_and_events_are_in_the_run_space(kv: KVStore, tasks: TaskT
         EventKind.EFFECT_RECORDED,
         EventKind.STEP_COMMITTED,
     ]
+
+
+def test_outputs_read_back_exactly_as_written(tasks: TaskTier) -> None:
+    padded = {"text": "  indented\n", "items": [" a ", "b\t"]}
+    run = tasks.start_run("u", "exact")
+    assert run.effect("pad", lambda: " x ") == " x "
+    assert run.step("nested", lambda: padded) == padded
+    # Replayed from the store, not recomputed: byte-for-byte the same values.
+    again = tasks.start_run("u", "exact")
+    assert again.effect("pad", lambda: pytest.fail("effect ran twice")) == " x "
+    assert again.step("nested", lambda: pytest.fail("step ran twice")) == padded
+    assert [c.output for c in tasks.history("exact")] == [" x ", padded]

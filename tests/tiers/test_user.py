@@ -118,3 +118,11 @@ def test_concurrent_writers_lose_no_version(users: UserTier) -> None:
     history = users.fact_history("alice", "counter")
     assert len(history) == 40
     assert len({f.value for f in history}) == 40
+
+
+def test_values_read_back_exactly_but_prose_is_trimmed(kv: KVStore) -> None:
+    users = UserTier(kv)
+    users.set_fact("u", "signature", "  -- Dana\n", evidence="  my sig  ")
+    fact = users.get_fact("u", "signature")
+    assert fact.value == "  -- Dana\n"
+    assert fact.evidence == "my sig"

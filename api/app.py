@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import logging
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -85,7 +86,9 @@ def _tune_embedder(memory: Memory, settings: Settings) -> None:
         memory.embedder.intra_op_threads = settings.service_embedder_threads
 
 
-def create_app(settings: Settings | None = None, *, memory: Memory | None = None) -> FastAPI:
+def create_app(
+    settings: Settings | None = None, *, memory: Memory | None = None, freeze_gc: bool = False
+) -> FastAPI:
     """Build the tiermem HTTP service.
 
     Args:
@@ -116,6 +119,9 @@ def create_app(settings: Settings | None = None, *, memory: Memory | None = None
         service = ServiceState(settings, mem, metrics, owns_memory=owned)
         try:
             await anyio.to_thread.run_sync(service.warm_up)
+            if freeze_gc:
+                gc.collect()
+                gc.freeze()
             app.state.tiermem = service
             logger.info(
                 "tiermem ready", extra={"tenant": mem.tenant, "auth": settings.auth_enabled}

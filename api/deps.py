@@ -74,7 +74,7 @@ async def authenticate(request: Request) -> Principal:
             )
         cached = service.cached_principal(key)
         if cached is None:
-            cached = await anyio.to_thread.run_sync(service.authenticate, key)
+            cached = await service.verify(key)
         caller = cached
     state[_PRINCIPAL] = caller
     state["tenant"] = caller.tenant  # for the access log

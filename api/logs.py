@@ -17,14 +17,21 @@ _STANDARD = set(logging.LogRecord("", 0, "", 0, "", None, None).__dict__) | {
     "asctime",
     "color_message",  # uvicorn's ANSI-coloured copy of msg
 }
+# A record's own attributes come first in its __dict__ (insertion order), extras after them:
+# only the tail needs checking, which keeps a log line cheap (one per request).
+_OWN_ATTRIBUTES = len(logging.LogRecord("", 0, "", 0, "", None, None).__dict__)
+_ENCODER = json.JSONEncoder(default=str, ensure_ascii=False)
 
 
 class JsonFormatter(logging.Formatter):
     """One JSON object per line: time, level, logger, message, request id and extra fields."""
 
+    # (second, its text): one attribute, so threads sharing the formatter never mix two.
+    _second: tuple[int, str] = (-1, "")
+
     def format(self, record: logging.LogRecord) -> str:
         entry: dict[str, Any] = {
-            "ts": datetime.fromtimestamp(record.created, UTC).isoformat(timespec="milliseconds"),
+            "ts": self._timestamp(record.created),
             "level": record.levelname.lower(),
             "logger": record.name,
             "msg": record.getMessage(),
@@ -32,13 +39,30 @@ class JsonFormatter(logging.Formatter):
         request_id = request_id_var.get()
         if request_id is not None:
             entry["request_id"] = request_id
-        for key, value in record.__dict__.items():
-            if key not in _STANDARD and not key.startswith("_"):
-                entry[key] = value
+        attributes = record.__dict__
+        if len(attributes) > _OWN_ATTRIBUTES:
+            for key, value in list(attributes.items())[_OWN_ATTRIBUTES:]:
+                if key not in _STANDARD and not key.startswith("_"):
+                    entry[key] = value
         if record.exc_info:
             # Tracebacks go to the operator's logs, never to a client.
             entry["exc_info"] = self.formatException(record.exc_info)
-        return json.dumps(entry, default=str, ensure_ascii=False)
+        return _ENCODER.encode(entry)
+
+    def _timestamp(self, created: float) -> str:
+        """ISO 8601 UTC with milliseconds, like ``datetime.isoformat(timespec="milliseconds")``.
+
+        The part up to the second is formatted once a second.
+        """
+        second = int(created)
+        millis = round((created - second) * 1_000_000) // 1000  # microseconds, as datetime rounds
+        if millis >= 1000:
+            return datetime.fromtimestamp(created, UTC).isoformat(timespec="milliseconds")
+        cached, text = self._second
+        if cached != second:
+            text = datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S")
+            self._second = (second, text)
+        return f"{text}.{millis:03d}+00:00"
 
 
 def logging_config(level: str) -> dict[str, Any]:

@@ -6,10 +6,11 @@ request: it adds a few microseconds, not a task and a queue per request.
 
 from __future__ import annotations
 
+import itertools
 import logging
 import re
+import secrets
 import time
-import uuid
 from typing import Any
 
 from starlette.exceptions import HTTPException
@@ -24,6 +25,21 @@ access_logger = logging.getLogger("tiermem.access")
 
 _REQUEST_ID = re.compile(rb"[A-Za-z0-9._:\-]{1,128}")
 _UNMATCHED = "<unmatched>"
+
+
+class _RequestIds:
+    """Request ids made here: 32 hex digits, a random per-process prefix and a counter.
+
+    Unique without a system call per request (``uuid4`` reads the OS random
+    source each time); ids need to be unique, not secret.
+    """
+
+    def __init__(self) -> None:
+        self._prefix = secrets.token_hex(8)
+        self._counter = itertools.count()  # next() on a count is atomic under the GIL
+
+    def next(self) -> str:
+        return f"{self._prefix}{next(self._counter) & 0xFFFF_FFFF_FFFF_FFFF:016x}"
 
 
 class _BodyTooLarge(HTTPException):
@@ -58,6 +74,7 @@ class ServiceMiddleware:
         self.metrics = metrics
         self.max_request_bytes = max_request_bytes
         self.access_log = access_log
+        self._ids = _RequestIds()
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -72,7 +89,7 @@ class ServiceMiddleware:
             elif name == b"content-length" and value.isdigit():
                 content_length = int(value)
         if request_id is None:
-            request_id = uuid.uuid4().hex
+            request_id = self._ids.next()
         scope.setdefault("state", {})["request_id"] = request_id
         token = request_id_var.set(request_id)
         header = (b"x-request-id", request_id.encode("ascii"))

@@ -29,7 +29,7 @@ def serve(
     config = logging_config(settings.log_level)
     logging.config.dictConfig(config)
     uvicorn.run(
-        create_app(settings),
+        create_app(settings, freeze_gc=True),
         host=host or settings.api_host,
         port=settings.api_port if port is None else port,
         log_config=config,

@@ -1,19 +1,26 @@
-"""What one running app holds: the memory, its tenant views, the key registry, the jobs."""
+"""What one running app holds: memory, tenant views, key registry, jobs, read threads."""
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from api.jobs import JobRegistry
 from api.metrics import Metrics
+from api.offload import Offloader
 from memory.apikeys import ApiKeyRegistry, Scope
 from memory.facade import Memory
 from memory.settings import Settings
 from tiers import keys
+from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.models import SessionSummary
+
+T = TypeVar("T")
 
 _KEY_CACHE_MAX = 10_000
 
@@ -55,11 +62,18 @@ class ServiceState:
             max_pending=settings.max_pending_jobs,
             retention_seconds=settings.job_retention_seconds,
         )
+        self.reads = Offloader(threads=2, name="tiermem-reads")
+        # A read of the embedded SQLite store takes tens of microseconds and never waits for
+        # a writer (WAL mode, a connection per thread), so hot reads run on the event loop:
+        # measured 1.4x the fact reads per second of any thread hop, whose GIL hand-offs cost
+        # more than the read. Reads of a network store (Redis) go to the read threads.
+        self.inline_reads = isinstance(memory.kv, SqliteKVStore)
         self._owns_memory = owns_memory
         self._views: dict[str, Memory] = {memory.tenant: memory}
         self._views_lock = threading.Lock()
         self._key_cache: dict[str, tuple[float, Principal]] = {}
         self._key_cache_lock = threading.Lock()
+        self._verifying: dict[str, asyncio.Future[Principal]] = {}
         metrics.watch(jobs_pending=lambda: self.jobs.pending, outbox_backlog=self.outbox_backlog)
 
     # -- tenants -------------------------------------------------------------------------------
@@ -118,6 +132,39 @@ class ServiceState:
                 self._key_cache[digest] = (time.monotonic() + ttl, principal)
         return principal
 
+    async def read(self, fn: Callable[..., T], *args: Any) -> T:
+        """``fn(*args)``, a short store read: on the event loop for a local store, else offloaded.
+
+        Call from the event loop only.
+        """
+        if self.inline_reads:
+            return fn(*args)
+        return await self.reads.run(fn, *args)
+
+    async def verify(self, key: str) -> Principal:
+        """Verify a key (see :meth:`read`); concurrent calls for one key share one verification.
+
+        When a cached verification expires under load, every request in flight
+        with that key would otherwise read the registry at once; they wait for
+        the first one instead. Call from the event loop only.
+
+        Raises:
+            InvalidApiKeyError: The key is malformed, unknown or revoked.
+        """
+        digest = hashlib.sha256(key.encode()).hexdigest()
+        pending = self._verifying.get(digest)
+        if pending is None:
+            pending = asyncio.ensure_future(self.read(self.authenticate, key))
+            self._verifying[digest] = pending
+            pending.add_done_callback(lambda done: self._verified(digest, done))
+        # Shielded: a caller that goes away must not cancel the others' verification.
+        return await asyncio.shield(pending)
+
+    def _verified(self, digest: str, done: asyncio.Future[Principal]) -> None:
+        self._verifying.pop(digest, None)
+        if not done.cancelled():
+            done.exception()  # marks it retrieved, should every waiter have gone away
+
     def revoke_key(self, key_id: str) -> None:
         """Revoke a key and forget every cached verification at once (in this process)."""
         self.keys.revoke(key_id)
@@ -143,7 +190,8 @@ class ServiceState:
             load()
 
     def close(self) -> None:
-        """Finish queued jobs, then close the stores if this app opened them."""
+        """Finish queued jobs and reads, then close the stores if this app opened them."""
         self.jobs.close()
+        self.reads.close()
         if self._owns_memory:
             self.memory.close()

@@ -8,6 +8,7 @@ never by cutting one in half.
 
 from __future__ import annotations
 
+import functools
 import json
 from collections.abc import Sequence
 
@@ -51,6 +52,28 @@ class ContinuationContext(BaseModel):
         return self.text
 
 
+# Texts up to this many characters have their token counts memoised (about 32 MB at most).
+_MEMO_CHARS = 16_384
+_MEMO_ENTRIES = 2048
+
+
+@functools.lru_cache(maxsize=_MEMO_ENTRIES)
+def _memo_count(text: str, encoding: str) -> int:
+    return count_tokens(text, encoding)
+
+
+def _count(text: str, encoding: str) -> int:
+    """Tokens of ``text``; memoised by the exact text for texts of moderate size.
+
+    A user's facts and summaries are counted again on every context of that
+    user, and counting costs about 0.1 us per character. The count is a pure
+    function of the text, so the memo can never be stale.
+    """
+    if len(text) > _MEMO_CHARS:
+        return count_tokens(text, encoding)
+    return _memo_count(text, encoding)
+
+
 def render_fact(fact: UserFact) -> str:
     """One line for a fact: ``- key: value``."""
     value = fact.value if isinstance(fact.value, str) else json.dumps(fact.value, sort_keys=True)
@@ -83,7 +106,7 @@ def assemble_context(
         raise InvalidInputError("max_tokens must be positive", field="max_tokens")
 
     def cost(text: str) -> int:
-        return count_tokens(text, encoding)
+        return _count(text, encoding)
 
     # Pieces are counted once each and summed (+1 per joining newline as slack); the
     # final text is then counted exactly and trimmed if the estimate was ever short.
@@ -110,24 +133,30 @@ def assemble_context(
         if summary.session_id not in seen:
             seen.add(summary.session_id)
             candidates.append(summary)
+    # Each summary is rendered once here (rendering is as costly as counting).
+    rendered = {summary.session_id: summary.render() for summary in candidates}
     chosen: list[SessionSummary] = []
     omitted_sessions: list[str] = []
     total = (cost(facts_text) + 2 if facts_text else 0) + cost(SESSIONS_HEADER) + 2
     for summary in candidates:
-        summary_cost = cost(summary.render()) + 2
+        summary_cost = cost(rendered[summary.session_id]) + 2
         if total + summary_cost <= max_tokens:
             chosen.append(summary)
             total += summary_cost
         else:
             omitted_sessions.append(summary.session_id)
-    while chosen and cost(_render(facts_text, chosen)) > max_tokens:
+    sessions_text = _sessions_text(chosen, rendered)
+    text = _join(facts_text, sessions_text)
+    while chosen and cost(text) > max_tokens:
         omitted_sessions.append(chosen.pop().session_id)
-    while fact_lines and cost(_render(facts_text, chosen)) > max_tokens:
+        sessions_text = _sessions_text(chosen, rendered)
+        text = _join(facts_text, sessions_text)
+    while fact_lines and cost(text) > max_tokens:
         fact_lines.pop()
         omitted_facts.append(fact_keys.pop())
         facts_text = "\n".join([FACTS_HEADER, *fact_lines]) if fact_lines else ""
+        text = _join(facts_text, sessions_text)
 
-    text = _render(facts_text, chosen)
     sections = []
     if facts_text:
         sections.append(
@@ -136,7 +165,6 @@ def assemble_context(
             )
         )
     if chosen:
-        sessions_text = _sessions_text(chosen)
         sections.append(
             ContextSection(
                 name="sessions",
@@ -160,12 +188,14 @@ def _chronological(summaries: Sequence[SessionSummary]) -> list[SessionSummary]:
     return sorted(summaries, key=lambda s: (s.created_at, s.session_id))
 
 
-def _sessions_text(summaries: Sequence[SessionSummary]) -> str:
-    return "\n\n".join([SESSIONS_HEADER, *(s.render() for s in _chronological(summaries))])
+def _sessions_text(summaries: Sequence[SessionSummary], rendered: dict[str, str]) -> str:
+    """The sessions section ("" without sessions); ``rendered`` maps session id to its text."""
+    if not summaries:
+        return ""
+    return "\n\n".join(
+        [SESSIONS_HEADER, *(rendered[s.session_id] for s in _chronological(summaries))]
+    )
 
 
-def _render(facts_text: str, summaries: Sequence[SessionSummary]) -> str:
-    parts = [facts_text] if facts_text else []
-    if summaries:
-        parts.append(_sessions_text(summaries))
-    return "\n\n".join(parts)
+def _join(facts_text: str, sessions_text: str) -> str:
+    return "\n\n".join(part for part in (facts_text, sessions_text) if part)

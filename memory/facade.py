@@ -131,7 +131,10 @@ class Memory:
         settings = settings or Settings()
         kv_url = settings.kv_url or str(settings.data_dir / "tiermem.sqlite3")
         kv = open_kv_store(
-            kv_url, max_value_bytes=settings.max_value_bytes, durable=settings.durable
+            kv_url,
+            max_value_bytes=settings.max_value_bytes,
+            durable=settings.durable,
+            flush_interval=settings.flush_interval,
         )
         embedder: Embedder
         if settings.embedding_model:
@@ -440,6 +443,14 @@ class Memory:
         self.kv.ping()
         self.index.ping()
 
+    def force_flush(self) -> None:
+        """Make every commit acknowledged so far durable (bounded-durability mode; else a no-op).
+
+        Run effects call it themselves before invoking an external effect;
+        call it before anything else irreversible that depends on stored state.
+        """
+        self.tasks.force_flush()
+
     def flush(self, timeout: float | None = None) -> bool:
         """Wait until the vector index holds every session saved so far (all tenant views).
 
@@ -711,6 +722,10 @@ class AsyncMemory:
     async def ping(self) -> None:
         """See :meth:`Memory.ping`."""
         await self._call(self.sync.ping)
+
+    async def force_flush(self) -> None:
+        """See :meth:`Memory.force_flush`."""
+        await self._call(self.sync.force_flush)
 
     async def flush(self, timeout: float | None = None) -> bool:
         """See :meth:`Memory.flush`."""

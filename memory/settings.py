@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Literal
 
-from pydantic import Field, SecretStr
+from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES
@@ -46,6 +46,13 @@ class Settings(BaseSettings):
     tenant: str = Field(default="default", description="Namespace of every stored key.")
     max_value_bytes: int = Field(default=DEFAULT_MAX_VALUE_BYTES, gt=0)
     durable: bool = Field(default=True, description="fsync every SQLite commit.")
+    flush_interval: float | None = Field(
+        default=None,
+        gt=0,
+        description="Bounded durability (SQLite, with durable=false only): commits are "
+        "acknowledged before fsync and made durable within this many seconds, and always "
+        "before a run's external effect is invoked.",
+    )
     context_max_tokens: int = Field(default=2000, gt=0)
 
     # -- HTTP service (``tiermem serve``, ``api.create_app``) --------------------------------
@@ -93,6 +100,15 @@ class Settings(BaseSettings):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         default="info", description="Log level of `tiermem serve`."
     )
+
+    @model_validator(mode="after")
+    def _flush_interval_needs_non_durable(self) -> Settings:
+        if self.flush_interval is not None and self.durable:
+            raise ValueError(
+                "flush_interval is the bounded-durability mode: set durable=false with it "
+                "(TIERMEM_DURABLE=false), or unset it to fsync every commit"
+            )
+        return self
 
     def kv_location(self) -> str:
         """The KV store's URL or path: ``kv_url``, else the SQLite file in ``data_dir``."""

@@ -315,3 +315,18 @@ def test_run_operations_through_the_facade(memory: Memory) -> None:
     assert fork.run_id == "r-fork"
     assert [c.step for c in memory.run_history("r-fork")] == ["prepare"]
     assert memory.cancel_run("r-fork").status.value == "cancelled"
+
+
+def test_bounded_durability_is_opt_in_and_flushes_on_demand(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="durable=false"):
+        Settings(data_dir=tmp_path, flush_interval=0.05)
+    with Memory.open(tmp_path, durable=False, flush_interval=60) as memory:
+        run = memory.start_run("u1", "r1")
+        run.step("plan", lambda: {"ok": True})
+        assert memory.kv.unflushed > 0  # type: ignore[attr-defined]
+        memory.force_flush()
+        assert memory.kv.unflushed == 0  # type: ignore[attr-defined]
+        # An effect never runs ahead of its durable EffectInvoked record.
+        seen: list[int] = []
+        run.effect("charge", lambda: seen.append(memory.kv.unflushed))  # type: ignore[attr-defined]
+        assert seen == [0]

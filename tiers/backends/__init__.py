@@ -14,7 +14,11 @@ from tiers.errors import InvalidInputError
 
 
 def open_kv_store(
-    url: str, *, max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES, durable: bool = True
+    url: str,
+    *,
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+    durable: bool = True,
+    flush_interval: float | None = None,
 ) -> KVStore:
     """Open the KV store a URL names.
 
@@ -24,6 +28,8 @@ def open_kv_store(
             ``rediss://``.
         max_value_bytes: Largest value the store accepts.
         durable: SQLite only: fsync every commit.
+        flush_interval: SQLite with ``durable=False`` only: make acknowledged
+            commits durable in the background at this period (bounded durability).
 
     Raises:
         InvalidInputError: The URL's scheme is not supported.
@@ -35,14 +41,18 @@ def open_kv_store(
         return RedisKVStore(url, max_value_bytes=max_value_bytes)
     if scheme == "sqlite":
         path = url.removeprefix("sqlite:///")
-        from tiers.backends.sqlite_kv import SqliteKVStore
+    elif scheme == "":
+        path = url
+    else:
+        raise InvalidInputError(
+            f"unsupported KV store URL scheme {scheme!r}: use sqlite:///path or redis://host:port/db",
+            field="kv_url",
+        )
+    from tiers.backends.sqlite_kv import SqliteKVStore
 
-        return SqliteKVStore(Path(path), max_value_bytes=max_value_bytes, durable=durable)
-    if scheme == "":
-        from tiers.backends.sqlite_kv import SqliteKVStore
-
-        return SqliteKVStore(Path(url), max_value_bytes=max_value_bytes, durable=durable)
-    raise InvalidInputError(
-        f"unsupported KV store URL scheme {scheme!r}: use sqlite:///path or redis://host:port/db",
-        field="kv_url",
+    return SqliteKVStore(
+        Path(path),
+        max_value_bytes=max_value_bytes,
+        durable=durable,
+        flush_interval=flush_interval,
     )

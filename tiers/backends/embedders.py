@@ -11,8 +11,10 @@ from __future__ import annotations
 
 import hashlib
 import importlib.util
+import os
 import threading
-from collections.abc import Sequence
+from collections import deque
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -51,6 +53,108 @@ def _sha256(path: Path) -> str:
     return digest.hexdigest()
 
 
+class _Request:
+    """Texts one caller waits for, and their outcome."""
+
+    __slots__ = ("error", "finished", "texts", "vectors")
+
+    def __init__(self, texts: list[str]) -> None:
+        self.texts = texts
+        self.finished = False
+        self.vectors: npt.NDArray[np.float32] | None = None
+        self.error: BaseException | None = None
+
+    def result(self) -> npt.NDArray[np.float32]:
+        if self.error is not None:
+            raise self.error
+        if self.vectors is None:
+            raise EmbedderError("internal error: an embedding request finished without vectors")
+        return self.vectors
+
+
+class Coalescer:
+    """Runs small embedding calls of concurrent callers together, as one model call.
+
+    One model call of eight short queries costs about 75% of the CPU of eight
+    calls of one (measured: int8 MiniLM on 2 cores), and capping the calls in
+    flight keeps dozens of request threads from running the model at once
+    and thrashing the caches. Callers queue their texts; at most
+    ``max_running`` of them at a time run the model, each call taking the
+    queued texts in order (up to ``max_batch``); a runner stops once its own
+    texts are done and a waiting caller takes its place. A lone caller runs
+    at once: nothing ever waits for company.
+
+    Thread-safe. An error of a model call goes to every caller in that call.
+
+    Args:
+        run: Embeds texts into one row per text, in order.
+        max_batch: Texts per model call at most (a larger request is one call).
+        max_running: Model calls in flight at most.
+    """
+
+    def __init__(
+        self,
+        run: Callable[[list[str]], npt.NDArray[np.float32]],
+        *,
+        max_batch: int = 32,
+        max_running: int = 2,
+    ) -> None:
+        self._run = run
+        self._max_batch = max(1, max_batch)
+        self._max_running = max(1, max_running)
+        self._queue: deque[_Request] = deque()
+        self._running = 0
+        self._changed = threading.Condition(threading.Lock())
+
+    def embed(self, texts: list[str]) -> npt.NDArray[np.float32]:
+        """One row per text, in order, computed together with whatever else is queued."""
+        request = _Request(texts)
+        with self._changed:
+            self._queue.append(request)
+            while not request.finished and self._running >= self._max_running:
+                self._changed.wait()
+            if request.finished:
+                return request.result()
+            self._running += 1
+        try:
+            # Run calls until our own texts are done (or in another runner's call).
+            while True:
+                with self._changed:
+                    if request.finished or not self._queue:
+                        break
+                    batch = [self._queue.popleft()]
+                    size = len(batch[0].texts)
+                    while self._queue and size + len(self._queue[0].texts) <= self._max_batch:
+                        size += len(self._queue[0].texts)
+                        batch.append(self._queue.popleft())
+                self._call(batch)
+        finally:
+            with self._changed:
+                self._running -= 1
+                self._changed.notify_all()
+                while not request.finished:
+                    self._changed.wait()
+        return request.result()
+
+    def _call(self, batch: list[_Request]) -> None:
+        texts = [text for request in batch for text in request.texts]
+        vectors: npt.NDArray[np.float32] | None = None
+        error: BaseException | None = None
+        try:
+            vectors = self._run(texts)
+        except BaseException as exc:  # handed to every caller of this call
+            error = exc
+        with self._changed:
+            start = 0
+            for request in batch:
+                if vectors is not None:
+                    request.vectors = vectors[start : start + len(request.texts)]
+                    start += len(request.texts)
+                request.error = error
+                request.finished = True
+            self._changed.notify_all()
+
+
 class MiniLMEmbedder:
     """all-MiniLM-L6-v2 sentence embeddings (384 floats, unit length), on the CPU.
 
@@ -65,6 +169,11 @@ class MiniLMEmbedder:
             model's documented limit; more adds cost, not quality).
         intra_op_threads: onnxruntime threads per call; 2 suits a 2-core box.
         model_path: Another copy of ``model.onnx`` (it must have the same sha256).
+        coalesce_up_to: Calls of at most this many texts (queries, mostly) from
+            concurrent threads are run together as one model call (see
+            :class:`Coalescer`); 0 turns that off.
+        max_running: Model calls of coalesced texts in flight at most;
+            default: one per CPU core.
     """
 
     name: str = "all-MiniLM-L6-v2-int8"
@@ -77,6 +186,8 @@ class MiniLMEmbedder:
         max_tokens: int = 256,
         intra_op_threads: int = 2,
         model_path: str | Path | None = None,
+        coalesce_up_to: int = 8,
+        max_running: int | None = None,
     ) -> None:
         if batch_size < 1:
             raise InvalidInputError("batch_size must be at least 1", field="batch_size")
@@ -91,6 +202,12 @@ class MiniLMEmbedder:
         self._load_lock = threading.Lock()
         self._session: onnxruntime.InferenceSession | None = None
         self._tokenizer: Tokenizer | None = None
+        self.coalesce_up_to = coalesce_up_to
+        self._coalescer = Coalescer(
+            self._embed_array,
+            max_batch=max(batch_size, coalesce_up_to),
+            max_running=max_running or os.cpu_count() or 1,
+        )
 
     def load(self) -> None:
         """Load and verify the model now rather than on first use. Idempotent.
@@ -166,8 +283,16 @@ class MiniLMEmbedder:
                 )
         if not texts:
             return []
+        if len(texts) <= self.coalesce_up_to:
+            vectors = self._coalescer.embed(list(texts))
+        else:
+            vectors = self._embed_array(list(texts))
+        rows: list[list[float]] = vectors.tolist()
+        return rows
+
+    def _embed_array(self, texts: list[str]) -> npt.NDArray[np.float32]:
         session, tokenizer = self._ensure_loaded()
-        encodings = tokenizer.encode_batch(list(texts))
+        encodings = tokenizer.encode_batch(texts)
         token_ids = [enc.ids for enc in encodings]
         # Sorting by length keeps each batch's padding (and so its cost) small.
         order = sorted(range(len(token_ids)), key=lambda i: len(token_ids[i]))
@@ -175,7 +300,7 @@ class MiniLMEmbedder:
         for start in range(0, len(order), self.batch_size):
             chunk = order[start : start + self.batch_size]
             out[chunk] = self._run(session, [token_ids[i] for i in chunk])
-        return out.tolist()
+        return out
 
     def _run(
         self, session: onnxruntime.InferenceSession, batch: list[list[int]]

@@ -1,0 +1,88 @@
+"""Facts memoised by their stored bytes (``DecodedFacts``) are never stale and never shared mutably."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tiers import keys
+from tiers.backends.base import Put
+from tiers.backends.sqlite_kv import SqliteKVStore
+from tiers.errors import CorruptRecordError
+from tiers.models import UserFact
+from tiers.user import DecodedFacts, UserTier
+
+
+@pytest.fixture
+def db(tmp_path: Path) -> Path:
+    return tmp_path / "kv.sqlite3"
+
+
+def test_a_change_through_another_store_handle_is_read_at_once(db: Path) -> None:
+    # Two handles on one file stand for two processes: the reader's memo must not hide the write.
+    reader_kv, writer_kv = SqliteKVStore(db, durable=False), SqliteKVStore(db, durable=False)
+    try:
+        memo = DecodedFacts()
+        reader = UserTier(reader_kv, decoded=memo)
+        writer = UserTier(writer_kv, decoded=DecodedFacts())
+        writer.set_facts("u1", {"tone": "short", "language": "fr"})
+        assert {f.key: f.value for f in reader.get_facts("u1")} == {
+            "tone": "short",
+            "language": "fr",
+        }
+        assert len(memo) == 2
+        writer.set_fact("u1", "tone", "detailed")
+        writer.delete_fact("u1", "language")
+        assert {f.key: f.value for f in reader.get_facts("u1")} == {"tone": "detailed"}
+        assert reader.get_fact("u1", "tone").value == "detailed"
+    finally:
+        reader_kv.close()
+        writer_kv.close()
+
+
+def test_a_caller_mutating_a_container_value_changes_nothing_later(db: Path) -> None:
+    kv = SqliteKVStore(db, durable=False)
+    try:
+        tier = UserTier(kv, decoded=DecodedFacts())
+        tier.set_fact("u1", "stack", {"db": "postgres", "langs": ["python", "go"]})
+        first = tier.get_facts("u1")[0]
+        assert isinstance(first.value, dict)
+        first.value["db"] = "mysql"
+        langs = first.value["langs"]
+        assert isinstance(langs, list)
+        langs.append("rust")
+        assert tier.get_facts("u1")[0].value == {"db": "postgres", "langs": ["python", "go"]}
+        assert tier.get_fact("u1", "stack").value == {"db": "postgres", "langs": ["python", "go"]}
+    finally:
+        kv.close()
+
+
+def test_corrupt_bytes_raise_every_time_and_are_not_kept(db: Path) -> None:
+    kv = SqliteKVStore(db, durable=False)
+    try:
+        memo = DecodedFacts()
+        tier = UserTier(kv, decoded=memo)
+        kv.commit([Put(keys.facts_space("default", "u1"), "bad", b'{"not": "a fact"}')])
+        for _ in range(2):
+            with pytest.raises(CorruptRecordError, match="bad"):
+                tier.get_facts("u1")
+        assert len(memo) == 0
+    finally:
+        kv.close()
+
+
+def test_the_memo_stays_within_its_bounds() -> None:
+    memo = DecodedFacts(max_entries=5, max_bytes=10_000)
+    facts = [UserFact(user_id="u1", key=f"k{n}", value=n) for n in range(20)]
+    for fact in facts:
+        data = fact.model_dump_json().encode()
+        assert memo.decode(data, where="test") == fact
+        assert len(memo) <= 5
+    by_bytes = DecodedFacts(max_entries=100, max_bytes=400)
+    for fact in facts:
+        by_bytes.decode(fact.model_dump_json().encode(), where="test")
+    assert 0 < len(by_bytes) <= 400 // len(facts[0].model_dump_json())
+    # Least recently used goes first: the newest facts are still there.
+    last = facts[-1].model_dump_json().encode()
+    assert by_bytes.decode(last, where="test") == facts[-1]

@@ -860,12 +860,39 @@ def test_sqlite_applies_each_migration_once(
         "INSERT INTO kv (space, key, value) VALUES ('_meta', 'runs', x'01') "
         "ON CONFLICT (space, key) DO UPDATE SET value = value || x'01'"
     )
-    monkeypatch.setattr(sqlite_kv, "MIGRATIONS", (*MIGRATIONS, counting))
+    monkeypatch.setattr(sqlite_kv, "MIGRATIONS", (*MIGRATIONS, (counting,)))
     for _ in range(3):
         store = SqliteKVStore(path)
         assert store.schema_version == len(MIGRATIONS) + 1
         assert store.get_many("_meta", ["runs"]) == [b"\x01"]
         store.close()
+
+
+def test_sqlite_migrates_a_version_1_database_keeping_every_row(tmp_path: Path) -> None:
+    import sqlite3
+
+    path = tmp_path / "kv.sqlite3"
+    conn = sqlite3.connect(path)
+    for statement in MIGRATIONS[0]:
+        conn.execute(statement)
+    rows = [(f"space{n % 3}", f"key{n:04d}", bytes([n % 256]) * (n % 700)) for n in range(500)]
+    conn.executemany("INSERT INTO kv (space, key, value) VALUES (?, ?, ?)", rows)
+    conn.execute("PRAGMA user_version=1")
+    conn.commit()
+    conn.close()
+    store = SqliteKVStore(path)
+    assert store.schema_version == len(MIGRATIONS)
+    for space in ("space0", "space1", "space2"):
+        expected = sorted((k, v) for s, k, v in rows if s == space)
+        assert store.scan(space) == expected
+    store.commit([Put("space0", "key0000", b"new")], [Check("space0", "key0000", b"")])
+    with pytest.raises(ConflictError):
+        store.commit([Put("space0", "key0000", b"x")], [Check("space0", "key0000", b"")])
+    store.close()
+    conn = sqlite3.connect(path)
+    (ddl,) = conn.execute("SELECT sql FROM sqlite_master WHERE name = 'kv'").fetchone()
+    conn.close()
+    assert "WITHOUT ROWID" not in ddl
 
 
 def test_sqlite_refuses_a_database_from_a_newer_version(tmp_path: Path) -> None:

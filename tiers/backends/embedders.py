@@ -257,6 +257,9 @@ class MiniLMEmbedder:
         options.intra_op_num_threads = self.intra_op_threads
         options.inter_op_num_threads = 1
         options.log_severity_level = 3
+        # Idle worker threads sleep instead of spinning: measured here (one short query,
+        # 2 threads) spinning bought no latency (5.6 vs 5.2 ms) and cost 11.1 vs 9.0 ms CPU.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
         try:
             return onnxruntime.InferenceSession(
                 str(path), sess_options=options, providers=["CPUExecutionProvider"]

@@ -895,6 +895,36 @@ def test_sqlite_migrates_a_version_1_database_keeping_every_row(tmp_path: Path) 
     assert "WITHOUT ROWID" not in ddl
 
 
+def _open_together(path: Path, n: int) -> list[BaseException]:
+    """Open ``n`` stores on ``path`` from ``n`` threads at once; the errors they raised."""
+    barrier = threading.Barrier(n, timeout=30)
+    errors: list[BaseException] = []
+    stores: list[SqliteKVStore] = []
+
+    def open_one() -> None:
+        barrier.wait()
+        try:
+            stores.append(SqliteKVStore(path))
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=open_one) for _ in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for store in stores:
+        store.close()
+    return errors
+
+
+def test_sqlite_stores_opened_together_on_a_new_file_all_open(tmp_path: Path) -> None:
+    # Workers of a pool start together on one new database: every one must open it
+    # (switching a new file to WAL answers "database is locked" without waiting).
+    for trial in range(30):
+        assert _open_together(tmp_path / f"new{trial}.sqlite3", 6) == []
+
+
 def test_sqlite_refuses_a_database_from_a_newer_version(tmp_path: Path) -> None:
     import sqlite3
 

@@ -205,7 +205,7 @@ class SqliteKVStore:
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             writer = self._connect()
-            writer.execute("PRAGMA journal_mode=WAL")
+            _enable_wal(writer)
             writer.execute(f"PRAGMA synchronous={self._synchronous}")
             _migrate(writer, self.path)
         except (sqlite3.Error, OSError) as exc:
@@ -683,6 +683,26 @@ def _put_rows(conn: sqlite3.Connection, puts: list[Put]) -> None:
             "ON CONFLICT (space, key) DO UPDATE SET value = excluded.value",
             args,
         )
+
+
+def _enable_wal(conn: sqlite3.Connection) -> None:
+    """Switch the file to WAL, waiting (up to the busy timeout) for other processes opening it.
+
+    Changing the journal mode of a new file needs an exclusive lock, and SQLite
+    answers SQLITE_BUSY at once instead of calling the busy handler: processes
+    opening one new file together would fail without this retry.
+    """
+    deadline = time.monotonic() + _BUSY_TIMEOUT_S
+    delay = 0.001
+    while True:
+        try:
+            conn.execute("PRAGMA journal_mode=WAL")
+            return
+        except sqlite3.OperationalError as exc:
+            if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
+                raise
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
 
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import base64
+import itertools
 import json
+import random
 import shutil
 import struct
 import threading
@@ -20,7 +22,14 @@ from tokenizers import Tokenizer
 
 from summarizer.embeddings import LiteLLMEmbedder
 from tiers.backends.base import Embedder
-from tiers.backends.embedders import MODEL_SHA256, TOKENIZER_FILE, MiniLMEmbedder, model_file
+from tiers.backends.embedders import (
+    CALL_COST_TOKENS,
+    MODEL_SHA256,
+    TOKENIZER_FILE,
+    MiniLMEmbedder,
+    model_file,
+    plan_calls,
+)
 from tiers.errors import BackendUnavailableError, EmbedderError, InvalidInputError
 
 SENTENCES = [
@@ -89,6 +98,36 @@ def test_order_is_kept_across_sorted_batches() -> None:
     together = np.array(small_batches.embed(SENTENCES))
     alone = np.array([small_batches.embed([s])[0] for s in SENTENCES])
     assert np.min(np.sum(together * alone, axis=1)) > 0.9999
+
+
+def _plan_cost(lengths: list[int], ends: list[int]) -> int:
+    begins = [0, *ends[:-1]]
+    return sum(
+        CALL_COST_TOKENS + (e - b) * lengths[e - 1] for b, e in zip(begins, ends, strict=True)
+    )
+
+
+def test_planned_calls_cover_every_text_within_the_batch_cap_at_the_least_cost() -> None:
+    rng = random.Random(7)
+    for _ in range(300):
+        n = rng.randint(1, 8)
+        lengths = sorted(rng.choice([rng.randint(3, 40), rng.randint(3, 256)]) for _ in range(n))
+        cap = rng.randint(1, 5)
+        ends = plan_calls(lengths, cap)
+        assert ends[-1] == n
+        assert ends == sorted(set(ends))
+        assert all(e - b <= cap for b, e in zip([0, *ends[:-1]], ends, strict=True))
+        # Against every way of cutting the sorted texts into calls of at most ``cap``.
+        best = min(
+            _plan_cost(lengths, [*cuts, n])
+            for k in range(n)
+            for cuts in itertools.combinations(range(1, n), k)
+            if all(e - b <= cap for b, e in zip([0, *cuts], [*cuts, n], strict=True))
+        )
+        assert _plan_cost(lengths, ends) == best
+    assert plan_calls([], 32) == []
+    assert len(plan_calls([20] * 70, 32)) == 3  # as few calls as the cap allows
+    assert len(plan_calls([5] * 10 + [250] * 10, 32)) == 2  # never pad short texts to 250
 
 
 def test_long_text_is_truncated_not_refused(embedder: MiniLMEmbedder) -> None:

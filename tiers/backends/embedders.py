@@ -155,6 +155,37 @@ class Coalescer:
             self._changed.notify_all()
 
 
+# The fixed cost of one model call, in token-rows of compute: measured here (int8
+# MiniLM, one thread) a call costs about 2.5 ms plus 0.29 ms per padded token-row.
+CALL_COST_TOKENS = 9
+
+
+def plan_calls(lengths: Sequence[int], max_batch: int) -> list[int]:
+    """Where to cut texts sorted by token length into model calls: the end of each call.
+
+    Every row of a call is padded to the call's longest text, so one call over
+    mixed lengths wastes compute, and many small calls pay the fixed cost of
+    each: this picks the cuts that minimise calls x ``CALL_COST_TOKENS`` plus
+    padded token-rows (exact, by dynamic programming over the sorted lengths).
+    """
+    n = len(lengths)
+    best = [0] + [0] * n
+    cut = [0] * (n + 1)
+    for end in range(1, n + 1):
+        widest = lengths[end - 1]
+        best[end] = -1
+        for begin in range(max(0, end - max_batch), end):
+            cost = best[begin] + CALL_COST_TOKENS + (end - begin) * widest
+            if best[end] < 0 or cost < best[end]:
+                best[end], cut[end] = cost, begin
+    ends: list[int] = []
+    end = n
+    while end > 0:
+        ends.append(end)
+        end = cut[end]
+    return ends[::-1]
+
+
 class MiniLMEmbedder:
     """all-MiniLM-L6-v2 sentence embeddings (384 floats, unit length), on the CPU.
 
@@ -163,8 +194,8 @@ class MiniLMEmbedder:
     thread-safe: onnxruntime sessions and tokenizers may be used concurrently.
 
     Args:
-        batch_size: Texts per ONNX call. Texts are sorted by token length
-            first, so each call pads only to its own longest text.
+        batch_size: Texts per ONNX call at most. Texts are sorted by token
+            length and cut into calls that pad little (see :func:`plan_calls`).
         max_tokens: Texts are truncated to this many word pieces (256 is the
             model's documented limit; more adds cost, not quality).
         intra_op_threads: onnxruntime threads per call; 2 suits a 2-core box.
@@ -300,9 +331,12 @@ class MiniLMEmbedder:
         # Sorting by length keeps each batch's padding (and so its cost) small.
         order = sorted(range(len(token_ids)), key=lambda i: len(token_ids[i]))
         out = np.empty((len(token_ids), self.dimension), dtype=np.float32)
-        for start in range(0, len(order), self.batch_size):
-            chunk = order[start : start + self.batch_size]
+        lengths = [len(token_ids[i]) for i in order]
+        start = 0
+        for end in plan_calls(lengths, self.batch_size):
+            chunk = order[start:end]
             out[chunk] = self._run(session, [token_ids[i] for i in chunk])
+            start = end
         return out
 
     def _run(

@@ -46,7 +46,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from tiers import keys
+from tiers import cas, keys
 from tiers.backends.base import (
     Check,
     Delete,
@@ -88,7 +88,6 @@ __all__ = ["RecalledSession", "ReindexProgress", "SessionSummary", "SessionTier"
 logger = logging.getLogger(__name__)
 
 MAX_TOP_K = 100
-_CAS_ATTEMPTS = 16
 
 
 class RecalledSession(BaseModel):
@@ -311,7 +310,7 @@ class SessionTier:
         parsed = parse_messages(messages)
         space = keys.transcripts_space(self._tenant, user_id)
         sessions = keys.sessions_space(self._tenant, user_id)
-        for _ in range(_CAS_ATTEMPTS):
+        for attempt in range(cas.ATTEMPTS):
             (old_header,) = self._kv.get_many(space, [header_key(session_id)])
             (summary,) = self._kv.get_many(sessions, [session_id])
             header, _, writes = transcript_writes(
@@ -340,6 +339,7 @@ class SessionTier:
                     ],
                 )
             except ConflictError:
+                cas.backoff(attempt)
                 continue
             if summary is not None:
                 self._index_later([(user_id, session_id)])
@@ -364,7 +364,7 @@ class SessionTier:
         check_id(session_id, "session_id")
         space = keys.sessions_space(self._tenant, user_id)
         transcripts = keys.transcripts_space(self._tenant, user_id)
-        for _ in range(_CAS_ATTEMPTS):
+        for attempt in range(cas.ATTEMPTS):
             (existing,) = self._kv.get_many(space, [session_id])
             (raw_header,) = self._kv.get_many(transcripts, [header_key(session_id)])
             header = read_header(raw_header, where=f"{transcripts}/{session_id}")
@@ -381,6 +381,7 @@ class SessionTier:
             try:
                 self._kv.commit(writes, [Check(transcripts, header_key(session_id), raw_header)])
             except ConflictError:
+                cas.backoff(attempt)
                 continue
             self._index_later([(user_id, session_id)])
             return existing is not None or raw_header is not None

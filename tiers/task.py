@@ -68,6 +68,7 @@ import socket
 from datetime import datetime, timedelta
 from typing import Any
 
+from tiers import cas
 from tiers.errors import (
     ConflictError,
     InvalidInputError,
@@ -99,7 +100,7 @@ from tiers.task_queries import QueriesMixin, RebuiltRun
 from tiers.task_retention import RetentionMixin
 from tiers.task_storage import DEFAULT_RETENTION, DEFAULT_SNAPSHOT_EVERY, TierCore, _positive
 from tiers.task_time_travel import TimeTravelMixin
-from tiers.task_txn import _CAS_ATTEMPTS, _UNSET, Txn, _backoff
+from tiers.task_txn import _UNSET, Txn
 
 __all__ = [
     "DEFAULT_RETENTION",
@@ -238,7 +239,7 @@ class TaskTier(
         if not isinstance(worker, str) or not 1 <= len(worker) <= 256:
             raise InvalidInputError("worker_id must be 1-256 characters", field="worker_id")
         ttl = _positive(lease_ttl, "lease_ttl") if lease_ttl is not None else self._lease_ttl
-        for attempt in range(_CAS_ATTEMPTS):
+        for attempt in range(cas.ATTEMPTS):
             data = self._read_head(run_id)
             now = self._now()
             expires = None if ttl is None else now + timedelta(seconds=ttl)
@@ -307,7 +308,7 @@ class TaskTier(
             try:
                 info, head = self._apply(txn, data)
             except ConflictError:
-                _backoff(attempt)
+                cas.backoff(attempt)
                 continue
             return RunHandle(self, info, head, lease_ttl=ttl, resumed=data is not None)
         raise ConflictError(f"run {run_id!r} is being taken by many workers at once; retry")

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from tiers import cas
 from tiers.backends.base import Check, Put
 from tiers.codec import encode
 from tiers.errors import (
@@ -212,7 +213,7 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
             RunStateError: The run is finished.
         """
         with self._lock:
-            for _ in range(16):
+            for attempt in range(cas.ATTEMPTS):
                 info = self._read_fresh()
                 self._check_lease(info)
                 if info.status.finished:
@@ -229,6 +230,7 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
                         [Check(self._tier._runs, self.run_id, self._head)],
                     )
                 except ConflictError:
+                    cas.backoff(attempt)
                     continue
                 self._info, self._head = new, data
                 return expires

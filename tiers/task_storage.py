@@ -13,7 +13,7 @@ from datetime import datetime, timedelta
 
 from pydantic import JsonValue
 
-from tiers import keys
+from tiers import cas, keys
 from tiers.backends.base import Check, Flushable, KVStore, Put, Write
 from tiers.codec import decode, encode
 from tiers.errors import (
@@ -32,7 +32,7 @@ from tiers.task_events import (
     Snapshot,
     seq_of_checkpoint_id,
 )
-from tiers.task_txn import _CAS_ATTEMPTS, Txn, _backoff
+from tiers.task_txn import Txn
 
 __all__ = ["DEFAULT_RETENTION", "DEFAULT_SNAPSHOT_EVERY", "TierCore"]
 
@@ -137,7 +137,7 @@ class TierCore:
         self, run_id: str, build: Callable[[RunInfo, datetime], Txn | RunInfo], what: str
     ) -> RunInfo:
         """Compare-and-set an operator's change onto the head (``build`` may return the head unchanged)."""
-        for attempt in range(_CAS_ATTEMPTS):
+        for attempt in range(cas.ATTEMPTS):
             data = self._read_head(run_id)
             if data is None:
                 raise RunNotFoundError(f"no run {run_id!r} in tenant {self._tenant!r}")
@@ -148,7 +148,7 @@ class TierCore:
             try:
                 new, _ = self._apply(txn, data)
             except ConflictError:
-                _backoff(attempt)
+                cas.backoff(attempt)
                 continue
             return new
         raise ConflictError(f"run {run_id!r} is changing too fast to {what}; retry")

@@ -5,8 +5,6 @@ Nothing here does I/O: a :class:`Txn` is committed by ``TierCore._apply``.
 
 from __future__ import annotations
 
-import random
-import time
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -70,15 +68,8 @@ class Txn:
         )
 
 
-_CAS_ATTEMPTS = 16
 # Sentinel of an argument that was not given (None has a meaning of its own).
 _UNSET: Any = object()
-
-
-def _backoff(attempt: int) -> None:
-    # Jittered exponential wait after a lost compare-and-set, so racing workers
-    # (and a lease holder committing steps) stop colliding in lockstep.
-    time.sleep(random.uniform(0, min(0.05, 0.0005 * 2**attempt)))
 
 
 def _unpack(raw: object, step: str) -> tuple[JsonValue, int, float, dict[str, JsonValue] | None]:

@@ -18,14 +18,13 @@ from datetime import datetime
 
 from pydantic import JsonValue, ValidationError
 
-from tiers import keys
+from tiers import cas, keys
 from tiers.backends.base import Check, Delete, DeleteSpace, KVStore, Put, Write
 from tiers.codec import decode, encode
 from tiers.errors import ConflictError, FactNotFoundError, InvalidInputError
 from tiers.ids import check_id
 from tiers.models import UserFact, utcnow
 
-_CAS_ATTEMPTS = 16
 _TOMBSTONE_SOURCE = "deleted"
 
 
@@ -158,7 +157,7 @@ class UserTier:
         """
         fact = self._build(user_id, key, value, source, confidence, evidence, updated_at)
         space = keys.facts_space(self._tenant, fact.user_id)
-        for _ in range(_CAS_ATTEMPTS):
+        for attempt in range(cas.ATTEMPTS):
             (current_bytes,) = self._kv.get_many(space, [fact.key])
             writes: list[Write] = []
             result = fact
@@ -177,6 +176,7 @@ class UserTier:
             try:
                 self._kv.commit(writes, [Check(space, fact.key, current_bytes)])
             except ConflictError:
+                cas.backoff(attempt)
                 continue
             return result
         raise ConflictError(f"fact {key!r} of user {user_id!r} is changing too fast; retry")
@@ -233,7 +233,7 @@ class UserTier:
         check_id(user_id, "user_id")
         check_id(key, "key")
         space = keys.facts_space(self._tenant, user_id)
-        for _ in range(_CAS_ATTEMPTS):
+        for attempt in range(cas.ATTEMPTS):
             (data,) = self._kv.get_many(space, [key])
             if data is None:
                 return False
@@ -247,6 +247,7 @@ class UserTier:
                     [Check(space, key, data)],
                 )
             except ConflictError:
+                cas.backoff(attempt)
                 continue
             return True
         raise ConflictError(f"fact {key!r} of user {user_id!r} is changing too fast; retry")

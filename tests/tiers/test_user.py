@@ -110,14 +110,15 @@ def test_concurrent_writers_lose_no_version(users: UserTier) -> None:
         for j in range(10):
             users.set_fact("alice", "counter", f"{i}-{j}")
 
-    threads = [threading.Thread(target=write, args=(i,)) for i in range(4)]
+    # Eight threads on one fact: each write must get through (lost compare-and-sets back off).
+    threads = [threading.Thread(target=write, args=(i,)) for i in range(8)]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     history = users.fact_history("alice", "counter")
-    assert len(history) == 40
-    assert len({f.value for f in history}) == 40
+    assert len(history) == 80
+    assert len({f.value for f in history}) == 80
 
 
 def test_values_read_back_exactly_but_prose_is_trimmed(kv: KVStore) -> None:

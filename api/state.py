@@ -23,6 +23,9 @@ from tiers.models import SessionSummary
 T = TypeVar("T")
 
 _KEY_CACHE_MAX = 10_000
+# A hosted embedder that answered counts as ready for this long: probes come every few
+# seconds, and each answer is a paid request.
+_EMBEDDER_PROBE_TTL_S = 30.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,6 +77,7 @@ class ServiceState:
         self._key_cache: dict[str, tuple[float, Principal]] = {}
         self._key_cache_lock = threading.Lock()
         self._verifying: dict[str, asyncio.Future[Principal]] = {}
+        self._embedder_ok_at: float | None = None
         metrics.watch(jobs_pending=lambda: self.jobs.pending, outbox_backlog=self.outbox_backlog)
 
     # -- tenants -------------------------------------------------------------------------------
@@ -188,6 +192,25 @@ class ServiceState:
         load = getattr(self.memory.embedder, "load", None)
         if callable(load):
             load()
+
+    def check_embedder(self) -> None:
+        """Raise unless the embedder can embed: a local model loads, a hosted one answers.
+
+        A hosted model's answer is trusted for ``_EMBEDDER_PROBE_TTL_S`` seconds.
+
+        Raises:
+            EmbedderError: The model cannot be loaded or did not answer.
+        """
+        embedder = self.memory.embedder
+        if callable(getattr(embedder, "load", None)):
+            self.warm_up()
+            return
+        now = time.monotonic()
+        last = self._embedder_ok_at
+        if last is not None and now - last < _EMBEDDER_PROBE_TTL_S:
+            return
+        embedder.embed(["readiness probe"])
+        self._embedder_ok_at = now
 
     def close(self) -> None:
         """Finish queued jobs and reads, then close the stores if this app opened them."""

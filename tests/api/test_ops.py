@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import socket
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -13,7 +14,10 @@ import pytest
 from api.logs import JsonFormatter
 from memory.facade import Memory
 from memory.settings import Settings
+from summarizer.embeddings import LiteLLMEmbedder
 from tests.api.conftest import Api, new_tenant, start_app
+from tiers.backends.chroma_index import ChromaVectorIndex
+from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.errors import BackendUnavailableError
 
 
@@ -35,6 +39,36 @@ def test_lifespan_opens_and_closes_its_own_stores(
     # What was acknowledged is in the store the next app opens.
     with start_app(settings) as api:
         assert api.client.get("/v1/users/u1/facts/k").json()["value"] == 1
+
+
+def _memory_with_hosted_embedder(data: Path, **embedder_kwargs: object) -> Memory:
+    embedder = LiteLLMEmbedder("openai/text-embedding-3-small", dimension=8, **embedder_kwargs)
+    return Memory(
+        kv=SqliteKVStore(data / "kv.sqlite3", durable=False),
+        index=ChromaVectorIndex(data / "chroma", embedder=embedder),
+        embedder=embedder,
+    )
+
+
+def test_readiness_asks_a_hosted_embedder(tmp_path: Path) -> None:
+    answering = _memory_with_hosted_embedder(tmp_path / "a", mock_response=[0.5] * 8)
+    with start_app(Settings(data_dir=tmp_path), answering) as api:
+        assert api.client.get("/readyz").json()["checks"]["embedder"] == "ok"
+    answering.close()
+
+    # Nothing listens on the port: the model cannot answer, so the service is not ready.
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        dead_port = probe.getsockname()[1]
+    silent = _memory_with_hosted_embedder(
+        tmp_path / "b", api_base=f"http://127.0.0.1:{dead_port}/v1", api_key="k", max_retries=0
+    )
+    with start_app(Settings(data_dir=tmp_path), silent) as api:
+        ready = api.client.get("/readyz")
+        assert ready.status_code == 503
+        assert ready.headers["Retry-After"] == "1"
+        assert ready.json()["checks"] == {"kv": "ok", "index": "ok", "embedder": "EmbedderError"}
+    silent.close()
 
 
 def test_an_app_given_a_memory_leaves_it_open(memory: Memory, tmp_path: Path) -> None:

@@ -58,6 +58,11 @@ class _TiermemAPI(FastAPI):
         if self.openapi_schema is not None:
             return self.openapi_schema
         schema = super().openapi()
+        # The middleware answers every request with its id (taken from the client or made).
+        for operations in schema["paths"].values():
+            for operation in operations.values():
+                for response in operation.get("responses", {}).values():
+                    response.setdefault("headers", {})["X-Request-ID"] = _REQUEST_ID_HEADER
         if self.auth_enabled:
             schema.setdefault("components", {})["securitySchemes"] = {
                 "bearer": {
@@ -73,6 +78,12 @@ class _TiermemAPI(FastAPI):
                         operation["security"] = [{"bearer": []}, {"apiKey": []}]
         self.openapi_schema = schema
         return schema
+
+
+_REQUEST_ID_HEADER = {
+    "description": "The request's id: the client's X-Request-ID if it sent a valid one.",
+    "schema": {"type": "string"},
+}
 
 
 def _tune_embedder(memory: Memory, settings: Settings) -> None:

@@ -415,11 +415,33 @@ def problem_responses(*statuses: int) -> dict[int | str, dict[str, Any]]:
         502: "The summarization model failed",
         503: "A backend is unavailable; see Retry-After",
     }
-    return {
-        status: {
+    responses: dict[int | str, dict[str, Any]] = {}
+    for status in statuses:
+        entry: dict[str, Any] = {
             "model": Problem,
             "description": descriptions.get(status, "Error"),
             "content": {PROBLEM_MEDIA_TYPE: {"schema": {"$ref": "#/components/schemas/Problem"}}},
         }
-        for status in statuses
+        if status in _PROBLEM_HEADERS:
+            entry["headers"] = _PROBLEM_HEADERS[status]
+        responses[status] = entry
+    return responses
+
+
+_RETRY_AFTER = {
+    "Retry-After": {
+        "description": "Seconds to wait before retrying.",
+        "schema": {"type": "integer", "minimum": 1},
     }
+}
+# Headers that problem_response sets for these statuses.
+_PROBLEM_HEADERS: dict[int, dict[str, Any]] = {
+    401: {
+        "WWW-Authenticate": {
+            "description": "The authentication scheme: `Bearer`.",
+            "schema": {"type": "string"},
+        }
+    },
+    429: _RETRY_AFTER,
+    503: _RETRY_AFTER,
+}

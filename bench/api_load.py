@@ -22,7 +22,7 @@ Every non-2xx answer and every socket error counts as an error.
 Usage::
 
     python bench/api_load.py [--duration 10] [--concurrency 50] [--tool auto|wrk|python]
-    python bench/api_load.py --serve-arg=--workers --serve-arg=2   # arguments of tiermem serve
+    python bench/api_load.py --serve-arg=--host --serve-arg=127.0.0.1  # arguments of tiermem serve
 """
 
 from __future__ import annotations

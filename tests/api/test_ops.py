@@ -137,3 +137,16 @@ def test_each_request_logs_one_json_line_with_its_request_id(
     assert entry["route"] == "/v1/users/{user_id}/facts/{key}"
     assert (entry["status"], entry["method"], entry["tenant"]) == (404, "GET", tenant)
     assert entry["duration_ms"] >= 0
+
+
+def test_openapi_documents_the_headers_the_service_sends(api: Api) -> None:
+    schema = api.client.get("/openapi.json").json()
+    facts = schema["paths"]["/v1/users/{user_id}/facts"]["get"]["responses"]
+    assert set(facts["200"]["headers"]) == {"X-Request-ID"}
+    assert set(facts["401"]["headers"]) == {"X-Request-ID", "WWW-Authenticate"}
+    assert set(facts["503"]["headers"]) == {"X-Request-ID", "Retry-After"}
+    # and the service does send them
+    unauthorised = api.client.get("/v1/users/u/facts")
+    assert unauthorised.status_code == 401
+    assert unauthorised.headers["WWW-Authenticate"].startswith("Bearer")
+    assert unauthorised.headers["X-Request-ID"]

@@ -18,7 +18,6 @@ index over the event log, kept in the same commits.
 from __future__ import annotations
 
 import hashlib
-import json
 import re
 import secrets
 import time
@@ -31,6 +30,10 @@ from tiers import keys
 from tiers.errors import InvalidInputError
 from tiers.ids import Id
 from tiers.models import Record, UtcDatetime, utcnow
+
+# Moved to a neutral module shared by every tier; re-exported here for existing importers.
+from tiers.values import canonical_json as canonical_json
+from tiers.values import to_json as to_json
 
 __all__ = [
     "NOT_DONE",
@@ -232,33 +235,6 @@ def new_run_id() -> str:
     return f"run-{time.time_ns() // 1_000_000:013d}-{secrets.token_hex(6)}"
 
 
-def canonical_json(value: object, *, field: str, step: str | None = None) -> str:
-    """Canonical JSON text of ``value``: sorted keys, no whitespace, UTF-8 (not ``\\u`` escapes).
-
-    Args:
-        value: Any JSON-serialisable value (dicts, lists, tuples, str, numbers, bool, None).
-        field: Name of the argument, for the error.
-        step: Step name, for the error.
-
-    Raises:
-        InvalidInputError: ``value`` is not JSON-serialisable (objects, sets, NaN,
-            mixed-type dict keys, lone surrogates).
-    """
-    try:
-        text = json.dumps(
-            value, sort_keys=True, separators=(",", ":"), ensure_ascii=False, allow_nan=False
-        )
-        text.encode()
-    except (TypeError, ValueError) as exc:
-        where = f"step {step!r}: " if step is not None else ""
-        raise InvalidInputError(
-            f"{where}{field} must be JSON-serialisable (dict/list/str/number/bool/None, "
-            f"no NaN): {exc}",
-            field=field,
-        ) from exc
-    return text
-
-
 def input_hash(value: object, *, step: str | None = None, field: str = "input") -> str:
     """SHA-256 hex digest of the canonical JSON (:func:`canonical_json`) of a step's input."""
     if value is None:
@@ -273,12 +249,6 @@ _NULL_HASH: Final = hashlib.sha256(b"null").hexdigest()
 def output_digest(value: JsonValue) -> str:
     """SHA-256 hex digest of the canonical JSON of an effect's output (its response digest)."""
     return hashlib.sha256(canonical_json(value, field="output").encode()).hexdigest()
-
-
-def to_json(value: object, *, field: str, step: str | None = None) -> JsonValue:
-    """``value`` after a JSON round trip, so a first execution returns exactly what a replay will."""
-    parsed: JsonValue = json.loads(canonical_json(value, field=field, step=step))
-    return parsed
 
 
 def to_json_dict(value: object, *, field: str, step: str | None = None) -> dict[str, JsonValue]:

@@ -13,7 +13,7 @@ import copy
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 
 from pydantic import JsonValue, ValidationError
@@ -21,9 +21,15 @@ from pydantic import JsonValue, ValidationError
 from tiers import cas, keys
 from tiers.backends.base import Check, Delete, DeleteSpace, KVStore, Put, Write
 from tiers.codec import decode, encode
-from tiers.errors import ConflictError, FactNotFoundError, InvalidInputError
+from tiers.errors import (
+    ConflictError,
+    FactNotFoundError,
+    InvalidInputError,
+    ValueTooLargeError,
+)
 from tiers.ids import check_id
 from tiers.models import UserFact, utcnow
+from tiers.values import canonical_json, check_datetime
 
 _TOMBSTONE_SOURCE = "deleted"
 
@@ -141,51 +147,118 @@ class UserTier:
         Args:
             user_id: The user.
             key: The fact's name, e.g. ``"language"`` or ``"preference.tone"``.
-            value: Any JSON value.
+            value: Any JSON value (no NaN or infinity, no lone surrogates in strings).
             source: Provenance, e.g. ``"api"`` or ``"session:<session_id>"``.
             confidence: 0..1, how sure the source is.
             evidence: What the source based it on (e.g. the user's words).
-            updated_at: When the fact became true; defaults to now. A value
-                older than the stored one is kept in history only.
+            updated_at: When the fact became true; defaults to now. A naive
+                datetime is taken as UTC; a time in the future is clamped to
+                now (a fact cannot be learned later than it is written). A
+                value older than the stored one is kept in history only.
 
         Returns:
             The fact now current (the stored one if this write was older).
 
         Raises:
-            InvalidInputError: Bad id, value, source or confidence.
-            ValueTooLargeError: The fact is over the store's size limit.
+            InvalidInputError: Bad id, value, source, confidence or
+                ``updated_at`` (``field`` names it); nothing was written.
+            ValueTooLargeError: The fact is over the store's size limit; nothing was written.
         """
-        fact = self._build(user_id, key, value, source, confidence, evidence, updated_at)
-        space = keys.facts_space(self._tenant, fact.user_id)
+        now = utcnow()
+        fact = self._build(
+            user_id,
+            key,
+            value,
+            source=source,
+            confidence=confidence,
+            evidence=evidence,
+            updated_at=updated_at,
+            now=now,
+            field="value",
+        )
+        return self._write(fact.user_id, [fact], now)[0]
+
+    def set_facts(
+        self, user_id: str, facts: Mapping[str, JsonValue], *, source: str = "api"
+    ) -> list[UserFact]:
+        """Set several facts in one atomic commit; each keeps its own history.
+
+        Every fact is validated before anything is written: one bad key or
+        value (``field`` is ``facts.<key>``) or one fact over the size limit
+        stores none of them.
+
+        Returns:
+            The facts now current, in the order given.
+
+        Raises:
+            InvalidInputError: ``facts`` is not a mapping, or a key or value is invalid.
+            ValueTooLargeError: A fact is over the store's size limit.
+        """
+        check_id(user_id, "user_id")
+        if not isinstance(facts, Mapping):
+            raise InvalidInputError(
+                f"facts must be a mapping of fact key to JSON value, got {type(facts).__name__}",
+                field="facts",
+            )
+        now = utcnow()
+        built = [
+            self._build(
+                user_id,
+                key,
+                value,
+                source=source,
+                confidence=1.0,
+                evidence="",
+                updated_at=None,
+                now=now,
+                field=f"facts.{key}" if isinstance(key, str) else "facts",
+            )
+            for key, value in facts.items()
+        ]
+        return self._write(user_id, built, now) if built else []
+
+    def _write(self, user_id: str, facts: list[UserFact], now: datetime) -> list[UserFact]:
+        """Store ``facts`` (distinct keys of one user) in one compare-and-set commit.
+
+        Conflicts resolve by recency: a fact older than the stored one goes to
+        the history only. A stored time later than ``now`` (written by an older
+        version that did not clamp) counts as ``now``, so it cannot outrank
+        every future write.
+        """
+        space = keys.facts_space(self._tenant, user_id)
         for attempt in range(cas.ATTEMPTS):
-            (current_bytes,) = self._kv.get_many(space, [fact.key])
+            stored = self._kv.get_many(space, [fact.key for fact in facts])
             writes: list[Write] = []
-            result = fact
-            if current_bytes is not None:
+            checks: list[Check] = []
+            results: list[UserFact] = []
+            for fact, current_bytes in zip(facts, stored, strict=True):
+                checks.append(Check(space, fact.key, current_bytes))
+                if current_bytes is None:
+                    writes.append(Put(space, fact.key, encode(fact)))
+                    results.append(fact)
+                    continue
                 current = decode(UserFact, current_bytes, where=f"{space}/{fact.key}")
                 if current.value == fact.value and current.source == fact.source:
-                    return current
-                if fact.updated_at < current.updated_at:
+                    results.append(current)
+                elif fact.updated_at < min(current.updated_at, now):
                     writes.append(self._history_put(fact))
-                    result = current
+                    results.append(current)
                 else:
                     writes.append(self._history_put(current))
-            if result is fact:
-                writes.append(Put(space, fact.key, encode(fact)))
-                writes.append(Put(keys.users_space(self._tenant), fact.user_id, b"1"))
+                    writes.append(Put(space, fact.key, encode(fact)))
+                    results.append(fact)
+            if not writes:
+                return results
+            if any(result is fact for result, fact in zip(results, facts, strict=True)):
+                writes.append(Put(keys.users_space(self._tenant), user_id, b"1"))
             try:
-                self._kv.commit(writes, [Check(space, fact.key, current_bytes)])
+                self._kv.commit(writes, checks)
             except ConflictError:
                 cas.backoff(attempt)
                 continue
-            return result
-        raise ConflictError(f"fact {key!r} of user {user_id!r} is changing too fast; retry")
-
-    def set_facts(
-        self, user_id: str, facts: dict[str, JsonValue], *, source: str = "api"
-    ) -> list[UserFact]:
-        """Set several facts; each keeps its own history. Returns them in the order given."""
-        return [self.set_fact(user_id, key, value, source=source) for key, value in facts.items()]
+            return results
+        which = ", ".join(repr(fact.key) for fact in facts[:5])
+        raise ConflictError(f"fact(s) {which} of user {user_id!r} are changing too fast; retry")
 
     def get_fact(self, user_id: str, key: str) -> UserFact:
         """The current fact ``key`` of the user.
@@ -275,26 +348,43 @@ class UserTier:
         user_id: str,
         key: str,
         value: JsonValue,
+        *,
         source: str,
         confidence: float,
         evidence: str,
         updated_at: datetime | None,
+        now: datetime,
+        field: str,
     ) -> UserFact:
+        """A validated fact; ``field`` names the value in errors (``value`` or ``facts.<key>``)."""
         check_id(user_id, "user_id")
         check_id(key, "key")
+        # NaN, infinities and lone surrogates: pydantic would store null or fail to serialise.
+        canonical_json(value, field=field)
+        when = now if updated_at is None else min(check_datetime(updated_at, "updated_at"), now)
         try:
-            return UserFact(
+            fact = UserFact(
                 user_id=user_id,
                 key=key,
                 value=value,
                 source=source,
                 confidence=confidence,
                 evidence=evidence,
-                updated_at=updated_at or utcnow(),
+                updated_at=when,
             )
         except ValidationError as exc:
             first = exc.errors()[0]
-            field = ".".join(str(p) for p in first["loc"]) or "value"
+            where = ".".join(str(p) for p in first["loc"]) or "value"
+            name = field if where == "value" else where
             raise InvalidInputError(
-                f"invalid fact {key!r}: {field}: {first['msg']}", field=field
+                f"invalid fact {key!r}: {name}: {first['msg']}", field=name
             ) from exc
+        size = len(encode(fact))
+        if size > self._kv.max_value_bytes:
+            raise ValueTooLargeError(
+                f"fact {key!r} is {size} bytes stored, over the limit of "
+                f"{self._kv.max_value_bytes} bytes: store large data elsewhere and keep a "
+                "reference",
+                field=field,
+            )
+        return fact

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Request, Response, status
-from pydantic import TypeAdapter, ValidationError
+from pydantic import TypeAdapter
 
 from api.deps import ReadMemory, WriteMemory
 from api.errors import problem_responses
@@ -11,7 +11,7 @@ from api.responses import json_response
 from api.schemas.common import FactKeyPath, UserIdPath
 from api.schemas.facts import FactList, FactOut, FactPut, FactsPut
 from api.state import ServiceState
-from tiers.errors import FactNotFoundError, ValueTooLargeError
+from tiers.errors import FactNotFoundError
 from tiers.models import UserFact
 
 router = APIRouter(
@@ -55,22 +55,10 @@ async def get_facts(user_id: UserIdPath, memory: ReadMemory, request: Request) -
 def set_facts(user_id: UserIdPath, body: FactsPut, memory: WriteMemory) -> Response:
     """Set several facts; each keeps its old value in its history. Returns them in request order.
 
-    Every fact is checked against the store's value limit before any is
-    written, so a fact that is too large changes nothing.
+    All or nothing: every fact is validated (JSON value, size limit) before
+    any is written, so one bad or too large fact changes nothing (the
+    problem's ``field`` is ``facts.<key>``).
     """
-    limit = memory.kv.max_value_bytes
-    for key, value in body.facts.items():
-        try:
-            record = UserFact(user_id=user_id, key=key, value=value, source=body.source)
-        except ValidationError:
-            continue  # set_facts below raises the typed error naming the field
-        size = len(record.model_dump_json())
-        if size > limit:
-            raise ValueTooLargeError(
-                f"fact {key!r} is {size} bytes stored, over the limit of {limit} bytes: "
-                "store large data elsewhere and keep a reference",
-                field=f"facts.{key}",
-            )
     return _list(memory.set_facts(user_id, body.facts, source=body.source))
 
 

@@ -94,6 +94,56 @@ def test_bulk_facts_with_one_value_too_large_write_nothing(
     assert api.client.get("/v1/users/u3/facts", headers=headers).json() == {"facts": []}
 
 
+# JSON text Python's parser accepts but a stored JSON value cannot hold: NaN, infinities
+# (1e400 parses as inf) and strings with a lone surrogate (valid as a \\u escape, not in UTF-8).
+NOT_JSON_VALUES = ["NaN", "Infinity", "-Infinity", "1e400", '"\\ud800"', '{"a": ["x\\udfff"]}']
+
+
+@pytest.mark.parametrize("raw", NOT_JSON_VALUES)
+def test_fact_values_json_cannot_hold_are_422_naming_the_field(
+    api: Api, headers: dict[str, str], raw: str
+) -> None:
+    c = api.client
+    json_headers = {**headers, "Content-Type": "application/json"}
+    assert c.put("/v1/users/u4/facts/k", json={"value": "before"}, headers=headers).is_success
+    r = c.put("/v1/users/u4/facts/k", content=f'{{"value": {raw}}}', headers=json_headers)
+    assert r.status_code == 422, r.text
+    assert r.headers["content-type"] == "application/problem+json"
+    assert r.json()["field"] == "value"
+    r = c.put(
+        "/v1/users/u4/facts",
+        content=f'{{"facts": {{"k": "after", "other": 1, "bad": {raw}}}}}',
+        headers=json_headers,
+    )
+    assert r.status_code == 422, r.text
+    assert r.json()["field"] == "facts.bad"
+    facts = c.get("/v1/users/u4/facts", headers=headers).json()["facts"]
+    assert [(f["key"], f["value"]) for f in facts] == [("k", "before")]
+
+
+@pytest.mark.parametrize(
+    ("body", "field"),
+    [
+        ('{"session_id": "s1", "summary": {"task_description": "a\\ud800"}}', "task_description"),
+        ('{"session_id": "s1", "summary": {"open_questions": ["\\udc00?"]}}', "open_questions"),
+        ('{"session_id": "s1", "transcript": [{"role": "user", "content": "\\ud800"}]}', "content"),
+    ],
+)
+def test_session_text_with_a_lone_surrogate_is_422(
+    api: Api, headers: dict[str, str], body: str, field: str
+) -> None:
+    r = api.client.post(
+        "/v1/users/u4/sessions?wait=true",
+        content=body,
+        headers={**headers, "Content-Type": "application/json"},
+    )
+    assert r.status_code == 422, r.text
+    assert field in r.text
+    assert api.client.get("/v1/users/u4/sessions", headers=headers).json() == {"sessions": []}
+    pending = api.client.get("/v1/users/u4/sessions:pending", headers=headers).json()
+    assert pending == {"session_ids": []}
+
+
 def test_forget_user_removes_facts_and_sessions(api: Api, headers: dict[str, str]) -> None:
     c = api.client
     c.put("/v1/users/gone/facts/k", json={"value": 1}, headers=headers)

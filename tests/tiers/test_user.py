@@ -7,8 +7,11 @@ from datetime import UTC, datetime, timedelta
 
 import pytest
 
-from tiers.backends.base import KVStore
+from tiers import keys
+from tiers.backends.base import KVStore, Put
+from tiers.codec import encode
 from tiers.errors import FactNotFoundError, InvalidInputError, ValueTooLargeError
+from tiers.models import UserFact
 from tiers.user import UserTier
 
 
@@ -127,3 +130,89 @@ def test_values_read_back_exactly_but_prose_is_trimmed(kv: KVStore) -> None:
     fact = users.get_fact("u", "signature")
     assert fact.value == "  -- Dana\n"
     assert fact.evidence == "my sig"
+
+
+NOT_JSON = [
+    pytest.param(float("nan"), id="nan"),
+    pytest.param(float("inf"), id="inf"),
+    pytest.param(-float("inf"), id="-inf"),
+    pytest.param(1e400, id="1e400"),
+    pytest.param({"nested": [1, float("nan")]}, id="nested-nan"),
+    pytest.param("\ud800", id="lone-surrogate"),
+    pytest.param(["ok", {"k": "x\udfff"}], id="nested-surrogate"),
+    pytest.param({"\ud800": 1}, id="surrogate-key"),
+]
+
+
+@pytest.mark.parametrize("value", NOT_JSON)
+def test_values_json_cannot_hold_are_refused_and_nothing_changes(
+    users: UserTier, value: object
+) -> None:
+    users.set_fact("alice", "k", "before")
+    with pytest.raises(InvalidInputError) as info:
+        users.set_fact("alice", "k", value)  # type: ignore[arg-type]
+    assert info.value.field == "value"
+    with pytest.raises(InvalidInputError) as info:
+        users.set_fact("alice", "fresh", value)  # type: ignore[arg-type]
+    assert info.value.field == "value"
+    assert [(f.key, f.value) for f in users.get_facts("alice")] == [("k", "before")]
+    assert len(users.fact_history("alice", "k")) == 1
+
+
+@pytest.mark.parametrize("value", NOT_JSON)
+def test_set_facts_is_all_or_nothing(users: UserTier, value: object) -> None:
+    users.set_fact("alice", "a", "before")
+    with pytest.raises(InvalidInputError) as info:
+        users.set_facts("alice", {"a": "after", "b": 2, "bad": value})  # type: ignore[dict-item]
+    assert info.value.field == "facts.bad"
+    assert [(f.key, f.value) for f in users.get_facts("alice")] == [("a", "before")]
+
+
+def test_set_facts_over_the_size_limit_writes_nothing(users: UserTier, kv: KVStore) -> None:
+    with pytest.raises(ValueTooLargeError) as info:
+        users.set_facts("alice", {"small": "ok", "huge": "x" * kv.max_value_bytes})
+    assert info.value.field == "facts.huge"
+    assert users.get_facts("alice") == []
+
+
+def test_set_facts_needs_a_mapping(users: UserTier) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        users.set_facts("alice", [("a", "b")])  # type: ignore[arg-type]
+    assert info.value.field == "facts"
+    assert users.get_facts("alice") == []
+
+
+def test_a_future_updated_at_is_clamped_so_a_later_write_wins(users: UserTier) -> None:
+    before = datetime.now(UTC)
+    learned = users.set_fact(
+        "alice", "contact", "email", source="session:s1", updated_at=before + timedelta(hours=2)
+    )
+    assert learned.updated_at <= datetime.now(UTC)  # never dated after it was written
+    assert users.set_fact("alice", "contact", "phone").value == "phone"
+    assert users.get_fact("alice", "contact").value == "phone"
+
+
+def test_a_stored_future_time_does_not_outrank_now(users: UserTier, kv: KVStore) -> None:
+    # A fact written future-dated by an older version (before clamping) loses to a write now.
+    future = UserFact(
+        user_id="alice",
+        key="contact",
+        value="email",
+        updated_at=datetime.now(UTC) + timedelta(days=1),
+    )
+    kv.commit([Put(keys.facts_space("default", "alice"), "contact", encode(future))])
+    assert users.set_fact("alice", "contact", "phone").value == "phone"
+    # A backfill (dated in the past) still goes to the history only.
+    old = datetime.now(UTC) - timedelta(days=3)
+    assert users.set_fact("alice", "contact", "fax", updated_at=old).value == "phone"
+
+
+def test_naive_updated_at_is_utc_and_non_datetimes_are_refused(users: UserTier) -> None:
+    naive = datetime(2025, 1, 2, 3, 4, 5)  # naive on purpose
+    fact = users.set_fact("alice", "k", "v", updated_at=naive)
+    assert fact.updated_at == naive.replace(tzinfo=UTC)
+    for bad in ("yesterday", 5, 1.5):
+        with pytest.raises(InvalidInputError) as info:
+            users.set_fact("alice", "k", "w", updated_at=bad)  # type: ignore[arg-type]
+        assert info.value.field == "updated_at"
+    assert users.get_fact("alice", "k").value == "v"

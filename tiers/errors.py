@@ -13,6 +13,7 @@ Hierarchy::
     ├── NotFoundError                the thing asked for does not exist
     │   ├── RunNotFoundError
     │   ├── CheckpointNotFoundError
+    │   ├── EffectNotFoundError
     │   ├── SessionNotFoundError
     │   └── FactNotFoundError
     ├── ConflictError                a concurrent writer won; re-read and retry
@@ -82,6 +83,10 @@ class RunNotFoundError(NotFoundError):
 
 class CheckpointNotFoundError(NotFoundError):
     """No checkpoint with that id exists in the run."""
+
+
+class EffectNotFoundError(NotFoundError):
+    """The run's effect ledger has no effect with that idempotency key."""
 
 
 class SessionNotFoundError(NotFoundError):
@@ -170,21 +175,31 @@ class ApprovalPendingError(RunPausedError):
 class EffectOutcomeUnknownError(RunStateError):
     """An effect was invoked but its result was never recorded (the worker died in between).
 
-    The run cannot continue past it automatically: pass a ``reconcile``
-    callback to the effect (it probes the external system by idempotency key),
-    or decide with ``TaskTier.resolve_effect``.
+    The run cannot continue past it automatically (nor be compensated): pass a
+    ``reconcile`` callback to the effect (it probes the external system by
+    idempotency key), or decide with ``TaskTier.resolve_effect``.
 
     Attributes:
         run_id: The run.
-        effect_key: The effect's idempotency key.
+        effect_key: The effect's idempotency key (the first one, when several are unknown).
         effect_name: The effect's name.
+        effect_keys: Every unknown effect's key the operation was refused for.
     """
 
-    def __init__(self, message: str, *, run_id: str, effect_key: str, effect_name: str) -> None:
+    def __init__(
+        self,
+        message: str,
+        *,
+        run_id: str,
+        effect_key: str,
+        effect_name: str,
+        effect_keys: list[str] | None = None,
+    ) -> None:
         super().__init__(message)
         self.run_id = run_id
         self.effect_key = effect_key
         self.effect_name = effect_name
+        self.effect_keys = [effect_key] if effect_keys is None else list(effect_keys)
 
 
 class BudgetExceededError(RunStateError):

@@ -239,12 +239,26 @@ class RunInfo(Record):
     # Checkpoint seq ranges [first, last] left behind by update_state (another branch).
     superseded: list[tuple[int, int]] = Field(default_factory=list)
     finished_at: UtcDatetime | None = None
+    # Keys of effects found invoked but never recorded, with no way to settle them
+    # automatically: the run is blocked on them until they are reconciled or an
+    # operator resolves them (TaskTier.resolve_effect). Set and cleared in the same
+    # commit as the effect ledger change (EffectOutcomeUnknown / EffectRecorded /
+    # EffectNotDone / a new EffectInvoked).
+    unknown_effects: list[str] = Field(default_factory=list)
+
+    @property
+    def blocked(self) -> bool:
+        """Whether the run waits for a decision on an effect of unknown outcome (``unknown_effects``)."""
+        return bool(self.unknown_effects)
 
     def lease_live(self, now: datetime) -> bool:
-        """Whether a worker holds an unexpired lease at ``now`` (only leases with a TTL expire)."""
+        """Whether a worker holds an unexpired lease at ``now`` (only leases with a TTL expire).
+
+        Finished runs hold no lease, except one taken to compensate a cancelled
+        or failed run (``TaskTier.acquire(..., for_compensation=True)``).
+        """
         return (
-            not self.status.finished
-            and self.lease_owner is not None
+            self.lease_owner is not None
             and self.lease_expires_at is not None
             and self.lease_expires_at > now
         )

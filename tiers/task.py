@@ -40,11 +40,32 @@ it. Another worker cannot take a live lease (:class:`~tiers.errors.LeaseHeldErro
 unless it steals it. Leases without a TTL never block a takeover (the
 embedded default, where a restarted process resumes its own run at once).
 
-**Exactly-once effects.** See :meth:`RunHandle.effect`. An effect's result
-is recorded before the run advances; one invoked but unrecorded blocks the
-run until it is reconciled. A takeover while the old holder is still inside
-an effect's function (a zombie past its lease) is only safe if the external
-system checks the idempotency key: pass it along.
+**Operators do not cost a worker its work.** An operator's change to the
+head that takes no lease (``set_budget``, ``compact``, ``resolve_effect``,
+``approve``/``reject``, ``cancel``) makes a worker's commit fail its head
+check; the handle then rebuilds the commit on the fresh head and retries
+(bounded, with :mod:`tiers.cas` backoff) as long as the run still takes that
+write, so a step's output or an effect's result computed meanwhile is kept.
+Only a new lease epoch fences a handle out.
+
+**Exactly-once effects.** See :meth:`RunHandle.effect` (and
+:meth:`RunHandle.begin_effect` / :meth:`RunHandle.record_effect`, the same
+protocol for a caller that performs the effect itself, e.g. over HTTP). An
+effect's result is recorded before the run advances, even if the run was
+cancelled while the effect ran (then without a checkpoint, and the worker
+gets :class:`~tiers.errors.RunCancelledError` right after). One invoked but
+unrecorded has an unknown outcome: the first worker that finds it and cannot
+settle it (no ``reconcile``, not ``safe_to_retry``) flags it in
+``RunInfo.unknown_effects``, and the run is *blocked*, left out of
+:meth:`TaskTier.list_resumable`, until it is reconciled or an operator
+decides (:meth:`TaskTier.resolve_effect`). A takeover while the old holder is
+still inside an effect's function (a zombie past its lease) is only safe if
+the external system checks the idempotency key: pass it along.
+
+**Compensation.** :meth:`RunHandle.compensate` undoes recorded effects,
+newest first, each once; it refuses while any effect's outcome is unknown. A
+running, cancelled or failed run can be compensated: by the handle that saw
+it end, or by a worker taking it with ``acquire(run_id, for_compensation=True)``.
 
 **Branches.** :meth:`TaskTier.update_state` appends a human-edited checkpoint
 whose parent is an earlier checkpoint; the checkpoints after it leave the
@@ -73,6 +94,7 @@ from tiers.errors import (
     ConflictError,
     InvalidInputError,
     LeaseHeldError,
+    RunCancelledError,
     RunNotFoundError,
     RunStateError,
     StaleWriterError,
@@ -96,9 +118,16 @@ from tiers.task_events import (
     new_run_id,
 )
 from tiers.task_handle import RunHandle
+from tiers.task_handle_core import COMPENSATABLE
 from tiers.task_queries import QueriesMixin, RebuiltRun
 from tiers.task_retention import RetentionMixin
-from tiers.task_storage import DEFAULT_RETENTION, DEFAULT_SNAPSHOT_EVERY, TierCore, _positive
+from tiers.task_storage import (
+    DEFAULT_RETENTION,
+    DEFAULT_SNAPSHOT_EVERY,
+    TierCore,
+    _budget,
+    _positive,
+)
 from tiers.task_time_travel import TimeTravelMixin
 from tiers.task_txn import _UNSET, Txn
 
@@ -125,6 +154,27 @@ __all__ = [
 
 def _default_worker_id() -> str:
     return f"{socket.gethostname()}-{os.getpid()}"
+
+
+def _check_takeable(info: RunInfo, for_compensation: bool) -> None:
+    """Refuse to take a run's lease for what its status forbids."""
+    run_id, status = info.run_id, info.status.value
+    if for_compensation:
+        if info.status not in COMPENSATABLE:
+            raise RunStateError(
+                f"run {run_id!r} is {status}: only a cancelled or failed run is acquired for "
+                "compensation (a running one: acquire it as usual and call compensate(), or "
+                "cancel it first; a completed one keeps its effects)"
+            )
+    elif info.status.finished:
+        hint = (
+            ", or acquire it with for_compensation=True to undo its effects"
+            if info.status in COMPENSATABLE
+            else ""
+        )
+        raise RunStateError(
+            f"run {run_id!r} is {status} and cannot be resumed: start a new run{hint}"
+        )
 
 
 class TaskTier(
@@ -167,11 +217,11 @@ class TaskTier(
             resume: Whether an existing run may be resumed.
             worker_id: Who takes the lease (default ``<hostname>-<pid>``). The
                 same worker may retake its own live lease.
-            lease_ttl: Seconds the lease lives without a heartbeat or commit
-                (default: the tier's; ``None`` there means no expiry).
+            lease_ttl: Seconds the lease lives without a heartbeat or commit, at
+                most a year (default: the tier's; ``None`` there means no expiry).
             steal: Take the lease even if another worker's is live.
-            budget_tokens: Token budget of a new run (``None``: unlimited).
-            budget_cost: Cost budget of a new run (``None``: unlimited).
+            budget_tokens: Token budget of a new run, an integer >= 0 (``None``: unlimited).
+            budget_cost: Cost budget of a new run, a finite number >= 0 (``None``: unlimited).
 
         Returns:
             A handle holding the new lease epoch.
@@ -185,13 +235,8 @@ class TaskTier(
         """
         check_id(user_id, "user_id")
         run_id = new_run_id() if run_id is None else check_id(run_id, "run_id")
-        for name, value in (("budget_tokens", budget_tokens), ("budget_cost", budget_cost)):
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int | float) or value < 0
-            ):
-                raise InvalidInputError(f"{name} must be a number >= 0", field=name)
-        if budget_tokens is not None and not isinstance(budget_tokens, int):
-            raise InvalidInputError("budget_tokens must be an integer", field="budget_tokens")
+        tokens = _budget(budget_tokens, "budget_tokens", integer=True)
+        cost = _budget(budget_cost, "budget_cost", integer=False)
         return self._take(
             run_id,
             user_id,
@@ -199,8 +244,8 @@ class TaskTier(
             worker_id=worker_id,
             lease_ttl=lease_ttl,
             steal=steal,
-            budget_tokens=budget_tokens,
-            budget_cost=None if budget_cost is None else float(budget_cost),
+            budget_tokens=None if tokens is None else int(tokens),
+            budget_cost=None if cost is None else float(cost),
         )
 
     def acquire(
@@ -210,17 +255,32 @@ class TaskTier(
         worker_id: str | None = None,
         lease_ttl: float | None = None,
         steal: bool = False,
+        for_compensation: bool = False,
     ) -> RunHandle:
         """Take the lease of an existing run (for a worker pool; see :meth:`list_resumable`).
+
+        With ``for_compensation=True`` the run must be cancelled or failed: the
+        handle takes its lease (fencing out any earlier holder, as a resume
+        does) but only undoes what the run did: :meth:`RunHandle.compensate`
+        (with ``register_compensation``, ``heartbeat`` and ``release``); every
+        other write raises :class:`RunStateError`. The run's status does not
+        change. A compensation that crashed half-way is resumed the same way.
 
         Raises:
             RunNotFoundError: No such run.
             LeaseHeldError: Another worker holds a live lease (and ``steal`` is false).
-            RunStateError: The run is finished.
+            RunStateError: The run is finished (without ``for_compensation``), or
+                with it, the run is not cancelled or failed.
         """
         check_id(run_id, "run_id")
         return self._take(
-            run_id, None, resume=True, worker_id=worker_id, lease_ttl=lease_ttl, steal=steal
+            run_id,
+            None,
+            resume=True,
+            worker_id=worker_id,
+            lease_ttl=lease_ttl,
+            steal=steal,
+            for_compensation=for_compensation,
         )
 
     def _take(
@@ -234,6 +294,7 @@ class TaskTier(
         steal: bool,
         budget_tokens: int | None = None,
         budget_cost: float | None = None,
+        for_compensation: bool = False,
     ) -> RunHandle:
         worker = _default_worker_id() if worker_id is None else worker_id
         if not isinstance(worker, str) or not 1 <= len(worker) <= 256:
@@ -271,11 +332,7 @@ class TaskTier(
                         f"run {run_id!r} already exists: pass resume=True to resume it, or "
                         "choose another run_id"
                     )
-                if current.status.finished:
-                    raise RunStateError(
-                        f"run {run_id!r} is {current.status.value} and cannot be resumed: "
-                        "start a new run"
-                    )
+                _check_takeable(current, for_compensation)
                 live = current.lease_live(now)
                 if live and current.lease_owner != worker and not steal:
                     owner = current.lease_owner or "?"
@@ -292,7 +349,7 @@ class TaskTier(
                 epoch = current.lease_epoch + 1
                 txn = Txn(run_id, epoch, current, now)
                 txn.add_event(
-                    EventKind.RUN_RESUMED,
+                    EventKind.COMPENSATION_STARTED if for_compensation else EventKind.RUN_RESUMED,
                     owner=worker,
                     previous_owner=current.lease_owner,
                     stolen=bool(live and current.lease_owner != worker),
@@ -303,27 +360,42 @@ class TaskTier(
                     lease_expires_at=expires,
                     lease_ttl_s=ttl,
                 )
-                if current.status is not RunStatus.PAUSED:
+                if current.status is not RunStatus.PAUSED and not for_compensation:
                     txn.update["status"] = RunStatus.RUNNING
             try:
                 info, head = self._apply(txn, data)
             except ConflictError:
                 cas.backoff(attempt)
                 continue
-            return RunHandle(self, info, head, lease_ttl=ttl, resumed=data is not None)
+            return RunHandle(
+                self,
+                info,
+                head,
+                lease_ttl=ttl,
+                resumed=data is not None,
+                compensation_only=for_compensation,
+            )
         raise ConflictError(f"run {run_id!r} is being taken by many workers at once; retry")
 
-    def attach(self, run_id: str, epoch: int) -> RunHandle:
+    def attach(self, run_id: str, epoch: int, *, finished_ok: bool = False) -> RunHandle:
         """A handle on a run for a worker that already holds its lease.
 
         Unlike :meth:`start_run` this does not take the lease: it is how a
         stateless caller (an HTTP request) keeps writing with the epoch it got
         when it started or resumed the run.
 
+        Args:
+            run_id: The run.
+            epoch: The lease epoch the caller holds.
+            finished_ok: Attach to a finished run too: for
+                :meth:`RunHandle.record_effect`, which records the result of an
+                effect that ran while the run was cancelled (and then raises
+                :class:`RunCancelledError`). Every other write still refuses.
+
         Raises:
             RunNotFoundError: No such run.
             StaleWriterError: ``epoch`` is not the run's current lease epoch.
-            RunStateError: The run is finished.
+            RunStateError: The run is finished (and ``finished_ok`` is false).
         """
         check_id(run_id, "run_id")
         data = self._read_head(run_id)
@@ -335,7 +407,9 @@ class TaskTier(
                 f"run {run_id!r} is leased with epoch {info.lease_epoch}, not {epoch}: "
                 "another worker resumed it; stop writing"
             )
-        if info.status.finished:
+        if info.status.finished and not finished_ok:
+            if info.status is RunStatus.CANCELLED:
+                raise RunCancelledError(f"run {run_id!r} was cancelled: stop writing")
             raise RunStateError(f"run {run_id!r} is {info.status.value}")
         return RunHandle(self, info, data, lease_ttl=info.lease_ttl_s, resumed=True)
 
@@ -375,18 +449,15 @@ class TaskTier(
         """Change a run's token and/or cost budget (``None``: unlimited).
 
         Raises:
-            InvalidInputError: A negative budget.
+            InvalidInputError: A negative, NaN or infinite budget, or a non-integer token budget.
             RunNotFoundError: No such run.
         """
+        check_id(run_id, "run_id")
         update: dict[str, Any] = {}
-        for name, value in (("budget_tokens", tokens), ("budget_cost", cost)):
-            if value is _UNSET:
-                continue
-            if value is not None and (
-                isinstance(value, bool) or not isinstance(value, int | float) or value < 0
-            ):
-                raise InvalidInputError(f"{name} must be a number >= 0 or None", field=name)
-            update[name] = value
+        if tokens is not _UNSET:
+            update["budget_tokens"] = _budget(tokens, "budget_tokens", integer=True)
+        if cost is not _UNSET:
+            update["budget_cost"] = _budget(cost, "budget_cost", integer=False)
 
         def build(info: RunInfo, now: datetime) -> Txn | RunInfo:
             txn = Txn(run_id, info.lease_epoch, info, now)

@@ -16,6 +16,7 @@ from tiers.errors import (
 from tiers.ids import check_id
 from tiers.models import PendingApproval, RunInfo, RunStatus
 from tiers.task_events import (
+    MAX_NOTE,
     Approval,
     ApprovalRecord,
     EventKind,
@@ -44,7 +45,7 @@ class ApprovalsMixin(TierCore):
                 :class:`ApprovalPendingError` or ``RunInfo.pending_approval``):
                 the approval is bound to exactly that plan.
             by: Who approves (kept in the event log).
-            note: Optional comment.
+            note: Optional comment, at most :data:`~tiers.task_events.MAX_NOTE` characters.
 
         Raises:
             PlanMismatchError: The run waits on another plan.
@@ -70,9 +71,9 @@ class ApprovalsMixin(TierCore):
             raise InvalidInputError("plan_hash must be a hex SHA-256 digest", field="plan_hash")
         if not isinstance(by, str) or not 1 <= len(by.strip()) <= 256:
             raise InvalidInputError("by must name who decides (1-256 characters)", field="by")
-        if note is not None and (not isinstance(note, str) or len(note) > 2000):
+        if note is not None and (not isinstance(note, str) or len(note) > MAX_NOTE):
             raise InvalidInputError(
-                "note must be a string of at most 2000 characters", field="note"
+                f"note must be a string of at most {MAX_NOTE} characters", field="note"
             )
         wanted = "granted" if granted else "rejected"
         space = keys.run_space(self._tenant, run_id)
@@ -182,10 +183,12 @@ class HandleApprovalsMixin(HandleCore):
                 at=rec.decided_at,
                 note=rec.note,
             )
-        if info.pending_approval is not None:
-            raise self._pending(info.pending_approval.plan_hash, info.pending_approval.key)
-        with self._lock:
+
+        def build() -> Txn:
             txn = self._txn()
+            pending = txn.base.pending_approval
+            if pending is not None:
+                raise self._pending(pending.plan_hash, pending.key)
             record = ApprovalRecord(
                 key=gate, plan_hash=plan_hash, plan=plan_json, requested_at=txn.now
             )
@@ -199,5 +202,11 @@ class HandleApprovalsMixin(HandleCore):
                     key=gate, plan_hash=plan_hash, requested_at=txn.now
                 ),
             )
-            self._apply(txn, "approval")
+            return txn
+
+        if info.pending_approval is not None:
+            raise self._pending(info.pending_approval.plan_hash, info.pending_approval.key)
+        self._commit(
+            build, "approval", lambda fresh: self._check_writable(fresh, allow_paused=True)
+        )
         raise self._pending(plan_hash, gate)

@@ -14,19 +14,21 @@ from tiers import keys
 from tiers.backends.base import Check, Put
 from tiers.codec import encode
 from tiers.errors import (
-    CheckpointNotFoundError,
     CompensationError,
     ConflictError,
+    EffectNotFoundError,
     EffectOutcomeUnknownError,
     InputMismatchError,
     InvalidInputError,
+    RunCancelledError,
     RunStateError,
 )
 from tiers.ids import check_id
-from tiers.models import RunInfo
+from tiers.models import RunInfo, RunStatus
 from tiers.task_events import (
     NOT_DONE,
     EffectRecord,
+    EffectStart,
     EffectStatus,
     EventKind,
     check_key,
@@ -78,13 +80,19 @@ class EffectsMixin(TierCore):
         gets this output without calling the effect) or ``rerun=True`` (it did
         not happen; the resumed run calls it again).
 
+        Allowed whatever the run's status: an effect of a cancelled or failed
+        run must be settled before the run can be compensated. The decision
+        clears the effect from ``RunInfo.unknown_effects`` in the same commit.
+
         Raises:
             InvalidInputError: Neither or both given, or a non-JSON output.
-            NotFoundError: No such run or effect.
+            RunNotFoundError: No such run.
+            EffectNotFoundError: The run has no effect with that key.
             RunStateError: The effect's outcome is not unknown (it is recorded or
-                was never invoked), or the run is finished.
+                was never invoked).
         """
         check_id(run_id, "run_id")
+        key = check_key(key)
         if (output is _UNSET) == (not rerun):
             raise InvalidInputError(
                 "give exactly one of output=... (the effect happened) or rerun=True (it did not)",
@@ -96,11 +104,9 @@ class EffectsMixin(TierCore):
 
         def build(info: RunInfo, now: datetime) -> Txn | RunInfo:
             result.clear()
-            if info.status.finished:
-                raise RunStateError(f"run {run_id!r} is {info.status.value}")
             rec, data = self._read_effect(run_id, key)
             if rec is None:
-                raise CheckpointNotFoundError(f"run {run_id!r} has no effect with key {key!r}")
+                raise EffectNotFoundError(f"run {run_id!r} has no effect with key {key!r}")
             if rec.status is not EffectStatus.INVOKED:
                 raise RunStateError(
                     f"effect {key!r} of run {run_id!r} is {rec.status.value}, not of unknown "
@@ -129,6 +135,7 @@ class EffectsMixin(TierCore):
                 )
             txn.puts.append(Put(space, keys.effect_key(key), encode(new)))
             txn.checks.append(Check(space, keys.effect_key(key), data))
+            _settled(txn, key)
             result.append(new)
             return txn
 
@@ -199,7 +206,10 @@ class HandleEffectsMixin(HandleCore):
             InvalidInputError: Bad arguments, non-JSON output, or an effect inside an effect.
             StaleWriterError, RunCancelledError, ApprovalPendingError,
             BudgetExceededError, RunStateError, ConflictError: as for :meth:`step`;
-                checked (atomically) before ``fn`` is called.
+                checked (atomically) before ``fn`` is called. Once ``fn`` returned,
+                only a takeover (``StaleWriterError``) keeps its result from being
+                recorded; a run cancelled while ``fn`` ran gets the result recorded
+                (no checkpoint), then ``RunCancelledError``.
             Exception: Whatever ``fn`` raises; the effect stays invoked (its
                 outcome unknown), since a failed call may have had an effect.
         """
@@ -277,20 +287,53 @@ class HandleEffectsMixin(HandleCore):
         crash in the middle resumes where it stopped. Compensations are one
         level deep: effects of compensations are never compensated (no cascades).
 
+        A running run, and a cancelled or failed one, can be compensated: the
+        handle that saw the run end may call this with the lease it holds, and
+        another worker takes the lease with ``TaskTier.acquire(run_id,
+        for_compensation=True)``. On a finished run compensations are recorded
+        in the effect ledger and the event log, not as checkpoints (a finished
+        run takes no more steps); its status stays as it is.
+
+        Nothing is undone while an effect's outcome is unknown (invoked, never
+        recorded): it may have happened, and then needs undoing too. Such
+        effects are flagged (``RunInfo.unknown_effects``) and this raises until
+        they are reconciled (``TaskTier.resolve_effect``).
+
         Returns:
             The idempotency keys of the effects compensated by this call.
 
         Raises:
+            EffectOutcomeUnknownError: Effects of unknown outcome (``effect_keys``);
+                nothing was compensated.
             CompensationError: An effect has no registered compensation (nothing
                 was run), or a compensation raised (the ones before it are kept);
                 a human must take over.
-            StaleWriterError, RunStateError: As for :meth:`step`.
+            StaleWriterError: Another worker took the lease.
+            RunStateError: The run completed, or is paused.
         """
         self._refuse_nesting("compensate")
-        self._refresh()
+        self._refresh(compensating=True)
+        records = self._tier._effect_records(self.run_id)
+        unknown = sorted(
+            (r for r in records if r.status is EffectStatus.INVOKED and r.level == 0),
+            key=lambda r: r.invoked_seq,
+        )
+        if unknown:
+            self._flag_unknown(unknown)
+            names = [r.key for r in unknown]
+            raise EffectOutcomeUnknownError(
+                f"run {self.run_id!r} cannot be compensated: effect(s) {names} were invoked "
+                "but never recorded, so they may or may not have happened. Reconcile them "
+                "first (TaskTier.resolve_effect(run_id, key, output=... | rerun=True)), then "
+                "call compensate() again; nothing was compensated",
+                run_id=self.run_id,
+                effect_key=unknown[0].key,
+                effect_name=unknown[0].name,
+                effect_keys=names,
+            )
         todo = [
             rec
-            for rec in self._tier._effect_records(self.run_id)
+            for rec in records
             if rec.status is EffectStatus.RECORDED and rec.level == 0 and not rec.compensated
         ]
         todo.sort(key=lambda r: r.recorded_seq or 0, reverse=True)
@@ -344,6 +387,126 @@ class HandleEffectsMixin(HandleCore):
             done.append(rec.key)
         return done
 
+    def begin_effect(
+        self,
+        name: str,
+        *,
+        idempotency_key: str,
+        input: object = None,
+        safe_to_retry: bool = False,
+    ) -> EffectStart:
+        """First half of :meth:`effect` for a caller that performs the effect itself.
+
+        For a worker that cannot hand this handle a function to call: a
+        stateless HTTP worker (``POST /v1/runs/{id}/effects:begin``), a queue
+        consumer, a callback-driven SDK. The protocol is the one :meth:`effect`
+        follows:
+
+        1. ``begin_effect`` commits ``EffectInvoked`` durably (and fsync'd) and
+           returns ``invoke=True``; or, if the key is recorded already, returns
+           ``invoke=False`` and the recorded output: do not perform it again.
+        2. The caller performs the effect, passing ``key`` to the external system.
+        3. :meth:`record_effect` stores the result before the run goes on.
+
+        An effect begun but never recorded has an unknown outcome: beginning it
+        again raises :class:`EffectOutcomeUnknownError` (unless
+        ``safe_to_retry``) until it is reconciled with
+        :meth:`TaskTier.resolve_effect`. Called at the top level an effect is a
+        checkpointed step of its own; called inside a :meth:`step`'s function
+        it is recorded in the ledger and the step's checkpoint follows.
+
+        Args:
+            name: Effect name (1-256 characters).
+            idempotency_key: The effect's key: required, since a caller without
+                a long-lived handle cannot rely on the derived one.
+            input: The request, recorded as its SHA-256 (a replay with another
+                request raises :class:`InputMismatchError`).
+            safe_to_retry: The effect is idempotent: begin it again when its
+                outcome is unknown.
+
+        Returns:
+            Whether to perform the effect, or its recorded output.
+
+        Raises:
+            EffectOutcomeUnknownError, InputMismatchError, InvalidInputError,
+            StaleWriterError, RunCancelledError, ApprovalPendingError,
+            BudgetExceededError, RunStateError, ConflictError: As for :meth:`effect`.
+        """
+        call = self._effect_call(name, idempotency_key, input, safe_to_retry, None)
+        kind, output = self._effect_begin(call, False)
+        if kind == "done":
+            self._effect_done(call)
+            return EffectStart(key=call.key, invoke=False, output=output)
+        return EffectStart(key=call.key, invoke=True)
+
+    def record_effect(self, idempotency_key: str, output: object) -> JsonValue:
+        """Second half of :meth:`begin_effect`: store the result of an effect the caller performed.
+
+        Committed before this returns, with the effect's checkpoint when it was
+        begun at the top level. Recording the same output again (a retried
+        request) returns it and writes nothing.
+
+        If the run was cancelled (or otherwise finished) while the effect ran,
+        the result is still recorded in the effect ledger (the call happened,
+        and a compensation may need its output), then this raises
+        :class:`RunCancelledError` (or :class:`RunStateError`) so the worker stops.
+
+        Args:
+            idempotency_key: The key :meth:`begin_effect` returned.
+            output: The effect's JSON-serialisable output, or a :class:`Charged`.
+
+        Returns:
+            The output after a JSON round trip.
+
+        Raises:
+            EffectNotFoundError: No effect was begun with this key.
+            ConflictError: The effect was recorded already with another output, or
+                settled by an operator meanwhile; nothing was written.
+            RunStateError: It was settled as not done (begin it again), or it is a
+                compensation's effect (:meth:`compensate` records those).
+            RunCancelledError: The run was cancelled meanwhile; the result *was* recorded.
+            StaleWriterError: Another worker took the run over; nothing was written.
+            InvalidInputError: Non-JSON output.
+        """
+        key = check_key(idempotency_key)
+        if self._in_effect:
+            raise InvalidInputError(
+                "record_effect called inside an effect's function", field="idempotency_key"
+            )
+        rec, _ = self._tier._read_effect(self.run_id, key)
+        if rec is None:
+            raise EffectNotFoundError(
+                f"run {self.run_id!r} has no effect with key {key!r}: begin_effect it first"
+            )
+        if rec.level != 0:
+            raise RunStateError(
+                f"effect {key!r} of run {self.run_id!r} is a compensation: compensate() records it"
+            )
+        if rec.status is EffectStatus.RECORDED:
+            value, _, _, _ = _unpack(output, rec.name)
+            if rec.response_hash != output_digest(value):
+                raise ConflictError(
+                    f"effect {key!r} of run {self.run_id!r} is recorded already with another "
+                    f"output (source {rec.source!r}); the recorded one stands"
+                )
+            return rec.output
+        if rec.status is EffectStatus.NOT_DONE:
+            raise RunStateError(
+                f"effect {key!r} of run {self.run_id!r} was settled as not done: begin it again"
+            )
+        call = _EffectCall(
+            name=rec.name,
+            key=key,
+            step_key=rec.step_key,
+            top_level=rec.step_key == key,
+            digest=rec.request_hash,
+            safe_to_retry=rec.safe_to_retry,
+            step_name=rec.name,
+        )
+        recorded = self._effect_record(call, output, "fn")
+        self._effect_done(call)
+        return recorded
+
     def _effect_call(
         self,
         name: str,
@@ -395,14 +558,15 @@ class HandleEffectsMixin(HandleCore):
 
         For "invoke", ``EffectInvoked`` is already committed when this returns.
         """
-        info = self._refresh(allow_paused=True)
+        compensating = call.kind == "compensation"
+        info = self._refresh(allow_paused=True, compensating=compensating)
         entry: bytes | None = None
         if call.top_level:
             existing, entry = self._lookup(call.key, info)
             if existing is not None:
                 self._verify_replay(existing, call.step_name, call.digest, call.key)
                 return ("done", existing.output)
-        self._check_writable(info)
+        self._check_writable(info, compensating=compensating)
         rec, rec_bytes = self._tier._read_effect(self.run_id, call.key)
         if rec is not None:
             if rec.name != call.name or rec.request_hash != call.digest:
@@ -414,10 +578,10 @@ class HandleEffectsMixin(HandleCore):
                     idempotency_key=call.key,
                 )
             if rec.status is EffectStatus.RECORDED:
-                if call.top_level:
+                if call.top_level and not info.status.finished:
                     # Recorded (by reconcile or an operator) but its checkpoint is not
                     # committed yet: commit it now, without calling fn.
-                    with self._lock:
+                    def build() -> Txn:
                         txn = self._txn()
                         self._add_checkpoint(
                             txn,
@@ -431,12 +595,14 @@ class HandleEffectsMixin(HandleCore):
                             None,
                             entry,
                         )
-                        self._apply(txn, call.name)
+                        return txn
+
+                    self._commit(build, call.name)
                 return ("done", rec.output)
             if rec.status is EffectStatus.INVOKED and not call.safe_to_retry:
                 if can_reconcile:
                     return ("reconcile", None)
-                self._flag_unknown(rec, rec_bytes)
+                self._flag_unknown([rec])
                 raise EffectOutcomeUnknownError(
                     f"effect {call.name!r} (key {call.key!r}) of run {self.run_id!r} was "
                     f"invoked (attempt {rec.attempt}) but its result was never recorded: it may "
@@ -447,7 +613,9 @@ class HandleEffectsMixin(HandleCore):
                     effect_key=call.key,
                     effect_name=call.name,
                 )
-        self._check_budget(info)
+        if not compensating:
+            # An undo is never refused for lack of budget.
+            self._check_budget(info)
         self._effect_invoke(call, rec, rec_bytes, None)
         return ("invoke", None)
 
@@ -458,10 +626,18 @@ class HandleEffectsMixin(HandleCore):
         rec_bytes: bytes | None,
         not_done_source: str | None,
     ) -> None:
+        """Commit ``EffectInvoked`` and make it durable.
+
+        ``rec`` / ``rec_bytes`` are the ledger entry the decision to invoke was
+        based on; the commit checks it is unchanged, so two users of one lease
+        never both invoke the effect.
+        """
         space = keys.run_space(self._tier.tenant, self.run_id)
-        with self._lock:
+        compensating = call.kind == "compensation"
+        active = self._active
+
+        def build() -> Txn:
             txn = self._txn()
-            active = self._active
             if active is not None and not active.started_written:
                 txn.add_event(EventKind.STEP_STARTED, step=active.name, key=active.key)
             if not_done_source is not None:
@@ -488,9 +664,18 @@ class HandleEffectsMixin(HandleCore):
             )
             txn.puts.append(Put(space, keys.effect_key(call.key), encode(new)))
             txn.checks.append(Check(space, keys.effect_key(call.key), rec_bytes))
-            self._apply(txn, call.name)
-            if active is not None:
-                active.started_written = True
+            _settled(txn, call.key)  # a new attempt is in flight, no longer unknown
+            return txn
+
+        def recheck(info: RunInfo) -> None:
+            # fn has not run yet: every check of a new call applies again.
+            self._check_writable(info, compensating=compensating)
+            if not compensating:
+                self._check_budget(info)
+
+        self._commit(build, call.name, recheck)
+        if active is not None:
+            active.started_written = True
         # The caller invokes the effect next: on a store that acknowledges before
         # fsync, make EffectInvoked durable first.
         self._tier.force_flush()
@@ -506,25 +691,62 @@ class HandleEffectsMixin(HandleCore):
             return ("invoke", None)
         return ("done", self._effect_record(call, probed, "reconcile"))
 
-    def _flag_unknown(self, rec: EffectRecord, rec_bytes: bytes | None) -> None:
-        if rec.flagged_unknown:
+    def _flag_unknown(self, recs: list[EffectRecord]) -> None:
+        """Mark effects of unknown outcome: an event each (once) and ``RunInfo.unknown_effects``."""
+        wanted = [r.key for r in recs]
+        if all(r.flagged_unknown for r in recs) and set(wanted) <= set(self._info.unknown_effects):
             return
         space = keys.run_space(self._tier.tenant, self.run_id)
-        with self._lock:
+
+        def build() -> Txn:
             txn = self._txn()
-            txn.add_event(
-                EventKind.EFFECT_OUTCOME_UNKNOWN, key=rec.key, name=rec.name, attempt=rec.attempt
-            )
-            txn.puts.append(
-                Put(space, keys.effect_key(rec.key), encode(_with(rec, flagged_unknown=True)))
-            )
-            txn.checks.append(Check(space, keys.effect_key(rec.key), rec_bytes))
-            self._apply(txn, rec.name)
+            flagged = list(txn.base.unknown_effects)
+            for key in wanted:
+                rec, rec_bytes = self._tier._read_effect(self.run_id, key)
+                if rec is None or rec.status is not EffectStatus.INVOKED:
+                    continue  # settled meanwhile
+                if not rec.flagged_unknown:
+                    txn.add_event(
+                        EventKind.EFFECT_OUTCOME_UNKNOWN,
+                        key=rec.key,
+                        name=rec.name,
+                        attempt=rec.attempt,
+                    )
+                    txn.puts.append(
+                        Put(
+                            space,
+                            keys.effect_key(rec.key),
+                            encode(_with(rec, flagged_unknown=True)),
+                        )
+                    )
+                    txn.checks.append(Check(space, keys.effect_key(rec.key), rec_bytes))
+                if rec.key not in flagged:
+                    flagged.append(rec.key)
+            txn.update["unknown_effects"] = flagged
+            return txn
+
+        # Flagging records a fact about the past: whatever the run's status, if the lease holds.
+        self._commit(build, recs[0].name, lambda info: None)
 
     def _effect_record(self, call: _EffectCall, raw: object, source: str) -> JsonValue:
+        """Commit an invoked effect's result (and, at the top level, its checkpoint).
+
+        The result is recorded even if the run was cancelled or finished while
+        the effect ran (the call happened; a compensation may need its
+        output): then without a checkpoint, and this raises afterwards so the
+        worker stops. Only a takeover (a new lease epoch) makes it write
+        nothing: the new holder reconciles the effect.
+        """
         output, tokens, cost, delta = _unpack(raw, call.name)
+        if delta and not call.top_level:
+            raise InvalidInputError(
+                f"effect {call.name!r} inside a step returned a state delta: return it from "
+                "the step instead",
+                field="state",
+            )
         space = keys.run_space(self._tier.tenant, self.run_id)
-        with self._lock:
+
+        def build() -> Txn:
             rec, rec_bytes = self._tier._read_effect(self.run_id, call.key)
             if rec is None or rec.status is not EffectStatus.INVOKED:
                 raise ConflictError(
@@ -552,10 +774,11 @@ class HandleEffectsMixin(HandleCore):
             )
             txn.puts.append(Put(space, keys.effect_key(call.key), data))
             txn.checks.append(Check(space, keys.effect_key(call.key), rec_bytes))
+            _settled(txn, call.key)
             self._add_debit(txn, tokens, cost, call.key)
             if call.on_record is not None:
                 call.on_record(txn)
-            if call.top_level:
+            if call.top_level and not txn.base.status.finished:
                 _, entry = self._lookup(call.key, txn.base)
                 self._add_checkpoint(
                     txn,
@@ -569,14 +792,28 @@ class HandleEffectsMixin(HandleCore):
                     delta,
                     entry,
                 )
-            elif delta:
-                raise InvalidInputError(
-                    f"effect {call.name!r} inside a step returned a state delta: return it from "
-                    "the step instead",
-                    field="state",
-                )
-            self._apply(txn, call.name)
+            return txn
+
+        # Only the lease is rechecked on a retry: the effect happened, whatever
+        # else changed (a cancel, a budget, a paused gate).
+        info = self._commit(build, call.name, lambda fresh: None)
+        if info.status.finished and call.kind != "compensation":
+            why = (
+                f"run {self.run_id!r} was {info.status.value} while effect {call.name!r} ran: "
+                f"its result was recorded (key {call.key!r}, no checkpoint); stop at this step "
+                "boundary (compensate() may undo it)"
+            )
+            if info.status is RunStatus.CANCELLED:
+                raise RunCancelledError(why)
+            raise RunStateError(why)
         return output
+
+
+def _settled(txn: Txn, key: str) -> None:
+    """Drop ``key`` from the run's unknown effects, in the commit that settles it."""
+    current: list[str] = txn.update.get("unknown_effects", txn.base.unknown_effects)
+    if key in current:
+        txn.update["unknown_effects"] = [k for k in current if k != key]
 
 
 def _call(fn: Callable[..., Any], key: str) -> Any:

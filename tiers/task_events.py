@@ -18,9 +18,11 @@ index over the event log, kept in the same commits.
 from __future__ import annotations
 
 import hashlib
+import math
 import re
 import secrets
 import time
+from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Final
 
@@ -36,11 +38,13 @@ from tiers.values import canonical_json as canonical_json
 from tiers.values import to_json as to_json
 
 __all__ = [
+    "MAX_NOTE",
     "NOT_DONE",
     "Approval",
     "ApprovalRecord",
     "Charged",
     "EffectRecord",
+    "EffectStart",
     "EffectStatus",
     "Event",
     "EventKind",
@@ -54,6 +58,8 @@ __all__ = [
 
 STEP_MAX = 256
 KEY_MAX = 512
+MAX_NOTE = 2000
+"""Longest note an approval decision keeps (characters)."""
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 CHECKPOINT_ID = re.compile(r"ckpt-(\d{12})-[0-9a-f]{12}")
 
@@ -81,6 +87,8 @@ class EventKind(StrEnum):
     RUN_CANCELLED = "RunCancelled"
     STATE_UPDATED = "StateUpdated"
     COMPENSATED = "Compensated"
+    # A worker took the lease of a cancelled or failed run to compensate it (status unchanged).
+    COMPENSATION_STARTED = "CompensationStarted"
 
 
 class Event(Record):
@@ -134,6 +142,23 @@ class EffectRecord(Record):
     compensated: bool = False
 
 
+@dataclass(frozen=True)
+class EffectStart:
+    """What :meth:`RunHandle.begin_effect` decided for an effect.
+
+    Attributes:
+        key: The effect's idempotency key (pass it to the external system).
+        invoke: ``True``: ``EffectInvoked`` is durable; perform the effect now,
+            then :meth:`RunHandle.record_effect` its result. ``False``: the
+            effect is recorded already; do not perform it, use ``output``.
+        output: The recorded output (``None`` when ``invoke``).
+    """
+
+    key: str
+    invoke: bool
+    output: JsonValue = None
+
+
 class ApprovalRecord(Record):
     """One approval gate: the frozen plan and the decision, if any."""
 
@@ -144,7 +169,7 @@ class ApprovalRecord(Record):
     requested_at: UtcDatetime
     decided_by: Annotated[str, Field(max_length=256)] | None = None
     decided_at: UtcDatetime | None = None
-    note: Annotated[str, Field(max_length=2000)] | None = None
+    note: Annotated[str, Field(max_length=MAX_NOTE)] | None = None
 
 
 class Approval(Record):
@@ -170,6 +195,7 @@ class Snapshot(Record):
     pending_plan_hash: str | None = None
     spent_tokens: int = Field(default=0, ge=0)
     spent_cost: float = Field(default=0.0, ge=0)
+    unknown_effects: list[str] = Field(default_factory=list)
 
 
 class Charged:
@@ -199,8 +225,12 @@ class Charged:
     ) -> None:
         if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
             raise InvalidInputError("tokens must be an integer >= 0", field="tokens")
-        if isinstance(cost, bool) or not isinstance(cost, int | float) or not cost >= 0:
-            raise InvalidInputError("cost must be a number >= 0", field="cost")
+        if (
+            isinstance(cost, bool)
+            or not isinstance(cost, int | float)
+            or not 0 <= cost < math.inf  # NaN and infinity are refused too
+        ):
+            raise InvalidInputError("cost must be a finite number >= 0", field="cost")
         if state is not None and not isinstance(state, dict):
             raise InvalidInputError("state must be a dict of keys to set", field="state")
         self.output = output

@@ -128,17 +128,33 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
         finally:
             self._active = None
         output, tokens, cost, delta = _unpack(raw, step)
-        with self._lock:
+        made: list[Checkpoint] = []
+
+        def build() -> Txn:
             # A plain step's checkpoint carries started_at; a StepStarted event is
             # written durably only with a step's first effect (one commit per step).
+            made.clear()
             txn = self._txn()
             self._add_debit(txn, tokens, cost, key)
-            ckpt = self._add_checkpoint(
-                txn, step, key, digest, output, scope_value, active.started_at, "step", delta, entry
+            made.append(
+                self._add_checkpoint(
+                    txn,
+                    step,
+                    key,
+                    digest,
+                    output,
+                    scope_value,
+                    active.started_at,
+                    "step",
+                    delta,
+                    entry,
+                )
             )
-            self._apply(txn, step)
+            return txn
+
+        self._commit(build, step)
         self._occurrences[step] = occurrence + 1
-        return ckpt.output
+        return made[0].output
 
     def append_checkpoint(
         self,
@@ -190,15 +206,21 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
             if existing is not None:
                 self._verify_replay(existing, name, digest, key)
                 return existing
-        with self._lock:
+        made: list[Checkpoint] = []
+
+        def build() -> Txn:
+            made.clear()
             txn = self._txn()
-            if key is None:
-                key = f"{self.run_id}/{name}/@{txn.base.head_seq + 1}"
-            ckpt = self._add_checkpoint(
-                txn, name, key, digest, value, scope_value, txn.now, "step", delta, entry
+            ckpt_key = f"{self.run_id}/{name}/@{txn.base.head_seq + 1}" if key is None else key
+            made.append(
+                self._add_checkpoint(
+                    txn, name, ckpt_key, digest, value, scope_value, txn.now, "step", delta, entry
+                )
             )
-            self._apply(txn, name)
-        return ckpt
+            return txn
+
+        self._commit(build, name)
+        return made[0]
 
     def heartbeat(self) -> datetime | None:
         """Renew this handle's lease; safe to call from a keep-alive thread.
@@ -217,7 +239,8 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
                 info = self._read_fresh()
                 self._check_lease(info)
                 if info.status.finished:
-                    self._check_writable(info)
+                    # A finished run holds a lease only while being compensated.
+                    self._check_writable(info, compensating=self._compensation_only)
                 if self._lease_ttl is None:
                     return None
                 now = self._tier._now()
@@ -239,18 +262,29 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
     def release(self) -> RunInfo:
         """Give the lease up (graceful shutdown): the run becomes ``resumable`` for another worker.
 
+        A handle acquired for compensation releases the lease of its finished
+        run (its status stays as it is).
+
         Raises:
             StaleWriterError: The lease was already taken over.
             RunStateError: The run is finished.
         """
-        with self._lock:
-            self._refresh(allow_paused=True)
+        compensating = self._compensation_only
+
+        def build() -> Txn:
             txn = self._txn()
             txn.add_event(EventKind.RUN_RELEASED, owner=txn.base.lease_owner)
             txn.update.update(lease_owner=None, lease_expires_at=None)
             if txn.base.status is RunStatus.RUNNING:
                 txn.update["status"] = RunStatus.RESUMABLE
-            return self._apply(txn, None)
+            return txn
+
+        def recheck(info: RunInfo) -> None:
+            self._check_writable(info, allow_paused=True, compensating=compensating)
+
+        with self._lock:
+            recheck(self._read_fresh())
+            return self._commit(build, None, recheck)
 
     def complete(self, result: object = None) -> RunInfo:
         """Mark the run completed, with an optional JSON-serialisable result.

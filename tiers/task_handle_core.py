@@ -10,7 +10,7 @@ from typing import Any
 
 from pydantic import JsonValue, ValidationError
 
-from tiers import keys
+from tiers import cas, keys
 from tiers.backends.base import Check, Put
 from tiers.codec import encode
 from tiers.errors import (
@@ -35,7 +35,10 @@ from tiers.task_events import (
 from tiers.task_storage import TierCore
 from tiers.task_txn import Txn, _check_fits
 
-__all__ = ["HandleCore"]
+__all__ = ["COMPENSATABLE", "HandleCore"]
+
+# Finished statuses whose recorded effects may still be compensated (a completed run keeps them).
+COMPENSATABLE = (RunStatus.CANCELLED, RunStatus.FAILED)
 
 
 @dataclass
@@ -58,6 +61,7 @@ class HandleCore:
         *,
         lease_ttl: float | None = None,
         resumed: bool = False,
+        compensation_only: bool = False,
     ) -> None:
         self._tier = tier
         self._info = info
@@ -76,6 +80,9 @@ class HandleCore:
         # replay lookup (one read per step) is skipped.
         self._fresh = not resumed
         self._own_keys: set[str] = set()
+        self._resumed = resumed
+        # A handle taken with TaskTier.acquire(..., for_compensation=True): compensate() only.
+        self._compensation_only = compensation_only
 
     @property
     def run_id(self) -> str:
@@ -96,6 +103,11 @@ class HandleCore:
     def info(self) -> RunInfo:
         """The run's head as this handle last read or wrote it."""
         return self._info
+
+    @property
+    def resumed(self) -> bool:
+        """Whether the run existed before this handle was made (``False``: this handle created it)."""
+        return self._resumed
 
     @property
     def state(self) -> dict[str, JsonValue]:
@@ -127,10 +139,15 @@ class HandleCore:
         # Someone else wrote (another worker, an operator, an attached handle).
         self._fresh = False
         info = self._tier._decode_head(self.run_id, data)
+        if (info.head_seq, info.head_checkpoint_id) != (
+            self._info.head_seq,
+            self._info.head_checkpoint_id,
+        ):
+            self._values = None  # someone appended a checkpoint: reload the state on use
         self._info, self._head = info, data
         return info
 
-    def _refresh(self, *, allow_paused: bool = False) -> RunInfo:
+    def _refresh(self, *, allow_paused: bool = False, compensating: bool = False) -> RunInfo:
         """Re-read the head and refuse early if this handle may not write now.
 
         The commit re-checks these exact bytes, so a change between this read
@@ -138,7 +155,7 @@ class HandleCore:
         """
         with self._lock:
             info = self._read_fresh()
-            self._check_writable(info, allow_paused=allow_paused)
+            self._check_writable(info, allow_paused=allow_paused, compensating=compensating)
             return info
 
     def _check_lease(self, info: RunInfo) -> None:
@@ -149,12 +166,22 @@ class HandleCore:
                 "handle; nothing was written"
             )
 
-    def _check_writable(self, info: RunInfo, *, allow_paused: bool = False) -> None:
+    def _check_writable(
+        self, info: RunInfo, *, allow_paused: bool = False, compensating: bool = False
+    ) -> None:
+        """Refuse unless this handle may write now; ``compensating`` also admits a cancelled or failed run."""
         self._check_lease(info)
+        if self._compensation_only and not compensating:
+            raise RunStateError(
+                f"this handle on run {self.run_id!r} was acquired for compensation: it only "
+                "runs compensate() (and heartbeat/release); the run itself cannot go on"
+            )
+        if compensating and info.status in COMPENSATABLE:
+            return
         if info.status is RunStatus.CANCELLED:
             raise RunCancelledError(
                 f"run {self.run_id!r} was cancelled: stop at this step boundary; nothing "
-                "more can be added"
+                "more can be added (compensate() may still undo its effects)"
             )
         if info.status.finished:
             raise RunStateError(
@@ -225,35 +252,73 @@ class HandleCore:
             )
 
     def _txn(self) -> Txn:
+        """A transaction on the head this handle holds; every commit renews the lease."""
         info = self._info
         txn = Txn(self.run_id, self._epoch, info, self._tier._now())
-        if self._lease_ttl is not None:
+        if self._lease_ttl is not None and info.lease_owner is not None:
             txn.update["lease_expires_at"] = txn.now + timedelta(seconds=self._lease_ttl)
         if info.status is RunStatus.RESUMABLE:
             txn.update["status"] = RunStatus.RUNNING
         return txn
 
-    def _apply(self, txn: Txn, step: str | None) -> RunInfo:
-        """Commit ``txn`` against the head bytes this handle holds."""
-        try:
-            new_info, new_head = self._tier._apply(txn, self._head)
-        except ConflictError as exc:
-            raise self._conflict(step) from exc
-        self._info, self._head = new_info, new_head
-        return new_info
+    def _commit(
+        self,
+        build: Callable[[], Txn],
+        step: str | None,
+        recheck: Callable[[RunInfo], None] | None = None,
+    ) -> RunInfo:
+        """Commit the transaction ``build()`` makes from this handle's head.
 
-    def _conflict(self, step: str | None) -> Exception:
-        """Explain why a commit's check failed (to be raised by the caller)."""
+        The commit checks the head's exact bytes. When they changed under a
+        new lease epoch (a takeover), this handle is fenced: it raises
+        :class:`StaleWriterError` and writes nothing. When they changed under
+        the *same* epoch (an operator's ``set_budget``, ``compact``,
+        ``resolve_effect``, ``approve``, ``cancel``, or an attached handle), the
+        work done since (a step's output, an effect's result) is not thrown
+        away: if ``recheck(fresh head)`` still allows the write (default: the
+        run is writable), the transaction is rebuilt on the fresh head and
+        committed again, a bounded number of times with backoff. ``build``
+        must read from the store whatever else it checks, so a rebuild sees it
+        fresh.
+
+        Raises:
+            StaleWriterError: The run was taken over; nothing was written.
+            ConflictError: Another user of this lease wrote the same key (an index
+                or ledger entry), or the run kept changing; nothing was written.
+            RunStateError: (from ``recheck``) The run no longer takes this write.
+        """
+        check = self._check_writable if recheck is None else recheck
+        with self._lock:
+            for attempt in range(cas.ATTEMPTS):
+                values = self._values
+                txn = build()
+                try:
+                    new_info, new_head = self._tier._apply(txn, self._head)
+                except ConflictError as exc:
+                    self._values = values  # the delta built into txn was not committed
+                    held = self._head
+                    fresh = self._read_fresh()
+                    if self._head == held:
+                        raise self._conflict(step) from exc
+                    self._check_lease(fresh)
+                    check(fresh)
+                    cas.backoff(attempt)
+                    continue
+                self._info, self._head = new_info, new_head
+                return new_info
         what = f"step {step!r}" if step is not None else "status change"
-        try:
-            self._refresh(allow_paused=True)
-        except (StaleWriterError, RunStateError, RunNotFoundError) as exc:
-            return exc
+        raise ConflictError(
+            f"{what} of run {self.run_id!r}: the run changed {cas.ATTEMPTS} times while this "
+            "handle committed; nothing was written: retry"
+        )
+
+    def _conflict(self, step: str | None) -> ConflictError:
+        """Why a commit failed although the head held: another check of it failed."""
+        what = f"step {step!r}" if step is not None else "status change"
         return ConflictError(
-            f"{what} of run {self.run_id!r}: the run changed under this handle without a "
-            f"new lease (same epoch {self._epoch}): another thread or an attached handle "
-            "wrote, or an operator acted; nothing was written. Use one handle per thread, "
-            "then retry"
+            f"{what} of run {self.run_id!r}: another user of this lease (same epoch "
+            f"{self._epoch}: another thread or an attached handle) wrote the same key "
+            "first; nothing was written. Use one handle per thread, then retry"
         )
 
     def _add_checkpoint(
@@ -324,6 +389,7 @@ class HandleCore:
                 status=RunStatus.RUNNING.value,
                 spent_tokens=txn.update.get("spent_tokens", info.spent_tokens),
                 spent_cost=txn.update.get("spent_cost", info.spent_cost),
+                unknown_effects=txn.update.get("unknown_effects", info.unknown_effects),
             )
             snap_data = encode(snap)
             if len(snap_data) <= tier._kv.max_value_bytes:
@@ -349,8 +415,8 @@ class HandleCore:
 
     def _finish(self, status: RunStatus, kind: EventKind, update: dict[str, Any]) -> RunInfo:
         self._refuse_nesting(status.value)
-        with self._lock:
-            self._refresh()
+
+        def build() -> Txn:
             txn = self._txn()
             txn.add_event(kind, **({"error": update["error"]} if "error" in update else {}))
             txn.update.update(
@@ -367,7 +433,11 @@ class HandleCore:
                 f"run {self.run_id!r} with its result",
                 "result",
             )
-            return self._apply(txn, None)
+            return txn
+
+        with self._lock:
+            self._refresh()
+            return self._commit(build, None)
 
     def _load_values(self) -> dict[str, JsonValue]:
         if self._values is None:

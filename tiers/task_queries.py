@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from pydantic import JsonValue
@@ -40,6 +40,7 @@ class RebuiltRun:
     pending_plan_hash: str | None
     values: dict[str, JsonValue]
     events_read: int
+    unknown_effects: list[str] = field(default_factory=list)
 
 
 class QueriesMixin(TierCore):
@@ -144,17 +145,29 @@ class QueriesMixin(TierCore):
         return runs
 
     def list_resumable(self, *, now: datetime | None = None) -> list[RunInfo]:
-        """Runs a worker pool should pick up: not finished, not paused, no live lease.
+        """Runs a worker pool should pick up: not finished, not paused, not blocked, no live lease.
 
         That is runs released by their worker, runs whose lease expired (the
         worker died or stopped heartbeating), and runs whose lease has no TTL.
         Oldest last checkpoint first. Take one with :meth:`acquire`.
+
+        A run *blocked* on an effect of unknown outcome (``RunInfo.unknown_effects``
+        is not empty: a worker found it invoked but never recorded and could not
+        settle it) is left out: resuming it would only hit the same effect again.
+        It keeps its status (``running`` or ``resumable``); :meth:`list_runs`
+        shows it, and it comes back here once :meth:`resolve_effect` settles
+        every such effect. A run whose worker died inside an effect is listed
+        until a worker finds that out: one with a ``reconcile`` callback may
+        settle it on its own.
         """
         at = self._now() if now is None else now
         runs = [
             r
             for r in self.list_runs()
-            if not r.status.finished and r.status is not RunStatus.PAUSED and not r.lease_live(at)
+            if not r.status.finished
+            and r.status is not RunStatus.PAUSED
+            and not r.blocked
+            and not r.lease_live(at)
         ]
         runs.sort(key=lambda r: (r.last_checkpoint_at or r.created_at, r.run_id))
         return runs
@@ -179,12 +192,14 @@ class QueriesMixin(TierCore):
         status = RunStatus.RUNNING
         head_seq, head_id, spent_tokens, spent_cost = 0, None, 0, 0.0
         values: dict[str, JsonValue] = {}
+        unknown: list[str] = []
         after = 0
         if latest is not None:
             status = RunStatus(latest.status)
             head_seq, head_id = latest.seq, latest.checkpoint_id
             spent_tokens, spent_cost = latest.spent_tokens, latest.spent_cost
             values = dict(latest.values)
+            unknown = list(latest.unknown_effects)
             after = latest.event_seq
         pending: str | None = None if latest is None else latest.pending_plan_hash
         if after < info.compacted_through:
@@ -208,6 +223,15 @@ class QueriesMixin(TierCore):
             by_worker = kind in handle_kinds and data.get("source") != "operator"
             if by_worker and status is RunStatus.RESUMABLE:
                 status = RunStatus.RUNNING
+            if kind is EventKind.EFFECT_OUTCOME_UNKNOWN:
+                if data["key"] not in unknown:
+                    unknown.append(str(data["key"]))
+            elif kind in (
+                EventKind.EFFECT_INVOKED,
+                EventKind.EFFECT_RECORDED,
+                EventKind.EFFECT_NOT_DONE,
+            ):
+                unknown = [k for k in unknown if k != data["key"]]
             if kind is EventKind.STEP_COMMITTED:
                 seq = int(str(data["seq"]))
                 ckpt = self._read_checkpoint(run_id, seq)
@@ -257,6 +281,7 @@ class QueriesMixin(TierCore):
             pending_plan_hash=pending,
             values=values,
             events_read=len(tail),
+            unknown_effects=unknown,
         )
 
 

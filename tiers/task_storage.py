@@ -8,6 +8,7 @@ retention, approvals, effects) are mixins over this class.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
@@ -41,11 +42,43 @@ DEFAULT_SNAPSHOT_EVERY = 64
 DEFAULT_RETENTION = timedelta(days=7)
 
 
+MAX_LEASE_TTL = 366 * 86_400.0
+"""Longest lease TTL in seconds (a year): a lease must end in a representable time."""
+
+
 def _positive(value: float | None, field: str) -> float | None:
+    """A TTL in seconds: a finite number in (0, :data:`MAX_LEASE_TTL`], or ``None``."""
     if value is None:
         return None
-    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
-        raise InvalidInputError(f"{field} must be a number > 0 (seconds)", field=field)
+    # `not 0 < value <= MAX` also refuses NaN; infinity and 1e20 would overflow a datetime.
+    if (
+        isinstance(value, bool)
+        or not isinstance(value, int | float)
+        or not 0 < value <= MAX_LEASE_TTL
+    ):
+        raise InvalidInputError(
+            f"{field} must be a number of seconds > 0 and <= {MAX_LEASE_TTL:g} (a year)",
+            field=field,
+        )
+    return float(value)
+
+
+def _budget(value: object, field: str, *, integer: bool) -> int | float | None:
+    """A budget: ``None`` (unlimited), or a finite number >= 0 (an integer for tokens).
+
+    NaN and infinity are refused: stored as JSON they would read back as
+    ``null``, i.e. silently unlimited.
+    """
+    if value is None:
+        return None
+    if integer:
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise InvalidInputError(f"{field} must be an integer >= 0, or None", field=field)
+        return value
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value < math.inf:
+        raise InvalidInputError(
+            f"{field} must be a finite number >= 0, or None for unlimited", field=field
+        )
     return float(value)
 
 

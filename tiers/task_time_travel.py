@@ -231,6 +231,7 @@ class TimeTravelMixin(TierCore):
                 ),
                 spent_tokens=info.spent_tokens,
                 spent_cost=info.spent_cost,
+                unknown_effects=info.unknown_effects,
             )
             superseded = list(info.superseded)
             if target.seq < info.head_seq:

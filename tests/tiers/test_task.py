@@ -24,7 +24,7 @@ from tiers.errors import (
     ValueTooLargeError,
 )
 from tiers.models import Checkpoint, RunStatus
-from tiers.task import TaskTier
+from tiers.task import Charged, TaskTier
 
 TENANT = "default"
 WORKER = Path(__file__).with_name("crash_worker.py")
@@ -475,3 +475,28 @@ def test_attach_keeps_writing_with_the_current_epoch_only(kv: KVStore) -> None:
     second.complete()
     with pytest.raises(RunStateError):
         tier.attach("r-attach", second.epoch)
+
+
+def test_bad_numbers_get_typed_errors_and_store_nothing(kv: KVStore, tasks: TaskTier) -> None:
+    tasks.start_run("alice", "r1", budget_cost=2.0)
+    before = snapshot(kv, "r1", "r2")
+    inf, nan = float("inf"), float("nan")
+    cases: list[tuple[str, Callable[[], object]]] = [
+        ("lease_ttl", lambda: tasks.start_run("alice", "r2", lease_ttl=inf)),
+        ("lease_ttl", lambda: tasks.start_run("alice", "r2", lease_ttl=1e20)),
+        ("lease_ttl", lambda: tasks.start_run("alice", "r2", lease_ttl=nan)),
+        ("lease_ttl", lambda: tasks.acquire("r1", lease_ttl=1e20)),
+        ("lease_ttl", lambda: TaskTier(kv, lease_ttl=inf)),
+        ("budget_cost", lambda: tasks.start_run("alice", "r2", budget_cost=nan)),
+        ("budget_cost", lambda: tasks.start_run("alice", "r2", budget_cost=inf)),
+        ("budget_cost", lambda: tasks.set_budget("r1", cost=nan)),
+        ("budget_cost", lambda: tasks.set_budget("r1", cost=inf)),
+        ("budget_tokens", lambda: tasks.set_budget("r1", tokens=1.5)),  # type: ignore[arg-type]
+        ("cost", lambda: Charged(1, cost=inf)),
+    ]
+    for field, call in cases:
+        with pytest.raises(InvalidInputError) as caught:
+            call()
+        assert caught.value.field == field, (field, caught.value)
+        assert snapshot(kv, "r1", "r2") == before, field
+    assert tasks.get_run("r1").budget_cost == 2.0

@@ -14,10 +14,12 @@ from tiers.errors import (
     EffectOutcomeUnknownError,
     InputMismatchError,
     InvalidInputError,
+    RunCancelledError,
     RunStateError,
     StaleWriterError,
 )
-from tiers.task import NOT_DONE, EffectStatus, EventKind, TaskTier
+from tiers.models import RunStatus
+from tiers.task import NOT_DONE, Charged, EffectStatus, EventKind, TaskTier
 
 
 class Crash(BaseException):
@@ -295,3 +297,113 @@ def test_outputs_read_back_exactly_as_written(tasks: TaskTier) -> None:
     assert again.effect("pad", lambda: pytest.fail("effect ran twice")) == " x "
     assert again.step("nested", lambda: pytest.fail("step ran twice")) == padded
     assert [c.output for c in tasks.history("exact")] == [" x ", padded]
+
+
+# -- operator actions, cancels and takeovers while a function runs ----------------------
+
+
+def _operator_actions(tasks: TaskTier, run_id: str) -> dict[str, Any]:
+    """Operator actions that change a run's head without taking its lease."""
+    return {
+        "set_budget": lambda: tasks.set_budget(run_id, tokens=1000),
+        "compact": lambda: tasks.compact(run_id),
+        "resolve_other_effect": lambda: tasks.resolve_effect(
+            run_id,
+            next(r.key for r in tasks.unknown_effects(run_id) if r.name == "old"),
+            output="settled",
+        ),
+    }
+
+
+def _run_with_history(kv: KVStore, run_id: str) -> tuple[TaskTier, Any]:
+    """A run with a snapshot to compact and an unknown-outcome effect to resolve."""
+    tasks = TaskTier(kv, snapshot_every=2)
+    run = tasks.start_run("u", run_id)
+    run.step("a", lambda: 1)
+    run.step("b", lambda: 2)
+    for n in range(2):  # two unknown-outcome effects an operator resolves
+        with pytest.raises(Crash):
+            run.effect("old", External().crash_after, idempotency_key=f"old-{n}")
+    return tasks, tasks.start_run("u", run_id)
+
+
+@pytest.mark.parametrize("action", ["set_budget", "compact", "resolve_other_effect"])
+def test_an_operator_action_during_an_effect_does_not_lose_its_result(
+    kv: KVStore, action: str
+) -> None:
+    tasks, run = _run_with_history(kv, "rA")
+    act = _operator_actions(tasks, "rA")[action]
+    ext = External()
+
+    def pay(key: str) -> object:
+        act()
+        return ext.call(key)
+
+    out = run.effect("pay", pay, idempotency_key="pay-1")
+    assert out == {"id": "X-1", "key": "pay-1"}
+    ledger = {r.key: r for r in tasks.effects("rA")}
+    assert (ledger["pay-1"].status, ledger["pay-1"].output) == (EffectStatus.RECORDED, out)
+    assert tasks.history("rA")[-1].output == out
+    # Inside a step as well: the effect and the step's checkpoint are both kept.
+    in_step = run.step("s", lambda: {"r": run.effect("pay2", pay)})
+    assert tasks.history("rA")[-1].output == in_step
+    assert ext.done == ["pay-1", "rA/s/0/effect:pay2/0"]
+    events = tasks.events("rA")
+    assert [e.seq for e in events] == list(range(events[0].seq, events[-1].seq + 1))
+
+
+@pytest.mark.parametrize("action", ["set_budget", "compact", "resolve_other_effect"])
+def test_an_operator_action_during_a_step_does_not_lose_its_output(
+    kv: KVStore, action: str
+) -> None:
+    tasks, run = _run_with_history(kv, "rA")
+    act = _operator_actions(tasks, "rA")[action]
+    assert run.step("s", lambda: (act(), Charged({"ok": 1}, tokens=5, state={"k": 1}))[1]) == {
+        "ok": 1
+    }
+    info = tasks.get_run("rA")
+    assert (tasks.history("rA")[-1].output, info.spent_tokens) == ({"ok": 1}, 5)
+    assert run.state == tasks.rebuild("rA").values == {"k": 1}
+
+
+def test_a_takeover_during_an_effect_still_fences_its_record(tasks: TaskTier) -> None:
+    run = tasks.start_run("u", "r1")
+    before: list[object] = []
+
+    def pay(key: str) -> object:
+        tasks.start_run("u", "r1")
+        before.append(tasks.get_run("r1").event_seq)
+        return "paid"
+
+    with pytest.raises(StaleWriterError):
+        run.effect("pay", pay)
+    (rec,) = tasks.effects("r1")
+    assert rec.status is EffectStatus.INVOKED  # the new holder reconciles it
+    assert tasks.get_run("r1").event_seq == before[0]  # nothing written after the takeover
+
+
+def test_cancel_during_an_effect_records_it_then_stops_the_worker(tasks: TaskTier) -> None:
+    run = tasks.start_run("u", "r1")
+
+    def pay(key: str) -> object:
+        tasks.cancel("r1")
+        return {"charged": key}
+
+    with pytest.raises(RunCancelledError, match="recorded"):
+        run.effect("pay", pay)
+    (rec,) = tasks.effects("r1")
+    assert (rec.status, rec.output) == (EffectStatus.RECORDED, {"charged": "r1/effect:pay/0"})
+    info = tasks.get_run("r1")
+    assert (info.status, info.head_seq) == (RunStatus.CANCELLED, 0)  # no checkpoint after cancel
+    assert [e.kind for e in tasks.events("r1")][-2:] == [
+        EventKind.RUN_CANCELLED,
+        EventKind.EFFECT_RECORDED,
+    ]
+    assert tasks.rebuild("r1").status is RunStatus.CANCELLED
+
+    # Inside a step: the effect is recorded, the step is not committed.
+    other = tasks.start_run("u", "r2")
+    with pytest.raises(RunCancelledError):
+        other.step("s", lambda: other.effect("pay", lambda: (tasks.cancel("r2"), 7)[1]))
+    (rec,) = tasks.effects("r2")
+    assert (rec.status, rec.output, tasks.history("r2")) == (EffectStatus.RECORDED, 7, [])

@@ -15,6 +15,7 @@ from tiers.errors import (
     BudgetExceededError,
     CompensationError,
     ConflictError,
+    EffectOutcomeUnknownError,
     InvalidInputError,
     LeaseHeldError,
     PlanMismatchError,
@@ -23,7 +24,7 @@ from tiers.errors import (
     StaleWriterError,
 )
 from tiers.models import RunStatus
-from tiers.task import Charged, EventKind, TaskTier
+from tiers.task import Charged, EventKind, RunHandle, TaskTier
 
 SPACE = keys.run_space("default", "r1")
 
@@ -367,3 +368,153 @@ def test_sweep_deletes_finished_runs_after_retention(
     assert tasks.sweep() == ["done"]
     assert [r.run_id for r in tasks.list_runs()] == ["live"]
     assert kv.scan(keys.run_space("default", "done")) == []
+
+
+def _saga(tasks: TaskTier, run_id: str, undone: list[object]) -> RunHandle:
+    run = tasks.start_run("u", run_id)
+    run.effect("book-hotel", lambda: "H1", compensation=undone.append)
+    run.step("plan", lambda: run.effect("book-flight", lambda: "F1", compensation=undone.append))
+    return run
+
+
+@pytest.mark.parametrize("finish", ["cancel", "fail"])
+def test_a_cancelled_or_failed_run_can_be_compensated(tasks: TaskTier, finish: str) -> None:
+    undone: list[object] = []
+    run = _saga(tasks, "r1", undone)
+    if finish == "cancel":
+        tasks.cancel("r1")
+    else:
+        run.fail("card declined")
+    status = tasks.get_run("r1").status
+    # The worker that saw the run end may undo what it did, with the lease it holds...
+    assert run.compensate() == ["r1/plan/0/effect:book-flight/0", "r1/effect:book-hotel/0"]
+    assert undone == ["F1", "H1"]
+    info = tasks.get_run("r1")
+    assert (info.status, info.head_seq) == (status, 2)  # still finished, no checkpoint added
+    assert tasks.rebuild("r1").status is status
+    kinds = [e.kind for e in tasks.events("r1")]
+    assert kinds.count(EventKind.COMPENSATED) == 2
+    with pytest.raises(RunStateError):
+        run.step("more", lambda: 1)
+
+
+def test_a_finished_run_is_compensated_by_a_worker_acquiring_it_for_that(
+    tasks: TaskTier,
+) -> None:
+    undone: list[object] = []
+    _saga(tasks, "r1", undone)
+    tasks.cancel("r1")
+    with pytest.raises(RunStateError, match="for_compensation=True"):
+        tasks.acquire("r1")  # a cancelled run cannot be resumed...
+    worker = tasks.acquire("r1", worker_id="undo", for_compensation=True)  # ...only undone
+    assert worker.epoch == 2
+    for call in (
+        lambda: worker.step("s", lambda: 1),
+        lambda: worker.effect("e", lambda: 1),
+        lambda: worker.append_checkpoint("s", 1),
+        lambda: worker.complete(),
+    ):
+        with pytest.raises(RunStateError, match="compensat"):
+            call()
+    worker.register_compensation("book-hotel", undone.append)
+
+    def flight_down(out: object) -> None:
+        raise RuntimeError("flight API down")
+
+    worker.register_compensation("book-flight", flight_down)
+    with pytest.raises(CompensationError, match="flight API down"):
+        worker.compensate()
+    # A crash of the compensating worker: the next one takes over and finishes.
+    again = tasks.acquire("r1", for_compensation=True)
+    with pytest.raises(StaleWriterError):
+        worker.compensate()
+    again.register_compensation("book-hotel", undone.append)
+    again.register_compensation("book-flight", undone.append)
+    assert again.compensate() == ["r1/plan/0/effect:book-flight/0", "r1/effect:book-hotel/0"]
+    assert again.compensate() == []
+    assert undone == ["F1", "H1"]
+    assert tasks.get_run("r1").status is RunStatus.CANCELLED
+
+    tasks.start_run("u", "r2").complete()
+    with pytest.raises(RunStateError, match="completed"):
+        tasks.acquire("r2", for_compensation=True)
+    tasks.start_run("u", "r3")
+    with pytest.raises(RunStateError, match="running"):
+        tasks.acquire("r3", for_compensation=True)
+
+
+def test_compensate_refuses_effects_of_unknown_outcome(tasks: TaskTier) -> None:
+    undone: list[object] = []
+    run = _saga(tasks, "r1", undone)
+
+    class Crash(BaseException):
+        pass
+
+    def crash(key: str) -> object:
+        raise Crash
+
+    with pytest.raises(Crash):
+        run.effect("charge", crash, compensation=undone.append)
+
+    def ledger() -> list[tuple[str, str, bool]]:
+        return [(r.key, r.status.value, r.compensated) for r in tasks.effects("r1")]
+
+    before = ledger()
+    for finish in (lambda: None, lambda: tasks.cancel("r1")):
+        finish()  # while the run is live, and once it is cancelled
+        with pytest.raises(EffectOutcomeUnknownError, match="r1/effect:charge/0") as caught:
+            run.compensate()
+        assert caught.value.effect_keys == ["r1/effect:charge/0"]
+        assert undone == []  # nothing was undone while one outcome is unknown
+        assert ledger() == before
+    assert tasks.get_run("r1").unknown_effects == ["r1/effect:charge/0"]
+
+    tasks.resolve_effect("r1", "r1/effect:charge/0", output="C1")  # allowed on a finished run
+    assert tasks.get_run("r1").unknown_effects == []
+    assert run.compensate() == [
+        "r1/effect:charge/0",
+        "r1/plan/0/effect:book-flight/0",
+        "r1/effect:book-hotel/0",
+    ]
+    assert undone == ["C1", "F1", "H1"]
+
+
+def test_a_run_blocked_on_an_unknown_outcome_is_flagged_and_not_resumable(
+    tasks: TaskTier,
+) -> None:
+    class Crash(BaseException):
+        pass
+
+    def crash(key: str) -> object:
+        raise Crash
+
+    run = tasks.start_run("u", "r1")
+    with pytest.raises(Crash):
+        run.effect("charge", crash)
+    run.release()
+    # Not known to be blocked yet: the next worker may be able to reconcile it.
+    assert [r.run_id for r in tasks.list_resumable()] == ["r1"]
+    worker = tasks.acquire("r1")
+    with pytest.raises(EffectOutcomeUnknownError):
+        worker.effect("charge", lambda: "x")
+    worker.release()
+    info = tasks.get_run("r1")
+    assert (info.status, info.unknown_effects) == (RunStatus.RESUMABLE, ["r1/effect:charge/0"])
+    assert tasks.list_resumable() == []  # a pool would retry it forever: an operator decides
+    assert tasks.rebuild("r1").unknown_effects == ["r1/effect:charge/0"]
+
+    tasks.resolve_effect("r1", "r1/effect:charge/0", rerun=True)
+    assert tasks.get_run("r1").unknown_effects == []
+    assert [r.run_id for r in tasks.list_resumable()] == ["r1"]
+    assert tasks.acquire("r1").effect("charge", lambda: "charged") == "charged"
+    assert tasks.rebuild("r1").unknown_effects == []
+
+    # A reconcile that settles a flagged effect clears the flag in the same commit.
+    again = tasks.start_run("u", "r2")
+    with pytest.raises(Crash):
+        again.effect("charge", crash)
+    with pytest.raises(EffectOutcomeUnknownError):
+        tasks.start_run("u", "r2").effect("charge", lambda: "x")
+    assert tasks.get_run("r2").unknown_effects == ["r2/effect:charge/0"]
+    assert tasks.start_run("u", "r2").effect("charge", lambda: "y", reconcile=lambda k: "z") == "z"
+    assert tasks.get_run("r2").unknown_effects == []

@@ -80,6 +80,19 @@ def render_fact(fact: UserFact) -> str:
     return f"- {fact.key}: {value}"
 
 
+def check_budget(max_tokens: object) -> int:
+    """``max_tokens`` if it is a positive integer (not a bool, float or string).
+
+    Raises:
+        InvalidInputError: Anything else; ``field`` is ``max_tokens``.
+    """
+    if not isinstance(max_tokens, int) or isinstance(max_tokens, bool) or max_tokens <= 0:
+        raise InvalidInputError(
+            f"max_tokens must be a positive integer, got {max_tokens!r}", field="max_tokens"
+        )
+    return max_tokens
+
+
 def assemble_context(
     user_id: str,
     *,
@@ -91,6 +104,23 @@ def assemble_context(
 ) -> ContinuationContext:
     """Build a :class:`ContinuationContext` that never exceeds ``max_tokens``.
 
+    What is kept, in order of precedence:
+
+    1. The most recent session, whenever it fits the budget on its own (with
+       the sessions header): facts are cut to make room for it.
+    2. Facts, most recently updated first, within ``FACTS_SHARE`` of the
+       budget and within what the most recent session leaves.
+    3. The other sessions by relevance (``ranked_sessions`` order, duplicates
+       and the most recent one removed), each whole: they are kept while they
+       fit, and the first one that does not fit is left out together with
+       every less relevant one. So the kept sessions are always the most
+       relevant ones: a less relevant summary is never kept in place of a
+       more relevant one that was left out, even when it is smaller.
+
+    If the final exact count is over budget (the pieces are estimated), the
+    least relevant kept session goes first, then facts (oldest first), the
+    most recent session last.
+
     Args:
         user_id: Whose context this is.
         facts: The user's facts; the most recently updated are kept first.
@@ -100,20 +130,38 @@ def assemble_context(
         encoding: tiktoken encoding used to count.
 
     Raises:
-        InvalidInputError: ``max_tokens`` is not positive.
+        InvalidInputError: ``max_tokens`` is not a positive integer.
     """
-    if max_tokens <= 0:
-        raise InvalidInputError("max_tokens must be positive", field="max_tokens")
+    check_budget(max_tokens)
 
     def cost(text: str) -> int:
         return _count(text, encoding)
 
-    # Pieces are counted once each and summed (+1 per joining newline as slack); the
-    # final text is then counted exactly and trimmed if the estimate was ever short.
+    # Each summary is rendered once here (rendering is as costly as counting).
+    ranked: list[SessionSummary] = []
+    seen: set[str] = {most_recent.session_id} if most_recent else set()
+    for summary in ranked_sessions:
+        if summary.session_id not in seen:
+            seen.add(summary.session_id)
+            ranked.append(summary)
+    rendered = {
+        summary.session_id: summary.render()
+        for summary in ([most_recent] if most_recent else []) + ranked
+    }
+
+    # Pieces are counted once each and summed (+1 per joining newline as slack, +2 per
+    # blank line); the final text is then counted exactly and trimmed if ever short.
+    header_cost = cost(SESSIONS_HEADER) + 2
+    latest_cost = 0
+    if most_recent is not None:
+        alone = header_cost + cost(rendered[most_recent.session_id]) + 2
+        if alone <= max_tokens:
+            latest_cost = alone
+
     fact_lines: list[str] = []
     fact_keys: list[str] = []
     omitted_facts: list[str] = []
-    facts_budget = int(max_tokens * FACTS_SHARE)
+    facts_budget = min(int(max_tokens * FACTS_SHARE), max_tokens - latest_cost - 2)
     used = cost(FACTS_HEADER)
     for fact in sorted(facts, key=lambda f: f.updated_at, reverse=True):
         line = render_fact(fact)
@@ -126,37 +174,35 @@ def assemble_context(
             omitted_facts.append(fact.key)
     facts_text = "\n".join([FACTS_HEADER, *fact_lines]) if fact_lines else ""
 
-    # Sessions: most recent first, then by relevance; each kept whole or not at all.
-    candidates: list[SessionSummary] = []
-    seen: set[str] = set()
-    for summary in ([most_recent] if most_recent else []) + list(ranked_sessions):
-        if summary.session_id not in seen:
-            seen.add(summary.session_id)
-            candidates.append(summary)
-    # Each summary is rendered once here (rendering is as costly as counting).
-    rendered = {summary.session_id: summary.render() for summary in candidates}
-    chosen: list[SessionSummary] = []
-    omitted_sessions: list[str] = []
-    total = (cost(facts_text) + 2 if facts_text else 0) + cost(SESSIONS_HEADER) + 2
-    for summary in candidates:
+    latest: SessionSummary | None = most_recent if latest_cost else None
+    others: list[SessionSummary] = []
+    total = (cost(facts_text) + 2 if facts_text else 0) + (latest_cost or header_cost)
+    for summary in ranked:
         summary_cost = cost(rendered[summary.session_id]) + 2
-        if total + summary_cost <= max_tokens:
-            chosen.append(summary)
-            total += summary_cost
-        else:
-            omitted_sessions.append(summary.session_id)
-    sessions_text = _sessions_text(chosen, rendered)
-    text = _join(facts_text, sessions_text)
-    while chosen and cost(text) > max_tokens:
-        omitted_sessions.append(chosen.pop().session_id)
-        sessions_text = _sessions_text(chosen, rendered)
-        text = _join(facts_text, sessions_text)
-    while fact_lines and cost(text) > max_tokens:
-        fact_lines.pop()
-        omitted_facts.append(fact_keys.pop())
-        facts_text = "\n".join([FACTS_HEADER, *fact_lines]) if fact_lines else ""
-        text = _join(facts_text, sessions_text)
+        if total + summary_cost > max_tokens:
+            break  # this one and every less relevant one: never keep a less relevant one instead
+        others.append(summary)
+        total += summary_cost
 
+    def sessions_text() -> str:
+        return _sessions_text([*([latest] if latest else []), *others], rendered)
+
+    text = _join(facts_text, sessions_text())
+    while cost(text) > max_tokens and (others or fact_lines or latest):
+        if others:
+            others.pop()
+        elif fact_lines:
+            fact_lines.pop()
+            omitted_facts.append(fact_keys.pop())
+            facts_text = "\n".join([FACTS_HEADER, *fact_lines]) if fact_lines else ""
+        else:
+            latest = None
+        text = _join(facts_text, sessions_text())
+
+    chosen = [*([latest] if latest else []), *others]
+    kept = {s.session_id for s in chosen}
+    # Most recent first, then by relevance: the order in which they were considered.
+    omitted_sessions = [sid for sid in rendered if sid not in kept]
     sections = []
     if facts_text:
         sections.append(
@@ -165,11 +211,12 @@ def assemble_context(
             )
         )
     if chosen:
+        final_sessions = sessions_text()
         sections.append(
             ContextSection(
                 name="sessions",
-                text=sessions_text,
-                tokens=cost(sessions_text),
+                text=final_sessions,
+                tokens=cost(final_sessions),
                 items=[s.session_id for s in _chronological(chosen)],
             )
         )

@@ -14,7 +14,7 @@ from typing import Any, Self, TypeVar
 import anyio.to_thread
 from pydantic import JsonValue, ValidationError
 
-from memory.context import ContinuationContext, assemble_context
+from memory.context import ContinuationContext, assemble_context, check_budget
 from memory.settings import Settings
 from summarizer import ExtractiveSummarizer, LiteLLMSummarizer, Summarizer, parse_transcript
 from summarizer.embeddings import LiteLLMEmbedder
@@ -33,10 +33,11 @@ from tiers.models import (
     UserFact,
     utcnow,
 )
-from tiers.session import RecalledSession, SessionTier
+from tiers.session import MAX_TOP_K, RecalledSession, SessionTier
 from tiers.task import RunHandle, TaskTier
 from tiers.task_events import Approval
 from tiers.user import UserTier
+from tiers.values import check_datetime
 
 T = TypeVar("T")
 
@@ -123,12 +124,26 @@ class Memory:
             data_dir: Folder of the stores; created if missing.
             **overrides: Any other :class:`Settings` field.
         """
-        return cls.from_settings(Settings(data_dir=Path(data_dir), **overrides))
+        if not isinstance(data_dir, str | os.PathLike):
+            raise InvalidInputError(
+                f"data_dir must be a path, got {type(data_dir).__name__}", field="data_dir"
+            )
+        return cls.from_settings(_settings(data_dir=Path(data_dir), **overrides))
 
     @classmethod
     def from_settings(cls, settings: Settings | None = None) -> Memory:
-        """Open the stores and models that ``settings`` (default: from the environment) name."""
-        settings = settings or Settings()
+        """Open the stores and models that ``settings`` (default: from the environment) name.
+
+        Raises:
+            InvalidInputError: A setting (from the environment when ``settings``
+                is ``None``) is invalid; ``field`` names it.
+        """
+        if settings is None:
+            settings = _settings()
+        elif not isinstance(settings, Settings):
+            raise InvalidInputError(
+                f"settings must be a Settings, got {type(settings).__name__}", field="settings"
+            )
         kv_url = settings.kv_url or str(settings.data_dir / "tiermem.sqlite3")
         kv = open_kv_store(
             kv_url,
@@ -168,12 +183,22 @@ class Memory:
         """Store a structured session summary (KV record + vector document).
 
         Idempotent by ``(user_id, session_id)``: saving again replaces it.
-        ``created_at`` may be given to backfill past sessions.
+        ``created_at`` may be given to backfill past sessions (a naive
+        datetime is taken as UTC). ``schema_version`` may be left out; if
+        given it must be this version's (:data:`tiers.models.SCHEMA_VERSION`):
+        a record of another version is refused rather than stored mislabelled.
 
         Raises:
-            InvalidInputError: The summary is malformed (the message names the field).
+            InvalidInputError: ``summary`` is not a summary or a mapping, or
+                it is malformed (``field`` names the field); nothing was written.
         """
         if not isinstance(summary, SessionSummary):
+            if not isinstance(summary, Mapping):
+                raise InvalidInputError(
+                    "summary must be a SessionSummary or a mapping of its fields, got "
+                    f"{type(summary).__name__}",
+                    field="summary",
+                )
             summary = _validate_summary(summary)
         return self.sessions.save_session(summary)
 
@@ -198,12 +223,14 @@ class Memory:
             user_id: The user.
             session_id: The session; ending the same id again replaces it.
             transcript: OpenAI-style ``{"role", "content"}`` messages.
-            created_at: When the session ended; default now.
+            created_at: When the session ended; default now. A naive
+                datetime is taken as UTC; anything but a datetime is refused.
+                Facts learned from the session are dated no later than now.
 
         Raises:
             InvalidTranscriptError: The transcript is malformed (``field``
                 names the item); nothing was written.
-            InvalidInputError: A bad id; nothing was written.
+            InvalidInputError: A bad id or ``created_at``; nothing was written.
             SummarizerError: Summarizing failed; the transcript is stored.
         """
         self.save_transcript(user_id, session_id, transcript, created_at=created_at)
@@ -223,14 +250,14 @@ class Memory:
 
         Raises:
             InvalidTranscriptError: The transcript is malformed; nothing was written.
-            InvalidInputError: A bad id; nothing was written.
+            InvalidInputError: A bad id or ``created_at`` (see :meth:`end_session`);
+                nothing was written.
         """
         check_id(user_id, "user_id")
         check_id(session_id, "session_id")
+        when = utcnow() if created_at is None else check_datetime(created_at, "created_at")
         messages = parse_transcript(transcript)
-        self.sessions.save_transcript(
-            user_id, session_id, messages, created_at=created_at or utcnow()
-        )
+        self.sessions.save_transcript(user_id, session_id, messages, created_at=when)
 
     def resummarize(self, user_id: str, session_id: str) -> SessionSummary:
         """Summarize a session from its stored transcript and save the summary (replacing any).
@@ -238,11 +265,20 @@ class Memory:
         For a session whose summarizing failed, or to redo summaries with a
         better model. Facts are written before the summary: the summary marks
         the session done, so a crash in between leaves it pending, to be
-        summarized again, rather than done without its facts.
+        summarized again, rather than done without its facts. Facts are dated
+        when the session ended, but never later than now (they cannot have
+        been learned in the future, and must not outrank a later explicit
+        :meth:`set_fact`).
+
+        The summary is saved only if the transcript it was made from is still
+        the session's: one replaced meanwhile (a concurrent :meth:`end_session`)
+        raises ``ConflictError`` rather than storing a summary of the wrong
+        transcript.
 
         Raises:
             SessionNotFoundError: No transcript is stored for the session.
             SummarizerError: Summarizing failed; nothing changed.
+            ConflictError: The transcript was replaced while it was summarized.
         """
         header = self.sessions.transcript_header(user_id, session_id)
         messages = self.sessions.get_transcript(user_id, session_id)
@@ -260,9 +296,9 @@ class Memory:
                 source=f"session:{session_id}",
                 confidence=fact.confidence,
                 evidence=fact.evidence,
-                updated_at=summary.created_at,
+                updated_at=summary.created_at,  # clamped to now by the user tier
             )
-        return self.sessions.save_session(summary)
+        return self.sessions.save_session(summary, transcript=header)
 
     def pending_summaries(self, user_id: str) -> list[str]:
         """Sessions of the user with a stored transcript but no summary yet (summarizing failed)."""
@@ -294,9 +330,29 @@ class Memory:
         *,
         top_k: int = DEFAULT_TOP_K,
     ) -> ContinuationContext:
-        """Like :meth:`build_continuation_context`, with the sections and token counts used."""
+        """Like :meth:`build_continuation_context`, with the sections and token counts used.
+
+        Args:
+            user_id: The user.
+            query: What the new session is about; empty: the most recent sessions.
+            max_tokens: Budget of the whole text, a positive integer; default
+                ``context_max_tokens``.
+            top_k: How many sessions to consider besides the most recent, 1..100.
+
+        Raises:
+            InvalidInputError: A bad id, query, ``max_tokens`` or ``top_k``
+                (``field`` names it).
+        """
         check_id(user_id, "user_id")
-        budget = self.context_max_tokens if max_tokens is None else max_tokens
+        if not isinstance(query, str):
+            raise InvalidInputError(
+                f"query must be a string, got {type(query).__name__}", field="query"
+            )
+        if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= MAX_TOP_K:
+            raise InvalidInputError(
+                f"top_k must be an integer from 1 to {MAX_TOP_K}, got {top_k!r}", field="top_k"
+            )
+        budget = self.context_max_tokens if max_tokens is None else check_budget(max_tokens)
         latest = self.sessions.list_sessions(user_id, limit=1)
         ranked: list[SessionSummary]
         if query.strip():
@@ -320,7 +376,11 @@ class Memory:
 
         The most recent session is always included when it fits; whole
         summaries are left out, least relevant first, to stay within
-        ``max_tokens`` (default ``context_max_tokens``).
+        ``max_tokens`` (default ``context_max_tokens``); see
+        :func:`memory.context.assemble_context` for the exact rule.
+
+        Raises:
+            InvalidInputError: A bad id, query or ``max_tokens`` (``field`` names it).
         """
         return self.continuation_context(user_id, query, max_tokens).text
 
@@ -336,15 +396,28 @@ class Memory:
         confidence: float = 1.0,
         evidence: str = "",
     ) -> UserFact:
-        """Set a user fact or preference; the old value goes to its history."""
+        """Set a user fact or preference; the old value goes to its history.
+
+        Raises:
+            InvalidInputError: A bad id, or a value JSON cannot hold (NaN,
+                infinity, a lone surrogate), source or confidence; ``field``
+                names it and nothing was written.
+            ValueTooLargeError: The fact is over the store's size limit.
+        """
         return self.users.set_fact(
             user_id, key, value, source=source, confidence=confidence, evidence=evidence
         )
 
     def set_facts(
-        self, user_id: str, facts: dict[str, JsonValue], *, source: str = "api"
+        self, user_id: str, facts: Mapping[str, JsonValue], *, source: str = "api"
     ) -> list[UserFact]:
-        """Set several user facts at once."""
+        """Set several user facts in one atomic commit (all or nothing).
+
+        Raises:
+            InvalidInputError: ``facts`` is not a mapping, or a key or value is
+                invalid (``field`` is ``facts.<key>``); nothing was written.
+            ValueTooLargeError: A fact is over the store's size limit; nothing was written.
+        """
         return self.users.set_facts(user_id, facts, source=source)
 
     def get_fact(self, user_id: str, key: str) -> UserFact:
@@ -493,6 +566,16 @@ class Memory:
         self.close()
 
 
+def _settings(**values: Any) -> Settings:
+    """Settings from ``values`` and the environment; a bad one is an error naming the setting."""
+    try:
+        return Settings(**values)
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or "settings"
+        raise InvalidInputError(f"invalid setting {field}: {first['msg']}", field=field) from exc
+
+
 def _validate_summary(data: Mapping[str, Any]) -> SessionSummary:
     try:
         return SessionSummary.model_validate(dict(data))
@@ -629,7 +712,7 @@ class AsyncMemory:
         )
 
     async def set_facts(
-        self, user_id: str, facts: dict[str, JsonValue], *, source: str = "api"
+        self, user_id: str, facts: Mapping[str, JsonValue], *, source: str = "api"
     ) -> list[UserFact]:
         """See :meth:`Memory.set_facts`."""
         return await self._call(self.sync.set_facts, user_id, facts, source=source)

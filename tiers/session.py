@@ -66,7 +66,7 @@ from tiers.errors import (
     ValueTooLargeError,
 )
 from tiers.ids import check_id
-from tiers.models import MAX_TEXT, Message, SessionSummary
+from tiers.models import MAX_TEXT, SCHEMA_VERSION, Message, SessionSummary, utcnow
 from tiers.recall import FusionWeights, fuse
 from tiers.session_index import BATCH, Ref, SessionIndexer, users_of
 from tiers.session_view import UserView, ViewCache, build_view
@@ -82,6 +82,7 @@ from tiers.transcripts import (
     read_header,
     transcript_writes,
 )
+from tiers.values import check_datetime
 
 __all__ = ["RecalledSession", "ReindexProgress", "SessionSummary", "SessionTier"]
 
@@ -200,7 +201,9 @@ class SessionTier:
 
     # -- writes -------------------------------------------------------------------------------
 
-    def save_session(self, summary: SessionSummary) -> SessionSummary:
+    def save_session(
+        self, summary: SessionSummary, *, transcript: TranscriptHeader | None = None
+    ) -> SessionSummary:
         """Save a summary; saving the same (user, session) again replaces it.
 
         The summary is durable in the KV store when this returns. Its vectors
@@ -209,15 +212,51 @@ class SessionTier:
         index or embedder is down, that work stays queued and :meth:`repair`
         (run automatically later) finishes it.
 
+        Args:
+            summary: The summary.
+            transcript: The header of the stored transcript the summary was
+                made from (:meth:`transcript_header`). Given, the summary is
+                saved only if that transcript is still the session's, in the
+                same atomic commit: a summary is never stored beside a
+                transcript it does not describe.
+
         Returns:
             The summary as stored.
 
         Raises:
-            InvalidInputError: ``summary`` is not a :class:`SessionSummary`.
+            InvalidInputError: ``summary`` is not a :class:`SessionSummary`,
+                or has another ``schema_version``.
             ValueTooLargeError: The summary is over the KV store's value limit.
+            ConflictError: ``transcript`` was given and the session's
+                transcript was replaced or deleted meanwhile: summarize it again.
             BackendUnavailableError: The KV store failed; nothing was saved.
         """
-        return self.save_sessions([summary])[0]
+        if transcript is None:
+            return self.save_sessions([summary])[0]
+        (data,) = self._encode([summary])
+        user_id, session_id = summary.user_id, summary.session_id
+        space = keys.transcripts_space(self._tenant, user_id)
+        self._indexer.repair_if_needed()
+        for attempt in range(cas.ATTEMPTS):
+            (raw,) = self._kv.get_many(space, [header_key(session_id)])
+            current = read_header(raw, where=f"{space}/{session_id}")
+            if current is None or (current.sha256, current.created_at) != (
+                transcript.sha256,
+                transcript.created_at,
+            ):
+                raise ConflictError(
+                    f"the transcript of session {session_id!r} of user {user_id!r} was replaced "
+                    "or deleted while it was being summarized: summarize it again"
+                )
+            writes = self._summary_writes([((user_id, session_id), data)])
+            try:
+                self._kv.commit(writes, [Check(space, header_key(session_id), raw)])
+            except ConflictError:
+                cas.backoff(attempt)
+                continue
+            self._index_later([(user_id, session_id)])
+            return summary
+        raise ConflictError(f"session {session_id!r} of user {user_id!r} kept changing: retry")
 
     def save_sessions(self, summaries: Iterable[SessionSummary]) -> list[SessionSummary]:
         """Save many summaries: embedded in batches, one index upsert per batch.
@@ -231,11 +270,28 @@ class SessionTier:
             The summaries as stored, in input order.
 
         Raises:
-            InvalidInputError: An item is not a :class:`SessionSummary`; nothing was saved.
+            InvalidInputError: An item is not a :class:`SessionSummary`, or has a
+                ``schema_version`` other than :data:`~tiers.models.SCHEMA_VERSION`;
+                nothing was saved.
             ValueTooLargeError: A summary is over the KV store's value limit; nothing was saved.
             BackendUnavailableError: The KV store failed.
         """
         items = list(summaries)
+        encoded = self._encode(items)
+        self._indexer.repair_if_needed()
+        latest: dict[Ref, bytes] = {}
+        for summary, data in zip(items, encoded, strict=True):
+            latest[(summary.user_id, summary.session_id)] = data
+        pending = list(latest.items())
+        for start in range(0, len(pending), BATCH):
+            chunk = pending[start : start + BATCH]
+            self._kv.commit(self._summary_writes(chunk))
+            # Acknowledged from here on: everything below only brings the index in line.
+            self._index_later([ref for ref, _ in chunk])
+        return items
+
+    def _encode(self, items: Sequence[object]) -> list[bytes]:
+        """The stored bytes of each summary, after checking every one (nothing is written)."""
         encoded: list[bytes] = []
         for position, summary in enumerate(items):
             if not isinstance(summary, SessionSummary):
@@ -245,6 +301,14 @@ class SessionTier:
                 )
             check_id(summary.user_id, "user_id")
             check_id(summary.session_id, "session_id")
+            if summary.schema_version != SCHEMA_VERSION:
+                # Stored records are always of this version: a record claiming another one
+                # would be read back as something it is not.
+                raise InvalidInputError(
+                    f"summaries[{position}] has schema_version {summary.schema_version}; this "
+                    f"version of tiermem writes {SCHEMA_VERSION}: leave schema_version out",
+                    field="schema_version",
+                )
             data = encode(summary)
             if len(data) > self._kv.max_value_bytes:
                 raise ValueTooLargeError(
@@ -253,25 +317,17 @@ class SessionTier:
                     field="summary",
                 )
             encoded.append(data)
-        self._indexer.repair_if_needed()
-        latest: dict[Ref, bytes] = {}
-        for summary, data in zip(items, encoded, strict=True):
-            latest[(summary.user_id, summary.session_id)] = data
-        pending = list(latest.items())
-        for start in range(0, len(pending), BATCH):
-            chunk = pending[start : start + BATCH]
-            token = self._token()
-            writes: list[Write] = []
-            for (user_id, session_id), data in chunk:
-                writes.append(Put(keys.sessions_space(self._tenant, user_id), session_id, data))
-                writes.append(
-                    Put(self._outbox, keys.session_outbox_key(user_id, session_id), token)
-                )
-            writes.extend(self._touch_users([user for (user, _), _ in chunk], token))
-            self._kv.commit(writes)
-            # Acknowledged from here on: everything below only brings the index in line.
-            self._index_later([ref for ref, _ in chunk])
-        return items
+        return encoded
+
+    def _summary_writes(self, chunk: Sequence[tuple[Ref, bytes]]) -> list[Write]:
+        """The writes of one commit saving ``chunk``: records, outbox entries, revisions."""
+        token = self._token()
+        writes: list[Write] = []
+        for (user_id, session_id), data in chunk:
+            writes.append(Put(keys.sessions_space(self._tenant, user_id), session_id, data))
+            writes.append(Put(self._outbox, keys.session_outbox_key(user_id, session_id), token))
+        writes.extend(self._touch_users([user for (user, _), _ in chunk], token))
+        return writes
 
     def save_transcript(
         self,
@@ -288,13 +344,21 @@ class SessionTier:
         summary, its transcript is indexed (windows of it are embedded and
         its words count for keyword search).
 
+        A summary describes one transcript: storing a different one (other
+        messages or another ``created_at``) removes the session's summary in
+        the same commit, so the session is pending
+        (:meth:`unsummarized_sessions`) until it is summarized again, and
+        neither reads nor recall ever serve a summary of a transcript that is
+        gone. Storing the very same transcript again keeps the summary.
+
         Args:
             user_id: The user.
             session_id: The session.
             messages: OpenAI-style ``{"role", "content"}`` messages (or
                 :class:`~tiers.models.Message`), oldest first.
-            created_at: When the session ended; default now. Kept in the
-                header, for summarizing later with the right date.
+            created_at: When the session ended; default now (a naive
+                datetime is taken as UTC). Kept in the header, for summarizing
+                later with the right date.
 
         Returns:
             The stored transcript's header (size, pages, checksum).
@@ -307,24 +371,32 @@ class SessionTier:
         """
         check_id(user_id, "user_id")
         check_id(session_id, "session_id")
+        when = utcnow() if created_at is None else check_datetime(created_at, "created_at")
         parsed = parse_messages(messages)
         space = keys.transcripts_space(self._tenant, user_id)
         sessions = keys.sessions_space(self._tenant, user_id)
         for attempt in range(cas.ATTEMPTS):
             (old_header,) = self._kv.get_many(space, [header_key(session_id)])
             (summary,) = self._kv.get_many(sessions, [session_id])
+            previous = read_header(old_header, where=f"{space}/{session_id}")
             header, _, writes = transcript_writes(
                 space,
                 user_id,
                 session_id,
                 parsed,
                 max_value_bytes=self._kv.max_value_bytes,
-                old_header=read_header(old_header, where=f"{space}/{session_id}"),
-                created_at=created_at,
+                old_header=previous,
+                created_at=when,
             )
             token = self._token()
             writes.extend(self._touch_users([user_id], token))
             if summary is not None:
+                if previous is None or (previous.sha256, previous.created_at) != (
+                    header.sha256,
+                    header.created_at,
+                ):
+                    # The summary describes a transcript that is gone: stale from this commit on.
+                    writes.append(Delete(sessions, session_id))
                 writes.append(
                     Put(self._outbox, keys.session_outbox_key(user_id, session_id), token)
                 )

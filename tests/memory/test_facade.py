@@ -6,15 +6,17 @@ import inspect
 import json
 import subprocess
 import sys
-from collections.abc import Iterator
-from datetime import UTC, datetime, timedelta
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from datetime import UTC, date, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import anyio
 import pytest
 
 from memory import (
     AsyncMemory,
+    FactNotFoundError,
     InvalidInputError,
     InvalidTranscriptError,
     LiteLLMSummarizer,
@@ -25,7 +27,11 @@ from memory import (
     SummaryGenerationError,
 )
 from memory.settings import Settings
+from summarizer import ExtractiveSummarizer, Summarization
 from summarizer.tokens import count_tokens
+from tiers import keys
+from tiers.errors import ConflictError
+from tiers.models import Message
 
 TRANSCRIPT = [
     {
@@ -330,3 +336,344 @@ def test_bounded_durability_is_opt_in_and_flushes_on_demand(tmp_path: Path) -> N
         seen: list[int] = []
         run.effect("charge", lambda: seen.append(memory.kv.unflushed))  # type: ignore[attr-defined]
         assert seen == [0]
+
+
+# -- bad arguments: a typed error naming the field, and nothing stored changes ------------------
+
+
+def stored(memory: Memory) -> dict[str, list[tuple[str, bytes]]]:
+    """Every KV record of the tenant's users u1/u2 (and the tenant's indexes), after indexing."""
+    assert memory.flush(30)
+    tenant = memory.tenant
+    spaces = [
+        keys.users_space(tenant),
+        keys.runs_space(tenant),
+        keys.session_outbox_space(tenant),
+        keys.session_revisions_space(tenant),
+    ]
+    for user in ("u1", "u2"):
+        spaces += [
+            keys.facts_space(tenant, user),
+            keys.fact_history_space(tenant, user),
+            keys.sessions_space(tenant, user),
+            keys.transcripts_space(tenant, user),
+            keys.session_vectors_space(tenant, user),
+        ]
+    return {space: memory.kv.scan(space) for space in spaces}
+
+
+Call = Callable[[Memory], object]
+
+
+def _context_with_budget(max_tokens: object) -> Call:
+    return lambda m: m.build_continuation_context("u1", "x", max_tokens=max_tokens)  # type: ignore[arg-type]
+
+
+def _context_with_top_k(query: str, top_k: object) -> Call:
+    return lambda m: m.continuation_context("u1", query, top_k=top_k)  # type: ignore[arg-type]
+
+
+SURROGATE = "\ud800"
+BAD_CALLS: list[tuple[str, Call, type[Exception], str]] = [
+    # sessions
+    ("save_session(list)", lambda m: m.save_session([1, 2]), InvalidInputError, "summary"),  # type: ignore[arg-type]
+    ("save_session(None)", lambda m: m.save_session(None), InvalidInputError, "summary"),  # type: ignore[arg-type]
+    ("save_session(str)", lambda m: m.save_session("x"), InvalidInputError, "summary"),  # type: ignore[arg-type]
+    (
+        "save_session(schema_version=99) mapping",
+        lambda m: m.save_session({"user_id": "u1", "session_id": "s1", "schema_version": 99}),
+        InvalidInputError,
+        "schema_version",
+    ),
+    (
+        "save_session(schema_version=99) model",
+        lambda m: m.save_session(SessionSummary(user_id="u1", session_id="s1", schema_version=99)),
+        InvalidInputError,
+        "schema_version",
+    ),
+    (
+        "save_session(surrogate text)",
+        lambda m: m.save_session(
+            {"user_id": "u1", "session_id": "s1", "task_description": SURROGATE}
+        ),
+        InvalidInputError,
+        "task_description",
+    ),
+    (
+        "save_session(created_at str)",
+        lambda m: m.save_session({"user_id": "u1", "session_id": "s1", "created_at": "soon"}),
+        InvalidInputError,
+        "created_at",
+    ),
+    (
+        "end_session(created_at='yesterday')",
+        lambda m: m.end_session("u1", "s1", TRANSCRIPT, created_at="yesterday"),  # type: ignore[arg-type]
+        InvalidInputError,
+        "created_at",
+    ),
+    (
+        "end_session(created_at=5)",
+        lambda m: m.end_session("u1", "s1", TRANSCRIPT, created_at=5),  # type: ignore[arg-type]
+        InvalidInputError,
+        "created_at",
+    ),
+    (
+        "end_session(created_at=date)",
+        lambda m: m.end_session("u1", "s1", TRANSCRIPT, created_at=date(2025, 1, 1)),  # type: ignore[arg-type]
+        InvalidInputError,
+        "created_at",
+    ),
+    (
+        "end_session(transcript str)",
+        lambda m: m.end_session("u1", "s1", "hello"),  # type: ignore[arg-type]
+        InvalidTranscriptError,
+        "transcript",
+    ),
+    (
+        "end_session(surrogate content)",
+        lambda m: m.end_session("u1", "s1", [{"role": "user", "content": SURROGATE}]),
+        InvalidTranscriptError,
+        "transcript[0].content",
+    ),
+    (
+        "end_session(bad user)",
+        lambda m: m.end_session("no spaces", "s1", TRANSCRIPT),
+        InvalidInputError,
+        "user_id",
+    ),
+    (
+        "save_transcript(created_at=5)",
+        lambda m: m.save_transcript("u1", "s1", TRANSCRIPT, created_at=5),  # type: ignore[arg-type]
+        InvalidInputError,
+        "created_at",
+    ),
+    ("resummarize(bad id)", lambda m: m.resummarize("u1", ""), InvalidInputError, "session_id"),
+    ("pending_summaries(5)", lambda m: m.pending_summaries(5), InvalidInputError, "user_id"),  # type: ignore[arg-type]
+    ("get_session(bad id)", lambda m: m.get_session("u1", "a/b"), InvalidInputError, "session_id"),
+    (
+        "list_sessions(limit=-1)",
+        lambda m: m.list_sessions("u1", limit=-1),
+        InvalidInputError,
+        "limit",
+    ),
+    (
+        "delete_session(bad user)",
+        lambda m: m.delete_session("a b", "s1"),
+        InvalidInputError,
+        "user_id",
+    ),
+    ("recall(query None)", lambda m: m.recall_relevant("u1", None), InvalidInputError, "query"),  # type: ignore[arg-type]
+    (
+        "recall(top_k=0)",
+        lambda m: m.recall_relevant("u1", "x", top_k=0),
+        InvalidInputError,
+        "top_k",
+    ),
+    # continuation context
+    (
+        "context(query None)",
+        lambda m: m.build_continuation_context("u1", None),  # type: ignore[arg-type]
+        InvalidInputError,
+        "query",
+    ),
+    *[
+        (
+            f"context(max_tokens={bad!r})",
+            _context_with_budget(bad),
+            InvalidInputError,
+            "max_tokens",
+        )
+        for bad in ("100", 100.5, True, 0, -1)
+    ],
+    *[
+        (
+            f"continuation_context(query={query!r}, top_k={bad!r})",
+            _context_with_top_k(query, bad),
+            InvalidInputError,
+            "top_k",
+        )
+        for query in ("", "postgres")
+        for bad in (0, -1, True, "3", 101)
+    ],
+    # facts
+    ("set_fact(NaN)", lambda m: m.set_fact("u1", "k", float("nan")), InvalidInputError, "value"),
+    ("set_fact(1e400)", lambda m: m.set_fact("u1", "k", 1e400), InvalidInputError, "value"),
+    (
+        "set_fact(nested inf)",
+        lambda m: m.set_fact("u1", "k", {"a": [float("-inf")]}),
+        InvalidInputError,
+        "value",
+    ),
+    ("set_fact(surrogate)", lambda m: m.set_fact("u1", "k", SURROGATE), InvalidInputError, "value"),
+    ("set_fact(bad key)", lambda m: m.set_fact("u1", "a key", 1), InvalidInputError, "key"),
+    (
+        "set_fact(confidence=2)",
+        lambda m: m.set_fact("u1", "k", 1, confidence=2),
+        InvalidInputError,
+        "confidence",
+    ),
+    (
+        "set_facts(list of pairs)",
+        lambda m: m.set_facts("u1", [("a", "b")]),  # type: ignore[arg-type]
+        InvalidInputError,
+        "facts",
+    ),
+    (
+        "set_facts(one NaN)",
+        lambda m: m.set_facts("u1", {"k": "new", "bad": float("nan")}),
+        InvalidInputError,
+        "facts.bad",
+    ),
+    ("get_fact(bad key)", lambda m: m.get_fact("u1", ""), InvalidInputError, "key"),
+    ("fact_history(bad user)", lambda m: m.fact_history("", "k"), InvalidInputError, "user_id"),
+    ("delete_fact(bad key)", lambda m: m.delete_fact("u1", "a:b"), InvalidInputError, "key"),
+    ("forget_user(None)", lambda m: m.forget_user(None), InvalidInputError, "user_id"),  # type: ignore[arg-type]
+    ("for_tenant(bad)", lambda m: m.for_tenant("a tenant"), InvalidInputError, "tenant"),
+]
+
+
+def test_bad_arguments_are_typed_errors_naming_the_field_and_change_nothing(
+    memory: Memory,
+) -> None:
+    memory.set_fact("u1", "k", "kept")
+    memory.set_fact("u1", "k", "kept, v2")
+    memory.end_session("u1", "s1", TRANSCRIPT, created_at=datetime.now(UTC) - timedelta(days=1))
+    memory.save_transcript("u2", "pending", TRANSCRIPT)
+    before = stored(memory)
+    assert before[keys.sessions_space(memory.tenant, "u1")]  # something to lose
+    problems: list[str] = []
+    for label, call, error, field in BAD_CALLS:
+        try:
+            call(memory)
+        except error as exc:
+            if getattr(exc, "field", None) != field:
+                problems.append(f"{label}: field {getattr(exc, 'field', None)!r}, not {field!r}")
+        except Exception as exc:
+            problems.append(f"{label}: raised {type(exc).__module__}.{type(exc).__name__}: {exc}")
+        else:
+            problems.append(f"{label}: accepted")
+        if stored(memory) != before:
+            problems.append(f"{label}: changed what is stored")
+            before = stored(memory)
+    assert problems == []
+
+
+@pytest.mark.parametrize(
+    ("overrides", "field"),
+    [
+        ({"bogus": 1}, "bogus"),
+        ({"max_value_bytes": -1}, "max_value_bytes"),
+        ({"tenant": 3}, "tenant"),
+    ],
+)
+def test_bad_settings_are_typed_errors_naming_the_setting(
+    tmp_path: Path, overrides: dict[str, object], field: str
+) -> None:
+    with pytest.raises(InvalidInputError) as info:
+        Memory.open(tmp_path, **overrides)
+    assert info.value.field == field
+    assert list(tmp_path.iterdir()) == []  # nothing was created
+
+
+def test_a_naive_created_at_is_utc(memory: Memory) -> None:
+    naive = datetime(2025, 6, 1, 9, 30)  # naive on purpose
+    saved = memory.end_session("u1", "s1", TRANSCRIPT, created_at=naive)
+    assert saved.created_at == naive.replace(tzinfo=UTC)
+    assert memory.sessions.transcript_header("u1", "s1").created_at == naive.replace(tzinfo=UTC)
+    backfilled = memory.save_session({"user_id": "u1", "session_id": "s2", "created_at": naive})
+    assert backfilled.created_at == naive.replace(tzinfo=UTC)
+
+
+# -- a replaced transcript makes its summary stale -------------------------------------------
+
+MYSQL = [
+    {"role": "user", "content": "Let us move the reporting service from Postgres back to MySQL."},
+    {"role": "assistant", "content": "We decided to keep MySQL 8 for the reporting replicas."},
+]
+
+
+def test_re_ending_a_session_whose_summary_fails_leaves_it_pending(memory: Memory) -> None:
+    memory.end_session("u1", "s1", TRANSCRIPT)
+    assert memory.recall_relevant("u1", "Postgres logical replication", top_k=1)
+    memory.summarizer = llm("not json")
+    with pytest.raises(SummaryGenerationError):
+        memory.end_session("u1", "s1", MYSQL)
+    # The Postgres summary no longer describes the stored transcript: it is not served.
+    assert memory.pending_summaries("u1") == ["s1"]
+    with pytest.raises(SessionNotFoundError):
+        memory.get_session("u1", "s1")
+    assert memory.list_sessions("u1") == []
+    assert memory.recall_relevant("u1", "Postgres logical replication", top_k=3) == []
+    assert "replication" not in memory.build_continuation_context("u1", "Postgres")
+    assert memory.flush(30)
+    assert memory.index.ids(where={"tenant": "default", "user_id": "u1"}) == []
+    # Summarized again, the session is back, describing the transcript it has now.
+    memory.summarizer = ExtractiveSummarizer()
+    summary = memory.resummarize("u1", "s1")
+    assert "MySQL" in summary.render()
+    assert memory.pending_summaries("u1") == []
+    (hit,) = memory.recall_relevant("u1", "reporting replicas MySQL", top_k=1)
+    assert hit.summary == summary
+
+
+def test_saving_the_same_transcript_again_keeps_its_summary(memory: Memory) -> None:
+    when = datetime(2026, 2, 1, tzinfo=UTC)
+    summary = memory.end_session("u1", "s1", TRANSCRIPT, created_at=when)
+    memory.save_transcript("u1", "s1", TRANSCRIPT, created_at=when)
+    assert memory.get_session("u1", "s1") == summary
+    assert memory.pending_summaries("u1") == []
+
+
+class _ReplacingSummarizer:
+    """Summarizes like the extractive one, but a concurrent end_session replaces the transcript."""
+
+    name = "replacing"
+
+    def __init__(self, memory: Memory) -> None:
+        self.memory = memory
+        self.inner = ExtractiveSummarizer()
+
+    def summarize(
+        self,
+        transcript: Sequence[Message | Mapping[str, Any]],
+        *,
+        user_id: str,
+        session_id: str,
+        created_at: datetime | None = None,
+    ) -> Summarization:
+        result = self.inner.summarize(
+            transcript, user_id=user_id, session_id=session_id, created_at=created_at
+        )
+        self.memory.save_transcript(user_id, session_id, MYSQL)
+        return result
+
+
+def test_a_summary_of_a_transcript_replaced_meanwhile_is_not_saved(memory: Memory) -> None:
+    memory.summarizer = _ReplacingSummarizer(memory)
+    with pytest.raises(ConflictError, match="summarize it again"):
+        memory.end_session("u1", "s1", TRANSCRIPT)
+    assert memory.pending_summaries("u1") == ["s1"]
+    memory.summarizer = ExtractiveSummarizer()
+    assert "MySQL" in memory.resummarize("u1", "s1").render()
+
+
+# -- facts learned from a session are never dated in the future -----------------------------
+
+
+def test_an_explicit_fact_wins_over_one_learned_from_a_future_dated_session(
+    memory: Memory,
+) -> None:
+    memory.end_session(
+        "u1",
+        "s1",
+        [{"role": "user", "content": "I prefer email rather than phone calls."}],
+        created_at=datetime.now(UTC) + timedelta(hours=2),
+    )
+    learned = memory.get_fact("u1", "preference.email")
+    assert learned.source == "session:s1"
+    assert learned.updated_at <= datetime.now(UTC)
+    fact = memory.set_fact("u1", "preference.email", "phone calls are fine now")
+    assert fact.value == "phone calls are fine now"
+    assert memory.get_fact("u1", "preference.email").value == "phone calls are fine now"
+    with pytest.raises(FactNotFoundError):
+        memory.get_fact("u1", "no-such-fact")

@@ -225,8 +225,15 @@ def test_window_vectors_follow_the_transcript_and_go_with_the_session(
     assert session_vector_ids(index, "alice", "kitchen") == long_ids
     counts = keys.session_vectors_space("default", "alice")
     assert kv.get_many(counts, ["kitchen"]) == [str(len(long_ids) - 1).encode()]
-    # A shorter transcript replaces the longer one: the surplus windows go.
+    # A shorter transcript replaces the longer one: the summary described the old one, so it
+    # is stale (gone, the session pending) until the session is summarized again.
     tier.save_transcript("alice", "kitchen", KITCHEN[:2])
+    assert tier.unsummarized_sessions("alice") == ["kitchen"]
+    assert session_vector_ids(index, "alice", "kitchen") == set()
+    recalled = tier.recall_relevant("alice", "kitchen renovation Ignatius Vorhees", top_k=5)
+    assert "kitchen" not in {hit.summary.session_id for hit in recalled}
+    tier.save_session(KITCHEN_SUMMARY)
+    # The surplus windows went with it; the new transcript's are indexed.
     short_ids = expected_ids("alice", KITCHEN_SUMMARY, KITCHEN[:2])
     assert session_vector_ids(index, "alice", "kitchen") == short_ids
     assert kv.get_many(counts, ["kitchen"]) == [str(len(short_ids) - 1).encode()]

@@ -1,0 +1,49 @@
+"""The SQLite store's durability settings, read back from the writer connection itself.
+
+``durable=True`` promises that an acknowledged commit survives a power cut:
+WAL journal with ``synchronous=FULL`` (2), so every commit fsyncs the WAL.
+``durable=False`` is the bounded-durability mode: ``synchronous=NORMAL`` (1),
+fsync at checkpoints or on ``flush``. A kill test cannot tell FULL from OFF
+(the OS keeps the page cache), so the pragmas are checked directly.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+import pytest
+
+from tiers.backends.sqlite_kv import SqliteKVStore
+
+SYNCHRONOUS = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
+
+
+def pragma(conn: sqlite3.Connection, name: str) -> object:
+    (value,) = conn.execute(f"PRAGMA {name}").fetchone()
+    return value
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "synchronous"),
+    [
+        ({}, "FULL"),
+        ({"durable": True}, "FULL"),
+        ({"durable": False}, "NORMAL"),
+        ({"durable": False, "flush_interval": 60.0}, "NORMAL"),
+    ],
+)
+def test_the_writer_runs_wal_with_the_promised_synchronous_level(
+    tmp_path: Path, kwargs: dict[str, object], synchronous: str
+) -> None:
+    store = SqliteKVStore(tmp_path / "kv.sqlite3", **kwargs)  # type: ignore[arg-type]
+    try:
+        writer = store._writer  # the connection every commit goes through
+        assert pragma(writer, "journal_mode") == "wal"
+        assert SYNCHRONOUS[int(pragma(writer, "synchronous"))] == synchronous  # type: ignore[call-overload]
+    finally:
+        store.close()
+    # WAL is a property of the file: a fresh connection sees it too.
+    with sqlite3.connect(tmp_path / "kv.sqlite3") as conn:
+        assert pragma(conn, "journal_mode") == "wal"
+    conn.close()

@@ -55,6 +55,7 @@ from tiers.errors import (
     CompensationError,
     ConflictError,
     CorruptRecordError,
+    EffectNotFoundError,
     EffectOutcomeUnknownError,
     EmbedderError,
     FactNotFoundError,
@@ -147,6 +148,7 @@ ERROR_MAP: Mapping[type[BaseException], ProblemSpec] = {
     NotFoundError: ProblemSpec(404, "not-found", "Not found"),
     RunNotFoundError: ProblemSpec(404, "run-not-found", "Run not found"),
     CheckpointNotFoundError: ProblemSpec(404, "checkpoint-not-found", "Checkpoint not found"),
+    EffectNotFoundError: ProblemSpec(404, "effect-not-found", "Effect not found"),
     SessionNotFoundError: ProblemSpec(404, "session-not-found", "Session not found"),
     FactNotFoundError: ProblemSpec(404, "fact-not-found", "Fact not found"),
     ConflictError: ProblemSpec(409, "conflict", "Conflicting concurrent change"),
@@ -245,7 +247,12 @@ def _extras(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, ApprovalPendingError):
         extras.update(run_id=exc.run_id, plan_hash=exc.plan_hash, approval_key=exc.approval_key)
     if isinstance(exc, EffectOutcomeUnknownError):
-        extras.update(run_id=exc.run_id, effect_key=exc.effect_key, effect_name=exc.effect_name)
+        extras.update(
+            run_id=exc.run_id,
+            effect_key=exc.effect_key,
+            effect_name=exc.effect_name,
+            effect_keys=exc.effect_keys,
+        )
     return extras
 
 

@@ -63,6 +63,7 @@ from tiers.errors import (
     CompensationError,
     ConflictError,
     CorruptRecordError,
+    EffectNotFoundError,
     EffectOutcomeUnknownError,
     EmbedderError,
     FactNotFoundError,
@@ -82,7 +83,8 @@ from tiers.errors import (
 from tiers.ids import check_id
 from tiers.models import Checkpoint, Message, RunInfo, RunStatus, SessionSummary, UserFact
 from tiers.session import RecalledSession
-from tiers.task_events import Approval
+from tiers.task import UNSET
+from tiers.task_events import Approval, Charged, EffectRecord, EffectStart
 
 __all__ = [
     "AuthenticationError",
@@ -227,7 +229,9 @@ PROBLEM_ERRORS: Mapping[str, Builder] = {
         run_id=str(p.get("run_id", "")),
         effect_key=str(p.get("effect_key", "")),
         effect_name=str(p.get("effect_name", "")),
+        effect_keys=[str(k) for k in p.get("effect_keys") or [p.get("effect_key", "")]],
     ),
+    "effect-not-found": _plain(EffectNotFoundError),
     "budget-exceeded": _plain(BudgetExceededError),
     "compensation-failed": _plain(CompensationError),
     "corrupt-record": _plain(CorruptRecordError),
@@ -304,6 +308,10 @@ def _run(data: Mapping[str, Any]) -> RunInfo:
 
 def _checkpoint(data: Mapping[str, Any]) -> Checkpoint:
     return Checkpoint.model_validate(data)
+
+
+def _effect(data: Mapping[str, Any]) -> EffectRecord:
+    return EffectRecord.model_validate(data)
 
 
 class MemoryClient:
@@ -669,6 +677,50 @@ class MemoryClient:
         body = {"checkpoint_id": checkpoint_id, "new_run_id": new_run_id}
         return _run(self._json("POST", f"/v1/runs/{_id(run_id, 'run_id')}:fork", json=body))
 
+    def list_resumable_runs(self) -> list[RunInfo]:
+        """See :meth:`memory.Memory.list_resumable_runs`."""
+        return [_run(r) for r in self._json("GET", "/v1/runs:resumable")["runs"]]
+
+    def run_state_at(self, run_id: str, checkpoint_id: str) -> dict[str, JsonValue]:
+        """See :meth:`memory.Memory.run_state_at`."""
+        data = self._json(
+            "GET",
+            f"/v1/runs/{_id(run_id, 'run_id')}/checkpoints/{quote(checkpoint_id, safe='')}/state",
+        )
+        values: dict[str, JsonValue] = data["values"]
+        return values
+
+    def update_run_state(
+        self, run_id: str, checkpoint_id: str, values: dict[str, Any], *, by: str = "operator"
+    ) -> Checkpoint:
+        """See :meth:`memory.Memory.update_run_state`."""
+        body = {"checkpoint_id": checkpoint_id, "values": values, "by": by}
+        return _checkpoint(
+            self._json("POST", f"/v1/runs/{_id(run_id, 'run_id')}:update-state", json=body)
+        )
+
+    def run_effects(self, run_id: str) -> list[EffectRecord]:
+        """See :meth:`memory.Memory.run_effects`."""
+        data = self._json("GET", f"/v1/runs/{_id(run_id, 'run_id')}/effects")
+        return [_effect(e) for e in data["effects"]]
+
+    def resolve_effect(
+        self,
+        run_id: str,
+        key: str,
+        *,
+        output: object = UNSET,
+        rerun: bool = False,
+        by: str = "operator",
+    ) -> EffectRecord:
+        """See :meth:`memory.Memory.resolve_effect`."""
+        body: dict[str, Any] = {"idempotency_key": key, "rerun": rerun, "by": by}
+        if output is not UNSET:
+            body["output"] = output
+        return _effect(
+            self._json("POST", f"/v1/runs/{_id(run_id, 'run_id')}/effects:resolve", json=body)
+        )
+
     # -- lifecycle --------------------------------------------------------------------------
 
     def ping(self) -> None:
@@ -731,6 +783,7 @@ class RemoteRun:
         input: object = None,
         idempotency_key: str | None = None,
         scope: dict[str, Any] | None = None,
+        state: dict[str, Any] | None = None,
     ) -> Checkpoint:
         """See :meth:`tiers.task.RunHandle.append_checkpoint`."""
         body = {
@@ -740,10 +793,86 @@ class RemoteRun:
             "input": input,
             "idempotency_key": idempotency_key,
             "scope": scope,
+            "state": state,
         }
         return _checkpoint(
             self._client._json("POST", f"/v1/runs/{self.run_id}/checkpoints", json=body)
         )
+
+    def begin_effect(
+        self,
+        name: str,
+        *,
+        idempotency_key: str,
+        input: object = None,
+        safe_to_retry: bool = False,
+    ) -> EffectStart:
+        """See :meth:`tiers.task.RunHandle.begin_effect`."""
+        body = {
+            "lease_epoch": self._epoch,
+            "name": name,
+            "idempotency_key": idempotency_key,
+            "input": input,
+            "safe_to_retry": safe_to_retry,
+        }
+        data = self._client._json("POST", f"/v1/runs/{self.run_id}/effects:begin", json=body)
+        return EffectStart(
+            key=data["idempotency_key"], invoke=data["invoke"], output=data["output"]
+        )
+
+    def record_effect(self, idempotency_key: str, output: object) -> JsonValue:
+        """See :meth:`tiers.task.RunHandle.record_effect` (``output`` may be a :class:`Charged`)."""
+        body: dict[str, Any] = {"lease_epoch": self._epoch, "idempotency_key": idempotency_key}
+        if isinstance(output, Charged):
+            body.update(
+                output=output.output, tokens=output.tokens, cost=output.cost, state=output.state
+            )
+        else:
+            body["output"] = output
+        data = self._client._json("POST", f"/v1/runs/{self.run_id}/effects:record", json=body)
+        recorded: JsonValue = data["output"]
+        return recorded
+
+    def effect(
+        self,
+        name: str,
+        fn: Callable[[str], object],
+        *,
+        idempotency_key: str,
+        input: object = None,
+        safe_to_retry: bool = False,
+    ) -> JsonValue:
+        """Perform an effect exactly once: :meth:`begin_effect`, ``fn(key)``, :meth:`record_effect`.
+
+        ``fn`` is called with the idempotency key only when the effect is not
+        recorded yet. If it raises, the effect stays invoked (outcome unknown).
+        """
+        start = self.begin_effect(
+            name, idempotency_key=idempotency_key, input=input, safe_to_retry=safe_to_retry
+        )
+        if not start.invoke:
+            return start.output
+        return self.record_effect(start.key, fn(start.key))
+
+    def await_approval(self, plan: object, *, key: str) -> Approval:
+        """See :meth:`tiers.task.RunHandle.await_approval` (the gate's ``key`` is required here).
+
+        Raises:
+            ApprovalPendingError: No decision yet; the run is paused.
+        """
+        body = {"lease_epoch": self._epoch, "plan": plan, "key": key}
+        response = self._client._request("POST", f"/v1/runs/{self.run_id}/approvals", json=body)
+        data = response.json()
+        if response.status_code == 202:
+            raise ApprovalPendingError(
+                f"run {self.run_id!r} is paused awaiting approval of plan "
+                f"{data['plan_hash'][:12]}... (gate {data['approval_key']!r}): stop; approve or "
+                "reject it, then ask again",
+                run_id=self.run_id,
+                plan_hash=data["plan_hash"],
+                approval_key=data["approval_key"],
+            )
+        return Approval.model_validate(data)
 
     def heartbeat(self) -> datetime | None:
         """See :meth:`tiers.task.RunHandle.heartbeat`: renew the lease, return its new expiry."""

@@ -34,8 +34,8 @@ from tiers.models import (
     utcnow,
 )
 from tiers.session import MAX_TOP_K, RecalledSession, SessionTier
-from tiers.task import RunHandle, TaskTier
-from tiers.task_events import Approval
+from tiers.task import UNSET, RunHandle, TaskTier
+from tiers.task_events import Approval, EffectRecord
 from tiers.user import UserTier
 from tiers.values import check_datetime
 
@@ -492,8 +492,41 @@ class Memory:
         return self.tasks.fork(run_id, checkpoint_id, new_run_id)
 
     def list_resumable_runs(self) -> list[RunInfo]:
-        """Unfinished runs whose lease has expired: work for a worker pool after a deploy."""
+        """Unfinished runs whose lease has expired: work for a worker pool after a deploy.
+
+        Runs blocked on an effect of unknown outcome (``RunInfo.unknown_effects``)
+        are left out until :meth:`resolve_effect` settles it.
+        """
         return self.tasks.list_resumable()
+
+    def run_state_at(self, run_id: str, checkpoint_id: str) -> dict[str, JsonValue]:
+        """A run's state values as of one of its checkpoints (time travel; see ``TaskTier.state_at``)."""
+        return self.tasks.state_at(run_id, checkpoint_id)
+
+    def update_run_state(
+        self, run_id: str, checkpoint_id: str, values: dict[str, Any], *, by: str = "operator"
+    ) -> Checkpoint:
+        """Edit a run's state as of a checkpoint: a new branch from there (see ``TaskTier.update_state``)."""
+        return self.tasks.update_state(run_id, checkpoint_id, values, by=by)
+
+    def run_effects(self, run_id: str) -> list[EffectRecord]:
+        """A run's effect ledger: every external effect, its status and recorded output."""
+        return self.tasks.effects(run_id)
+
+    def resolve_effect(
+        self,
+        run_id: str,
+        key: str,
+        *,
+        output: object = UNSET,
+        rerun: bool = False,
+        by: str = "operator",
+    ) -> EffectRecord:
+        """Decide an effect of unknown outcome: it happened (``output=``) or not (``rerun=True``).
+
+        See ``TaskTier.resolve_effect``; this unblocks the run.
+        """
+        return self.tasks.resolve_effect(run_id, key, output=output, rerun=rerun, by=by)
 
     def get_run(self, run_id: str) -> RunInfo:
         """Status and head of a run (``RunNotFoundError`` if none)."""
@@ -787,6 +820,34 @@ class AsyncMemory:
     async def list_resumable_runs(self) -> list[RunInfo]:
         """See :meth:`Memory.list_resumable_runs`."""
         return await self._call(self.sync.list_resumable_runs)
+
+    async def run_state_at(self, run_id: str, checkpoint_id: str) -> dict[str, JsonValue]:
+        """See :meth:`Memory.run_state_at`."""
+        return await self._call(self.sync.run_state_at, run_id, checkpoint_id)
+
+    async def update_run_state(
+        self, run_id: str, checkpoint_id: str, values: dict[str, Any], *, by: str = "operator"
+    ) -> Checkpoint:
+        """See :meth:`Memory.update_run_state`."""
+        return await self._call(self.sync.update_run_state, run_id, checkpoint_id, values, by=by)
+
+    async def run_effects(self, run_id: str) -> list[EffectRecord]:
+        """See :meth:`Memory.run_effects`."""
+        return await self._call(self.sync.run_effects, run_id)
+
+    async def resolve_effect(
+        self,
+        run_id: str,
+        key: str,
+        *,
+        output: object = UNSET,
+        rerun: bool = False,
+        by: str = "operator",
+    ) -> EffectRecord:
+        """See :meth:`Memory.resolve_effect`."""
+        return await self._call(
+            self.sync.resolve_effect, run_id, key, output=output, rerun=rerun, by=by
+        )
 
     async def get_run(self, run_id: str) -> RunInfo:
         """See :meth:`Memory.get_run`."""

@@ -108,6 +108,7 @@ from tiers.task_events import (
     Approval,
     Charged,
     EffectRecord,
+    EffectStart,
     EffectStatus,
     Event,
     EventKind,
@@ -129,15 +130,17 @@ from tiers.task_storage import (
     _positive,
 )
 from tiers.task_time_travel import TimeTravelMixin
-from tiers.task_txn import _UNSET, Txn
+from tiers.task_txn import _UNSET, UNSET, Txn
 
 __all__ = [
     "DEFAULT_RETENTION",
     "DEFAULT_SNAPSHOT_EVERY",
     "NOT_DONE",
+    "UNSET",
     "Approval",
     "Charged",
     "EffectRecord",
+    "EffectStart",
     "EffectStatus",
     "Event",
     "EventKind",

@@ -11,6 +11,7 @@ from tiers import keys
 from tiers.codec import decode
 from tiers.errors import (
     CorruptRecordError,
+    EffectNotFoundError,
     InvalidInputError,
 )
 from tiers.ids import check_id
@@ -21,6 +22,7 @@ from tiers.task_events import (
     Event,
     EventKind,
     Snapshot,
+    check_key,
 )
 from tiers.task_storage import TierCore
 
@@ -108,6 +110,19 @@ class QueriesMixin(TierCore):
         """
         self.get_run(run_id)
         return self._effect_records(run_id)
+
+    def get_effect(self, run_id: str, key: str) -> EffectRecord:
+        """One entry of the run's effect ledger, by idempotency key.
+
+        Raises:
+            RunNotFoundError: No such run.
+            EffectNotFoundError: The run has no effect with that key.
+        """
+        self.get_run(run_id)
+        rec, _ = self._read_effect(run_id, check_key(key))
+        if rec is None:
+            raise EffectNotFoundError(f"run {run_id!r} has no effect with key {key!r}")
+        return rec
 
     def unknown_effects(self, run_id: str) -> list[EffectRecord]:
         """Effects invoked but never recorded: what blocks the run until reconciled."""

@@ -25,7 +25,7 @@ from tiers.task_events import (
     to_json_dict,
 )
 
-__all__ = ["Txn"]
+__all__ = ["UNSET", "Txn"]
 
 
 @dataclass
@@ -68,8 +68,17 @@ class Txn:
         )
 
 
+class _Unset:
+    """The type of :data:`UNSET`."""
+
+    def __repr__(self) -> str:
+        return "UNSET"
+
+
 # Sentinel of an argument that was not given (None has a meaning of its own).
-_UNSET: Any = object()
+_UNSET: Any = _Unset()
+UNSET: Any = _UNSET
+"""Default of an optional argument whose ``None`` means something (e.g. ``resolve_effect``'s ``output``)."""
 
 
 def _unpack(raw: object, step: str) -> tuple[JsonValue, int, float, dict[str, JsonValue] | None]:

@@ -1,8 +1,15 @@
-"""Task runs: ``/v1/runs``, their checkpoints, and their completion.
+"""Task runs: ``/v1/runs``, their checkpoints, effects, approval gates and completion.
 
 A stateless HTTP caller keeps the ``lease_epoch`` it got from ``POST /v1/runs``
 and sends it with every write; when another worker resumes the run, the old
 epoch is fenced out (409 ``stale-lease``) and nothing is written.
+
+External effects follow a two-phase protocol (``RunHandle.begin_effect`` /
+``record_effect``): ``effects:begin`` makes ``EffectInvoked`` durable before
+the caller performs the effect (or returns the recorded output of a replay),
+``effects:record`` stores the result before the run goes on, and an effect
+begun but never recorded answers 409 ``effect-outcome-unknown`` until it is
+decided with ``effects:resolve``.
 """
 
 from __future__ import annotations
@@ -19,9 +26,17 @@ from api.schemas.common import Id, RunIdPath
 from api.schemas.runs import (
     ApprovalDecision,
     ApprovalOut,
+    ApprovalPendingOut,
+    ApprovalRequest,
     CheckpointCreate,
     CheckpointList,
     CheckpointOut,
+    EffectBegin,
+    EffectBeginOut,
+    EffectList,
+    EffectOut,
+    EffectRecordCreate,
+    EffectResolve,
     HeartbeatOut,
     LeaseRef,
     RunComplete,
@@ -31,9 +46,13 @@ from api.schemas.runs import (
     RunLease,
     RunList,
     RunOut,
+    StateOut,
+    StateUpdate,
 )
 from api.state import Principal
+from tiers.errors import ApprovalPendingError
 from tiers.models import Checkpoint, RunInfo, RunStatus
+from tiers.task import UNSET, Charged, EffectRecord
 
 router = APIRouter(
     prefix="/v1/runs",
@@ -53,6 +72,11 @@ def run_out(info: RunInfo) -> RunOut:
 def checkpoint_out(ckpt: Checkpoint) -> CheckpointOut:
     """The API form of a checkpoint."""
     return CheckpointOut.model_validate(ckpt, from_attributes=True)
+
+
+def effect_out(rec: EffectRecord) -> EffectOut:
+    """The API form of an effect ledger entry."""
+    return EffectOut.model_validate(rec, from_attributes=True)
 
 
 @router.post(
@@ -81,7 +105,7 @@ def start_run(body: RunCreate, memory: WriteMemory) -> Response:
         budget_tokens=body.budget_tokens,
         budget_cost=body.budget_cost,
     )
-    code = status.HTTP_200_OK if handle.epoch > 1 else status.HTTP_201_CREATED
+    code = status.HTTP_200_OK if handle.resumed else status.HTTP_201_CREATED
     return json_response(
         RunLease(run=run_out(handle.info), lease_epoch=handle.epoch), status_code=code
     )
@@ -99,6 +123,17 @@ def list_runs(
     return json_response(
         RunList(runs=[run_out(r) for r in memory.list_runs(user_id=user_id, status=status_)])
     )
+
+
+@router.get(":resumable", name="list_resumable_runs", response_model=RunList)
+def list_resumable_runs(memory: ReadMemory) -> Response:
+    """Runs a worker pool should pick up: not finished, paused or blocked, and no live lease.
+
+    Oldest last checkpoint first. A run blocked on an effect of unknown outcome
+    (``unknown_effects`` not empty) is left out until each such effect is
+    resolved: resuming it would only stop at the same effect again.
+    """
+    return json_response(RunList(runs=[run_out(r) for r in memory.list_resumable_runs()]))
 
 
 @router.get("/{run_id}", name="get_run", response_model=RunOut, responses=_NOT_FOUND)
@@ -137,6 +172,7 @@ def append_checkpoint(
         input=body.input,
         idempotency_key=body.idempotency_key,
         scope=body.scope,
+        state=body.state,
     )
     service.metrics.checkpoint_commit.observe(time.perf_counter() - start)
     code = status.HTTP_200_OK if ckpt.seq <= head_before else status.HTTP_201_CREATED
@@ -174,6 +210,152 @@ def get_checkpoint(
     return json_response(checkpoint_out(memory.tasks.get_checkpoint(run_id, checkpoint_id)))
 
 
+@router.get(
+    "/{run_id}/checkpoints/{checkpoint_id}/state",
+    name="run_state_at",
+    response_model=StateOut,
+    responses=_NOT_FOUND,
+)
+def run_state_at(
+    run_id: RunIdPath,
+    checkpoint_id: Annotated[str, Path(min_length=1, max_length=64)],
+    memory: ReadMemory,
+) -> Response:
+    """The run's state values as of a checkpoint (every state delta up to it, along its branch)."""
+    values = memory.run_state_at(run_id, checkpoint_id)
+    return json_response(StateOut(run_id=run_id, checkpoint_id=checkpoint_id, values=values))
+
+
+@router.post(
+    "/{run_id}:update-state",
+    name="update_run_state",
+    status_code=status.HTTP_201_CREATED,
+    response_model=CheckpointOut,
+    responses=_WRITE_ERRORS,
+)
+def update_run_state(
+    run_id: RunIdPath, body: StateUpdate, memory: WriteMemory, caller: Caller
+) -> Response:
+    """Append a human-edited checkpoint: the state at ``checkpoint_id`` with ``values`` set.
+
+    The checkpoints after it leave the run's lineage (their steps run again on
+    resume, their recorded effects are not repeated); the running worker's
+    lease is revoked. 409 ``run-state`` for a finished run (fork it instead).
+    """
+    ckpt = memory.update_run_state(run_id, body.checkpoint_id, body.values, by=_by(body.by, caller))
+    return json_response(checkpoint_out(ckpt), status_code=status.HTTP_201_CREATED)
+
+
+@router.get(
+    "/{run_id}/effects", name="run_effects", response_model=EffectList, responses=_NOT_FOUND
+)
+def run_effects(run_id: RunIdPath, memory: ReadMemory) -> Response:
+    """The run's effect ledger: every external effect, its status and recorded output."""
+    return json_response(EffectList(effects=[effect_out(r) for r in memory.run_effects(run_id)]))
+
+
+@router.post(
+    "/{run_id}/effects:begin",
+    name="begin_effect",
+    response_model=EffectBeginOut,
+    responses=_WRITE_ERRORS,
+)
+def begin_effect(run_id: RunIdPath, body: EffectBegin, memory: WriteMemory) -> Response:
+    """Begin an effect the caller performs itself: ``invoke`` says whether to perform it.
+
+    ``invoke: true``: ``EffectInvoked`` is durable; perform the effect (pass
+    ``idempotency_key`` to the external system), then ``effects:record``.
+    ``invoke: false``: already recorded; use ``output`` and do not perform it.
+    409 ``effect-outcome-unknown`` (naming ``effect_key``) when it was begun
+    before and never recorded: it may or may not have happened; reconcile it
+    with ``effects:resolve``. An effect is a checkpointed step of its own.
+    """
+    start = memory.tasks.attach(run_id, body.lease_epoch).begin_effect(
+        body.name,
+        idempotency_key=body.idempotency_key,
+        input=body.input,
+        safe_to_retry=body.safe_to_retry,
+    )
+    return json_response(
+        EffectBeginOut(idempotency_key=start.key, invoke=start.invoke, output=start.output)
+    )
+
+
+@router.post(
+    "/{run_id}/effects:record",
+    name="record_effect",
+    response_model=EffectOut,
+    responses=_WRITE_ERRORS,
+)
+def record_effect(run_id: RunIdPath, body: EffectRecordCreate, memory: WriteMemory) -> Response:
+    """Record the result of an effect begun with ``effects:begin``, with its checkpoint.
+
+    Recording the same output again (a retried request) changes nothing. If
+    the run was cancelled while the effect ran, the result is still recorded
+    (the call happened), then 409 ``run-cancelled`` tells the worker to stop.
+    """
+    handle = memory.tasks.attach(run_id, body.lease_epoch, finished_ok=True)
+    handle.record_effect(
+        body.idempotency_key,
+        Charged(body.output, tokens=body.tokens, cost=body.cost, state=body.state),
+    )
+    return json_response(effect_out(memory.tasks.get_effect(run_id, body.idempotency_key)))
+
+
+@router.post(
+    "/{run_id}/effects:resolve",
+    name="resolve_effect",
+    response_model=EffectOut,
+    responses=_WRITE_ERRORS,
+)
+def resolve_effect(
+    run_id: RunIdPath, body: EffectResolve, memory: WriteMemory, caller: Caller
+) -> Response:
+    """An operator's decision on an effect of unknown outcome; it unblocks the run.
+
+    Give ``output`` (it happened: the run gets this output without performing
+    it) or ``rerun: true`` (it did not: the run performs it again), not both.
+    409 ``run-state`` if the effect's outcome is not unknown.
+    """
+    output = body.output if "output" in body.model_fields_set else UNSET
+    rec = memory.resolve_effect(
+        run_id, body.idempotency_key, output=output, rerun=body.rerun, by=_by(body.by, caller)
+    )
+    return json_response(effect_out(rec))
+
+
+@router.post(
+    "/{run_id}/approvals",
+    name="request_approval",
+    response_model=ApprovalOut,
+    responses={
+        202: {
+            "model": ApprovalPendingOut,
+            "description": "The plan is frozen and the run paused until someone approves or "
+            "rejects it.",
+        },
+        **_WRITE_ERRORS,
+    },
+)
+def request_approval(run_id: RunIdPath, body: ApprovalRequest, memory: WriteMemory) -> Response:
+    """Stop at a human-approval gate for a plan: 202 while pending, 200 with the decision.
+
+    The first request freezes the plan (its SHA-256) and pauses the run (202);
+    ``:approve`` / ``:reject`` decide; the same request (same ``key`` and plan)
+    then returns the decision (200). 409 ``plan-mismatch`` for another plan
+    under the same key.
+    """
+    handle = memory.tasks.attach(run_id, body.lease_epoch)
+    try:
+        approval = handle.await_approval(body.plan, key=body.key)
+    except ApprovalPendingError as pending:
+        out = ApprovalPendingOut(
+            run_id=run_id, approval_key=pending.approval_key, plan_hash=pending.plan_hash
+        )
+        return json_response(out, status_code=status.HTTP_202_ACCEPTED)
+    return json_response(ApprovalOut.model_validate(approval, from_attributes=True))
+
+
 @router.post(
     "/{run_id}:complete", name="complete_run", response_model=RunOut, responses=_WRITE_ERRORS
 )
@@ -196,9 +378,10 @@ def cancel_run(run_id: RunIdPath, memory: WriteMemory) -> Response:
     return json_response(run_out(memory.cancel_run(run_id)))
 
 
-def _decider(body: ApprovalDecision, caller: Principal) -> str:
-    if body.by is not None:
-        return body.by
+def _by(by: str | None, caller: Principal) -> str:
+    """Who decides: as given, else the caller's API key."""
+    if by is not None:
+        return by
     return f"api-key:{caller.key_id}" if caller.key_id else "api"
 
 
@@ -212,7 +395,7 @@ def approve_run(
 
     409 ``plan-mismatch`` if ``plan_hash`` is not the plan the run waits on.
     """
-    approval = memory.approve_run(run_id, body.plan_hash, by=_decider(body, caller), note=body.note)
+    approval = memory.approve_run(run_id, body.plan_hash, by=_by(body.by, caller), note=body.note)
     return json_response(ApprovalOut.model_validate(approval, from_attributes=True))
 
 
@@ -223,7 +406,7 @@ def reject_run(
     run_id: RunIdPath, body: ApprovalDecision, memory: WriteMemory, caller: Caller
 ) -> Response:
     """Reject the plan a paused run waits on; its worker sees the rejection at the gate."""
-    approval = memory.reject_run(run_id, body.plan_hash, by=_decider(body, caller), note=body.note)
+    approval = memory.reject_run(run_id, body.plan_hash, by=_by(body.by, caller), note=body.note)
     return json_response(ApprovalOut.model_validate(approval, from_attributes=True))
 
 

@@ -9,6 +9,11 @@ from pydantic import Field, JsonValue
 
 from api.schemas.common import NO_CONTROL_NON_BLANK, NON_BLANK, Id, RequestModel, ResponseModel
 from tiers.models import MAX_TEXT, RunStatus
+from tiers.task_events import MAX_NOTE, EffectStatus
+
+StepName = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_CONTROL_NON_BLANK)]
+IdempotencyKey = Annotated[str, Field(min_length=1, max_length=512, pattern=NO_CONTROL_NON_BLANK)]
+Decider = Annotated[str, Field(min_length=1, max_length=256, pattern=NON_BLANK)]
 
 LeaseEpoch = Annotated[
     int,
@@ -65,6 +70,13 @@ class RunOut(ResponseModel):
     )
     parent_run_id: str | None = Field(default=None, description="The run this one was forked from.")
     parent_checkpoint_id: str | None = None
+    unknown_effects: list[str] = Field(
+        default_factory=list,
+        description="Idempotency keys of effects whose outcome is unknown (invoked, never "
+        "recorded, and not settled by the worker that found them). While not empty the run is "
+        "blocked: not listed by /v1/runs:resumable until each is resolved with "
+        "POST /v1/runs/{run_id}/effects:resolve.",
+    )
 
 
 class RunLease(ResponseModel):
@@ -97,6 +109,11 @@ class CheckpointCreate(RequestModel):
     )
     scope: dict[str, JsonValue] | None = Field(
         default=None, description="A JSON snapshot stored with the checkpoint."
+    )
+    state: dict[str, JsonValue] | None = Field(
+        default=None,
+        description="Keys of the run's state this step sets (a shallow merge; see "
+        "GET /v1/runs/{run_id}/checkpoints/{checkpoint_id}/state).",
     )
 
 
@@ -147,7 +164,7 @@ class ApprovalDecision(RequestModel):
     by: Annotated[str, Field(min_length=1, max_length=256, pattern=NON_BLANK)] | None = Field(
         default=None, description="Who decides; default: the API key's id."
     )
-    note: Annotated[str, Field(max_length=MAX_TEXT)] | None = None
+    note: Annotated[str, Field(max_length=MAX_NOTE)] | None = None
 
 
 class ApprovalOut(ResponseModel):
@@ -179,3 +196,132 @@ class HeartbeatOut(ResponseModel):
     run_id: str
     lease_epoch: int
     lease_expires_at: datetime | None = Field(description="None: the lease has no expiry.")
+
+
+class StateOut(ResponseModel):
+    """A run's state values as of one checkpoint."""
+
+    run_id: str
+    checkpoint_id: str
+    values: dict[str, JsonValue]
+
+
+class StateUpdate(RequestModel):
+    """Edit the run's state as of a checkpoint: a human-edited checkpoint, a new branch from there.
+
+    The checkpoints after ``checkpoint_id`` leave the run's lineage and their
+    steps run again on resume; the lease is revoked (the running worker is
+    fenced out) and the run becomes resumable.
+    """
+
+    checkpoint_id: Annotated[str, Field(min_length=1, max_length=64)]
+    values: dict[str, JsonValue] = Field(description="State keys to set (a shallow merge).")
+    by: Decider | None = Field(default=None, description="Who edits; default: the API key's id.")
+
+
+class EffectBegin(RequestModel):
+    """Begin an external effect the caller performs itself (first half of the two-phase protocol)."""
+
+    lease_epoch: LeaseEpoch
+    name: StepName = Field(description="Effect name (its checkpoint's step name).")
+    idempotency_key: IdempotencyKey = Field(
+        description="The effect's key: pass it to the external system too, so it can deduplicate."
+    )
+    input: JsonValue = Field(
+        default=None,
+        description="The request; only its SHA-256 is kept, and a replay with another request "
+        "is refused (409 input-mismatch).",
+    )
+    safe_to_retry: bool = Field(
+        default=False,
+        description="The effect is idempotent: begin it again if its outcome is unknown.",
+    )
+
+
+class EffectBeginOut(ResponseModel):
+    """What to do with the effect: perform it now, or use its recorded output."""
+
+    idempotency_key: str
+    invoke: bool = Field(
+        description="true: EffectInvoked is durable; perform the effect now, then POST "
+        "effects:record. false: it is recorded already; do not perform it, use output."
+    )
+    output: JsonValue = Field(description="The recorded output (null when invoke is true).")
+
+
+class EffectRecordCreate(RequestModel):
+    """Record the result of an effect begun with effects:begin (before the run goes on)."""
+
+    lease_epoch: LeaseEpoch
+    idempotency_key: IdempotencyKey
+    output: JsonValue = None
+    tokens: Annotated[int, Field(ge=0, le=2**62)] = Field(
+        default=0, description="Tokens the effect spent (debited from the run's budget once)."
+    )
+    cost: Annotated[float, Field(ge=0, le=1e12)] = Field(
+        default=0.0, description="Cost the effect incurred (debited once)."
+    )
+    state: dict[str, JsonValue] | None = Field(
+        default=None, description="State keys the effect sets (top-level effects only)."
+    )
+
+
+class EffectResolve(RequestModel):
+    """An operator's decision on an effect of unknown outcome: give exactly one of output / rerun."""
+
+    idempotency_key: IdempotencyKey
+    output: JsonValue = Field(
+        default=None,
+        description="The effect happened, with this output (give the member, even as null); the "
+        "resumed run uses it without performing the effect.",
+    )
+    rerun: bool = Field(
+        default=False, description="true: the effect did not happen; the resumed run performs it."
+    )
+    by: Decider | None = Field(default=None, description="Who decides; default: the API key's id.")
+
+
+class EffectOut(ResponseModel):
+    """One entry of a run's effect ledger."""
+
+    key: str = Field(description="The effect's idempotency key.")
+    name: str
+    step_key: str = Field(description="Key of the step it ran in (its own key at the top level).")
+    status: EffectStatus = Field(
+        description="invoked (outcome unknown unless in flight), recorded, or not_done."
+    )
+    attempt: int
+    request_hash: str
+    safe_to_retry: bool
+    level: int = Field(description="0 for the run's effects, 1 for compensations.")
+    output: JsonValue
+    response_hash: str | None
+    source: str | None = Field(description="Who settled it: fn, reconcile or operator.")
+    invoked_seq: int
+    recorded_seq: int | None
+    flagged_unknown: bool
+    compensated: bool
+
+
+class EffectList(ResponseModel):
+    """A run's effect ledger, by idempotency key."""
+
+    effects: list[EffectOut]
+
+
+class ApprovalRequest(RequestModel):
+    """Stop at a human-approval gate for a plan (the worker side of approve/reject)."""
+
+    lease_epoch: LeaseEpoch
+    plan: JsonValue = Field(description="The plan to approve; frozen with its SHA-256.")
+    key: IdempotencyKey = Field(
+        description="The gate's key: the same key and plan return the decision once made."
+    )
+
+
+class ApprovalPendingOut(ResponseModel):
+    """The gate waits for a human: the run is paused until :approve or :reject."""
+
+    run_id: str
+    approval_key: str
+    plan_hash: str = Field(description="SHA-256 of the frozen plan; approve or reject this one.")

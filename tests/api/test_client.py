@@ -17,11 +17,14 @@ import httpx
 import pytest
 
 from memory import (
+    ApprovalPendingError,
     BackendUnavailableError,
+    EffectOutcomeUnknownError,
     FactNotFoundError,
     InputMismatchError,
     InvalidInputError,
     Memory,
+    RunHandle,
     RunNotFoundError,
     RunStateError,
     RunStatus,
@@ -30,10 +33,12 @@ from memory import (
     StaleWriterError,
 )
 from memory.apikeys import ApiKeyRegistry
-from memory.client import AuthenticationError, MemoryClient, PermissionDeniedError
+from memory.client import AuthenticationError, MemoryClient, PermissionDeniedError, RemoteRun
 from tests.api.test_routes import SUMMARY, TRANSCRIPT
 from tests.conftest import free_port
 from tiers.backends import open_kv_store
+from tiers.errors import EffectNotFoundError
+from tiers.task import EffectStatus
 
 TIERMEM = str(Path(sys.executable).parent / "tiermem")
 
@@ -192,6 +197,57 @@ def test_runs_and_fencing(client: MemoryClient) -> None:
         client.get_run("no-such-run")
 
 
+def test_effects_approvals_and_time_travel_through_the_client(client: MemoryClient) -> None:
+    run = client.start_run("erin", "order-5")
+    calls: list[str] = []
+
+    def charge(key: str) -> object:
+        calls.append(key)
+        return {"id": "ch_5"}
+
+    assert run.effect("charge", charge, idempotency_key="o5") == {"id": "ch_5"}
+    assert run.effect("charge", charge, idempotency_key="o5") == {"id": "ch_5"}  # replayed
+    assert calls == ["o5"]
+    assert run.record_effect("o5", {"id": "ch_5"}) == {"id": "ch_5"}
+    assert run.begin_effect("ship", idempotency_key="s5").invoke
+
+    resumed = client.start_run("erin", "order-5")
+    with pytest.raises(EffectOutcomeUnknownError) as unknown:
+        resumed.begin_effect("ship", idempotency_key="s5")
+    assert unknown.value.effect_keys == ["s5"]
+    assert client.get_run("order-5").unknown_effects == ["s5"]
+    assert "order-5" not in [r.run_id for r in client.list_resumable_runs()]
+    with pytest.raises(InvalidInputError):
+        client.resolve_effect("order-5", "s5")
+    with pytest.raises(EffectNotFoundError):
+        client.resolve_effect("order-5", "nope", rerun=True)
+    settled = client.resolve_effect("order-5", "s5", output=None, by="ops")
+    assert (settled.status, settled.output, settled.source) == (
+        EffectStatus.RECORDED,
+        None,
+        "operator",
+    )
+    assert [(e.key, e.status) for e in client.run_effects("order-5")] == [
+        ("o5", EffectStatus.RECORDED),
+        ("s5", EffectStatus.RECORDED),
+    ]
+
+    with pytest.raises(ApprovalPendingError) as pending:
+        resumed.await_approval({"refund": 5}, key="gate")
+    client.approve_run("order-5", pending.value.plan_hash, by="ops")
+    assert resumed.await_approval({"refund": 5}, key="gate").approved
+
+    step = resumed.append_checkpoint("note", "n", state={"note": True})
+    assert client.run_state_at("order-5", step.checkpoint_id) == {"note": True}
+    history = client.run_history("order-5")
+    assert client.run_state_at("order-5", history[0].checkpoint_id) == {}
+    edited = client.update_run_state("order-5", history[0].checkpoint_id, {"x": 1}, by="ops")
+    assert client.run_state_at("order-5", edited.checkpoint_id) == {"x": 1}
+    with pytest.raises(StaleWriterError):
+        resumed.begin_effect("more", idempotency_key="m5")  # the edit revoked the lease
+    assert "order-5" in [r.run_id for r in client.list_resumable_runs()]
+
+
 def test_typed_errors(served: Served, client: MemoryClient) -> None:
     with pytest.raises(InvalidInputError) as bad_id:
         client.get_facts("not/an id")
@@ -217,11 +273,16 @@ def test_client_methods_match_the_library() -> None:
         "forget_user", "save_session", "end_session", "resummarize", "pending_summaries", "get_session", "list_sessions",
         "delete_session", "recall_relevant", "continuation_context", "build_continuation_context",
         "start_run", "get_run", "run_history", "list_runs", "cancel_run", "approve_run",
-        "reject_run", "fork_run", "ping", "close",
+        "reject_run", "fork_run", "list_resumable_runs", "run_state_at", "update_run_state",
+        "run_effects", "resolve_effect", "ping", "close",
     ]  # fmt: skip
     for name in shared:
         library = inspect.signature(getattr(Memory, name)).parameters
         remote = inspect.signature(getattr(MemoryClient, name)).parameters
+        assert list(remote) == list(library), name
+    for name in ("append_checkpoint", "begin_effect", "record_effect", "heartbeat", "complete"):
+        library = inspect.signature(getattr(RunHandle, name)).parameters
+        remote = inspect.signature(getattr(RemoteRun, name)).parameters
         assert list(remote) == list(library), name
 
 

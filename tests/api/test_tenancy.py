@@ -46,6 +46,8 @@ def snapshot(api: Api, b: dict[str, str], run_id: str, job_url: str) -> dict[str
         "run": c.get(f"/v1/runs/{run_id}", headers=b).json(),
         "runs": c.get("/v1/runs", headers=b).json(),
         "checkpoints": c.get(f"/v1/runs/{run_id}/checkpoints", headers=b).json(),
+        "effects": c.get(f"/v1/runs/{run_id}/effects", headers=b).json(),
+        "resumable": c.get("/v1/runs:resumable", headers=b).json(),
         "job": c.get(job_url, headers=b).json(),
     }
 
@@ -69,6 +71,14 @@ def test_tenant_a_cannot_touch_tenant_b_through_any_route(api: Api) -> None:
         json={"lease_epoch": epoch, "step": "s", "output": SECRET},
         headers=b,
     ).json()
+    effect = {"lease_epoch": epoch, "idempotency_key": "pay-b"}
+    c.post("/v1/runs/run-b/effects:begin", json={**effect, "name": "pay"}, headers=b)
+    c.post("/v1/runs/run-b/effects:record", json={**effect, "output": SECRET}, headers=b)
+    c.post(
+        "/v1/runs/run-b/effects:begin",
+        json={**effect, "name": "pay", "idempotency_key": "x"},
+        headers=b,
+    )
     job = c.post(
         "/v1/users/u-b/sessions", json={"session_id": "s-b2", "transcript": TRANSCRIPT}, headers=b
     ).json()
@@ -77,6 +87,8 @@ def test_tenant_a_cannot_touch_tenant_b_through_any_route(api: Api) -> None:
     assert before["facts"]["facts"]
     assert before["recall"]["results"]
     assert before["checkpoints"]["checkpoints"]
+    assert SECRET in str(before["effects"])
+    assert before["resumable"]["runs"]
     assert SECRET in before["context"]["text"]
 
     all_v1 = v1_operations(api)
@@ -121,6 +133,20 @@ def test_tenant_a_cannot_touch_tenant_b_through_any_route(api: Api) -> None:
     fork = {"checkpoint_id": ckpt["checkpoint_id"], "new_run_id": "fork-a"}
     assert probe("POST", "/v1/runs/run-b:fork", fork).status_code == 404
     assert probe("POST", "/v1/runs/run-b:heartbeat", {"lease_epoch": epoch}).status_code == 404
+    assert probe("GET", "/v1/runs:resumable").json() == {"runs": []}
+    state_path = f"/v1/runs/run-b/checkpoints/{ckpt['checkpoint_id']}/state"
+    assert probe("GET", state_path).status_code == 404
+    edit = {"checkpoint_id": ckpt["checkpoint_id"], "values": {"evil": 1}}
+    assert probe("POST", "/v1/runs/run-b:update-state", edit).status_code == 404
+    assert probe("GET", "/v1/runs/run-b/effects").status_code == 404
+    begin = {**effect, "name": "pay"}
+    assert probe("POST", "/v1/runs/run-b/effects:begin", begin).status_code == 404
+    record = {**effect, "output": "evil"}
+    assert probe("POST", "/v1/runs/run-b/effects:record", record).status_code == 404
+    resolve = {"idempotency_key": "x", "output": "evil"}
+    assert probe("POST", "/v1/runs/run-b/effects:resolve", resolve).status_code == 404
+    gate = {"lease_epoch": epoch, "plan": "evil", "key": "gate"}
+    assert probe("POST", "/v1/runs/run-b/approvals", gate).status_code == 404
     assert probe("DELETE", "/v1/users/u-b/facts").status_code == 204
     assert probe("DELETE", "/v1/users/u-b").status_code == 204
 

@@ -11,6 +11,8 @@ import pytest
 from tiers import keys
 from tiers.backends.base import Check, KVStore, Write
 from tiers.errors import (
+    ConflictError,
+    EffectNotFoundError,
     EffectOutcomeUnknownError,
     InputMismatchError,
     InvalidInputError,
@@ -407,3 +409,75 @@ def test_cancel_during_an_effect_records_it_then_stops_the_worker(tasks: TaskTie
         other.step("s", lambda: other.effect("pay", lambda: (tasks.cancel("r2"), 7)[1]))
     (rec,) = tasks.effects("r2")
     assert (rec.status, rec.output, tasks.history("r2")) == (EffectStatus.RECORDED, 7, [])
+
+
+def test_an_attached_handle_writing_meanwhile_is_serialised_not_lost(tasks: TaskTier) -> None:
+    run = tasks.start_run("u", "r1")
+    assert run.state == {}
+    other = tasks.attach("r1", run.epoch)  # e.g. an HTTP request holding the same lease
+
+    def step() -> object:
+        other.append_checkpoint("from-http", 1, state={"x": 1})
+        return Charged("mine", state={"y": 2})
+
+    assert run.step("mine", step) == "mine"
+    assert [c.step for c in tasks.history("r1")] == ["from-http", "mine"]
+    assert run.state == tasks.rebuild("r1").values == {"x": 1, "y": 2}
+
+
+# -- the two-phase protocol: begin_effect / record_effect --------------------------------
+
+
+def test_begin_and_record_is_the_effect_protocol_in_two_calls(kv: KVStore, tasks: TaskTier) -> None:
+    run = tasks.start_run("u", "r1")
+    start = run.begin_effect("pay", idempotency_key="order-1", input={"amount": 5})
+    assert (start.key, start.invoke, start.output) == ("order-1", True, None)
+    (rec,) = tasks.effects("r1")
+    assert rec.status is EffectStatus.INVOKED  # durable before the caller performs it
+    assert run.record_effect("order-1", {"receipt": "R1"}) == {"receipt": "R1"}
+    (ckpt,) = tasks.history("r1")
+    assert (ckpt.step, ckpt.kind, ckpt.output) == ("pay", "effect", {"receipt": "R1"})
+
+    # A retried request: beginning replays, recording the same output writes nothing.
+    before = kv.scan(keys.run_space("default", "r1"))
+    again = tasks.attach("r1", run.epoch)
+    replay = again.begin_effect("pay", idempotency_key="order-1", input={"amount": 5})
+    assert (replay.invoke, replay.output) == (False, {"receipt": "R1"})
+    assert again.record_effect("order-1", {"receipt": "R1"}) == {"receipt": "R1"}
+    assert kv.scan(keys.run_space("default", "r1")) == before
+    with pytest.raises(ConflictError, match="another output"):
+        again.record_effect("order-1", {"receipt": "R2"})
+    with pytest.raises(InputMismatchError):
+        again.begin_effect("pay", idempotency_key="order-1", input={"amount": 6})
+    with pytest.raises(EffectNotFoundError):
+        again.record_effect("never-begun", 1)
+    assert kv.scan(keys.run_space("default", "r1")) == before
+
+    # Begun, never recorded: its outcome is unknown until someone decides.
+    run.begin_effect("ship", idempotency_key="ship-1")
+    resumed = tasks.start_run("u", "r1")
+    with pytest.raises(EffectOutcomeUnknownError) as caught:
+        resumed.begin_effect("ship", idempotency_key="ship-1")
+    assert caught.value.effect_key == "ship-1"
+    assert tasks.get_run("r1").unknown_effects == ["ship-1"]
+    tasks.resolve_effect("r1", "ship-1", output={"tracking": "T1"})
+    replay = resumed.begin_effect("ship", idempotency_key="ship-1")
+    assert (replay.invoke, replay.output) == (False, {"tracking": "T1"})
+    assert [c.step for c in tasks.history("r1")] == ["pay", "ship"]
+
+
+def test_record_effect_after_a_cancel_records_then_stops(tasks: TaskTier) -> None:
+    run = tasks.start_run("u", "r1")
+    run.begin_effect("pay", idempotency_key="order-1")
+    tasks.cancel("r1")
+    with pytest.raises(RunCancelledError):
+        tasks.attach("r1", run.epoch)  # no more writes on a cancelled run...
+    late = tasks.attach("r1", run.epoch, finished_ok=True)  # ...but the result is kept
+    with pytest.raises(RunCancelledError, match="recorded"):
+        late.record_effect("order-1", {"receipt": "R1"})
+    (rec,) = tasks.effects("r1")
+    assert (rec.status, rec.output) == (EffectStatus.RECORDED, {"receipt": "R1"})
+    with pytest.raises(RunCancelledError):
+        late.step("next", lambda: 1)
+    with pytest.raises(RunCancelledError):
+        late.begin_effect("more", idempotency_key="order-2")

@@ -166,6 +166,10 @@ class Memory:
                 settings.summarizer_model,
                 api_base=settings.summarizer_api_base,
                 api_key=api_key.get_secret_value() if api_key else None,
+                max_input_tokens=settings.summarizer_max_input_tokens,
+                timeout=settings.summarizer_timeout,
+                max_retries=settings.summarizer_max_retries,
+                max_transient_retries=settings.summarizer_max_transient_retries,
             )
         return cls(
             kv=kv,

@@ -43,6 +43,28 @@ class Settings(BaseSettings):
     )
     summarizer_api_base: str | None = None
     summarizer_api_key: SecretStr | None = None
+    summarizer_max_input_tokens: int | None = Field(
+        default=None,
+        ge=100,
+        description="Largest transcript part, in tokens, summarized in one call (longer ones are "
+        "map-reduced); default: the model's window as litellm knows it, else 8000. Set it for "
+        "a self-hosted model litellm does not know.",
+    )
+    summarizer_timeout: float = Field(
+        default=60.0, gt=0, description="Seconds per summarizer call before it is a timeout."
+    )
+    summarizer_max_retries: int = Field(
+        default=2,
+        ge=0,
+        description="Extra summarizer calls after an invalid reply (bad JSON or schema), each "
+        "telling the model what was wrong.",
+    )
+    summarizer_max_transient_retries: int = Field(
+        default=3,
+        ge=0,
+        description="Extra summarizer calls after a timeout, rate limit, connection failure or "
+        "5xx error (with backoff).",
+    )
     tenant: str = Field(default="default", description="Namespace of every stored key.")
     max_value_bytes: int = Field(default=DEFAULT_MAX_VALUE_BYTES, gt=0)
     durable: bool = Field(default=True, description="fsync every SQLite commit.")

@@ -6,7 +6,9 @@ How one :meth:`LiteLLMSummarizer.summarize` call runs:
    than ``max_input_tokens`` it is cut into chunks at message boundaries (a
    single huge message is split by tokens), each chunk is summarized, and the
    partial summaries are merged by further calls (map-reduce), in groups that
-   fit the budget, until one is left.
+   fit the budget, until one is left. If the provider answers that the
+   context window is exceeded (litellm's ``ContextWindowExceededError``), the
+   whole is done again in chunks half as large, a bounded number of times.
 2. Each call asks for JSON matching :class:`LLMSummary`: a JSON schema
    (``response_format`` ``json_schema``) when litellm says the model supports
    it, else JSON mode (``json_object``). A provider that rejects the format
@@ -65,6 +67,9 @@ _WEAKER: dict[_Mode, _Mode] = {"json_schema": "json_object", "json_object": "non
 # Room kept free in the model's window for the instructions and the answer.
 _OUTPUT_RESERVE = 2000
 _MIN_BUDGET = 100
+# A model that says its context window was exceeded gets the transcript again in chunks of
+# half the size, at most this many times (8000 tokens -> 500), before it is an error.
+_WINDOW_SHRINKS = 4
 _MAX_ITEM_CHARS = 2000
 _RESERVED_KWARGS = frozenset({"model", "messages", "response_format", "stream", "n"})
 
@@ -181,6 +186,10 @@ def _feedback(problem: str) -> str:
 
 class _InvalidReplyError(Exception):
     """The model's reply is not a valid :class:`LLMSummary`; the message says why."""
+
+
+class _WindowExceededError(Exception):
+    """The provider said the prompt is over the model's context window (re-chunk smaller)."""
 
 
 _FENCE = re.compile(r"^```[a-zA-Z]*\s*(.*?)\s*```$", re.DOTALL)
@@ -419,6 +428,13 @@ def _retry_after(exc: Exception) -> float | None:
         return None
 
 
+def _window_exceeded(litellm: Any, exc: Exception) -> bool:
+    if isinstance(exc, litellm.ContextWindowExceededError):
+        return True
+    # OpenAI-compatible servers that only send the error code are not mapped by litellm.
+    return isinstance(exc, litellm.BadRequestError) and "context_length_exceeded" in str(exc)
+
+
 def _rejects_format(litellm: Any, exc: Exception) -> bool:
     if not isinstance(exc, litellm.BadRequestError) or isinstance(
         exc, litellm.ContextWindowExceededError
@@ -459,7 +475,9 @@ class LiteLLMSummarizer:
         max_input_tokens: Largest transcript, in tokens, summarized in one call;
             longer ones are chunked (map-reduce). Default: the model's input
             window less room for instructions and answer when litellm knows the
-            model, else :data:`DEFAULT_MAX_INPUT_TOKENS`.
+            model, else :data:`DEFAULT_MAX_INPUT_TOKENS`. When the provider
+            still answers that the context window is exceeded, the chunks are
+            halved (a few times, bounded) rather than failing.
         completion_kwargs: Extra arguments of ``litellm.completion`` (e.g.
             ``mock_response``, ``max_tokens``, ``extra_headers``); they override
             the defaults above. ``model``, ``messages``, ``response_format``,
@@ -560,7 +578,8 @@ class LiteLLMSummarizer:
                 outlasted the retries.
             SummaryGenerationError: The model never returned a valid summary
                 (``raw_output`` holds its last reply), or the provider refused
-                the request (bad key, unknown model, context window exceeded).
+                the request (bad key, unknown model, context window exceeded
+                even after re-chunking smaller).
         """
         messages = parse_transcript(transcript)
         check_id(user_id, "user_id")
@@ -597,7 +616,32 @@ class LiteLLMSummarizer:
     def _summarize_lines(
         self, litellm: Any, run: _Run, lines: Sequence[str]
     ) -> tuple[LLMSummary, list[FactCandidate]]:
+        """Map-reduce within the budget; halve the budget when the model's window is exceeded.
+
+        The window litellm reports (or :data:`DEFAULT_MAX_INPUT_TOKENS` for a
+        model it does not know) can be larger than the model's real one: a
+        provider's context-window error then re-runs the summary with chunks
+        half as large, at most ``_WINDOW_SHRINKS`` times and never below
+        ``_MIN_BUDGET`` tokens, instead of failing.
+        """
         budget = self._budget(litellm)
+        for shrinks in range(_WINDOW_SHRINKS + 1):
+            try:
+                return self._map_reduce(litellm, run, lines, budget)
+            except _WindowExceededError as exc:
+                smaller = max(budget // 2, _MIN_BUDGET)
+                if shrinks == _WINDOW_SHRINKS or smaller >= budget:
+                    raise SummaryGenerationError(
+                        f"{self.model}: the prompt is over the model's context window even in "
+                        f"chunks of {budget} tokens ({exc}); set max_input_tokens "
+                        "(TIERMEM_SUMMARIZER_MAX_INPUT_TOKENS) to what the model accepts"
+                    ) from exc.__cause__
+                budget = smaller
+        raise AssertionError("unreachable: the loop returns or raises")  # pragma: no cover
+
+    def _map_reduce(
+        self, litellm: Any, run: _Run, lines: Sequence[str], budget: int
+    ) -> tuple[LLMSummary, list[FactCandidate]]:
         chunks = _chunk(lines, budget)
         if len(chunks) == 1:
             result = self._generate(
@@ -726,6 +770,10 @@ class LiteLLMSummarizer:
                     if run.mode in _WEAKER and _rejects_format(litellm, exc):
                         run.mode = _WEAKER[run.mode]  # this provider refuses the format
                         continue
+                    if _window_exceeded(litellm, exc):
+                        raise _WindowExceededError(
+                            f"{type(exc).__name__}: {str(exc)[:200]}"
+                        ) from exc
                     raise self._fatal(litellm, exc) from exc
                 transient_attempts += 1
                 retry_after = _retry_after(exc)
@@ -780,9 +828,7 @@ class LiteLLMSummarizer:
         return delay
 
     def _fatal(self, litellm: Any, exc: Exception) -> SummaryGenerationError:
-        if isinstance(exc, litellm.ContextWindowExceededError):
-            hint = "the prompt is over the model's context window; set max_input_tokens lower"
-        elif isinstance(exc, litellm.AuthenticationError | litellm.PermissionDeniedError):
+        if isinstance(exc, litellm.AuthenticationError | litellm.PermissionDeniedError):
             hint = "the provider refused the credentials; check api_key"
         elif isinstance(exc, litellm.NotFoundError):
             hint = "the provider does not know this model; check the model name and api_base"

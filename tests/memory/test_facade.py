@@ -29,6 +29,8 @@ from memory import (
 from memory.settings import Settings
 from summarizer import ExtractiveSummarizer, Summarization
 from summarizer.tokens import count_tokens
+from tests.summarizer.stub_server import StubLLMServer, StubReply
+from tests.summarizer.test_llm import long_transcript, scripted_model
 from tiers import keys
 from tiers.errors import ConflictError
 from tiers.models import Message
@@ -677,3 +679,46 @@ def test_an_explicit_fact_wins_over_one_learned_from_a_future_dated_session(
     assert memory.get_fact("u1", "preference.email").value == "phone calls are fine now"
     with pytest.raises(FactNotFoundError):
         memory.get_fact("u1", "no-such-fact")
+
+
+# -- summarizer settings reach the summarizer --------------------------------------------------
+
+
+def test_summarizer_settings_from_the_environment_reach_the_summarizer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with StubLLMServer(fallback=scripted_model) as stub:
+        for name, value in {
+            "DATA_DIR": str(tmp_path),
+            "SUMMARIZER_MODEL": "openai/my-local-4k",  # a model litellm does not know
+            "SUMMARIZER_API_BASE": stub.api_base,
+            "SUMMARIZER_API_KEY": "test",
+            "SUMMARIZER_MAX_INPUT_TOKENS": "300",
+            "SUMMARIZER_TIMEOUT": "7.5",
+            "SUMMARIZER_MAX_RETRIES": "0",
+            "SUMMARIZER_MAX_TRANSIENT_RETRIES": "0",
+        }.items():
+            monkeypatch.setenv(f"TIERMEM_{name}", value)
+        with Memory.from_settings() as memory:
+            summarizer = memory.summarizer
+            assert isinstance(summarizer, LiteLLMSummarizer)
+            assert (
+                summarizer.max_input_tokens,
+                summarizer.timeout,
+                summarizer.max_retries,
+                summarizer.max_transient_retries,
+            ) == (300, 7.5, 0, 0)
+            # The budget is used: the long transcript is map-reduced in chunks of 300 tokens.
+            memory.end_session("u1", "long", long_transcript())
+            maps = [
+                r for r in stub.requests if not r["messages"][0]["content"].startswith("You merge")
+            ]
+            assert len(maps) >= 5
+            # No retries: one invalid reply is the end of it.
+            stub.fallback = None
+            stub.enqueue(StubReply.chat("not json"))
+            calls = len(stub.requests)
+            with pytest.raises(SummaryGenerationError):
+                memory.end_session("u1", "short", TRANSCRIPT)
+            assert len(stub.requests) == calls + 1
+            assert memory.pending_summaries("u1") == ["short"]

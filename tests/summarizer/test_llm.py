@@ -13,7 +13,7 @@ import re
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -27,7 +27,12 @@ from summarizer import (
     SummaryGenerationError,
     count_tokens,
 )
-from summarizer.llm import summary_json_schema
+from summarizer.llm import (
+    _REDUCE_SYSTEM,
+    DEFAULT_MAX_INPUT_TOKENS,
+    _import_litellm,
+    summary_json_schema,
+)
 from tests.summarizer.stub_server import StubLLMServer, StubReply
 from tiers.errors import InvalidInputError
 
@@ -532,3 +537,69 @@ def test_tool_call_only_transcript_needs_no_call(stub: StubLLMServer) -> None:
     assert result.usage is not None
     assert result.usage.calls == 0
     assert stub.requests == []
+
+
+# --------------------------------------------------------------------------- context window
+
+WINDOW_ERROR = (
+    "This model's maximum context length is {window} tokens. However, your messages resulted "
+    "in {used} tokens. Please reduce the length of the messages."
+)
+
+
+def small_window_model(window: int) -> Callable[[dict[str, Any]], StubReply]:
+    """A model with a ``window``-token context that litellm does not know about."""
+
+    def answer(body: dict[str, Any]) -> StubReply:
+        used = sum(count_tokens(m["content"]) for m in body["messages"])
+        if used > window:
+            return StubReply.error(400, WINDOW_ERROR.format(window=window, used=used))
+        return scripted_model(body)
+
+    return answer
+
+
+def test_a_context_window_error_re_chunks_smaller(stub: StubLLMServer) -> None:
+    # An unknown model gets the default budget (8000 tokens); its real window is 1500.
+    stub.fallback = small_window_model(1500)
+    transcript = long_transcript()
+    assert 1500 < sum(count_tokens(m["content"]) for m in transcript) < 8000
+    result = run(stub_summarizer(stub, model="openai/my-local-4k"), transcript)
+
+    requests = stub.requests
+    too_big = [r for r in requests if sum(count_tokens(m["content"]) for m in r["messages"]) > 1500]
+    assert 1 <= len(too_big) <= 4  # bounded: a few halvings of the budget
+    assert requests[: len(too_big)] == too_big  # refused first, then smaller chunks succeed
+    maps = [
+        r
+        for r in requests[len(too_big) :]
+        if not r["messages"][0]["content"].startswith("You merge")
+    ]
+    assert len(maps) >= 2
+    summary = result.summary
+    assert summary.decisions_made == [f"Decision from part {n}" for n in range(1, len(maps) + 1)]
+    assert result.usage is not None
+    assert result.usage.calls == len(requests) - len(too_big)  # refused calls cost nothing
+
+
+def test_a_context_window_error_that_persists_is_a_bounded_typed_error(
+    stub: StubLLMServer,
+) -> None:
+    stub.fallback = small_window_model(10)  # not even the instructions fit
+    with pytest.raises(SummaryGenerationError, match="TIERMEM_SUMMARIZER_MAX_INPUT_TOKENS") as info:
+        run(stub_summarizer(stub, model="openai/my-local-4k"), long_transcript())
+    assert not isinstance(info.value, SummarizerUnavailableError)
+    assert len(stub.requests) == 5  # 8000, 4000, 2000, 1000, 500 tokens per chunk, then it stops
+
+
+def test_the_budget_is_the_window_litellm_knows_less_room_for_instructions() -> None:
+    litellm = _import_litellm()  # offline: litellm's bundled model list
+    window = litellm.get_model_info("gpt-4o-mini")["max_input_tokens"]
+    assert window > DEFAULT_MAX_INPUT_TOKENS
+    overhead = count_tokens(_REDUCE_SYSTEM) + 2000
+    assert LiteLLMSummarizer("gpt-4o-mini")._budget(litellm) == window - overhead
+    assert LiteLLMSummarizer("openai/gpt-4o-mini")._budget(litellm) == window - overhead
+    # A model litellm does not know gets the default; an explicit budget always wins.
+    assert LiteLLMSummarizer("openai/my-local-4k")._budget(litellm) == DEFAULT_MAX_INPUT_TOKENS
+    explicit = LiteLLMSummarizer("gpt-4o-mini", max_input_tokens=3000)
+    assert explicit._budget(litellm) == 3000

@@ -473,6 +473,8 @@ class HandleEffectsMixin(HandleCore):
             raise InvalidInputError(
                 "record_effect called inside an effect's function", field="idempotency_key"
             )
+        with self._lock:
+            self._check_lease(self._read_fresh())
         rec, _ = self._tier._read_effect(self.run_id, key)
         if rec is None:
             raise EffectNotFoundError(
@@ -749,6 +751,8 @@ class HandleEffectsMixin(HandleCore):
         def build() -> Txn:
             rec, rec_bytes = self._tier._read_effect(self.run_id, call.key)
             if rec is None or rec.status is not EffectStatus.INVOKED:
+                # Settled by the worker that took the run over? Then this one is fenced.
+                self._check_lease(self._read_fresh())
                 raise ConflictError(
                     f"effect {call.key!r} of run {self.run_id!r} was settled by someone else "
                     "while it ran; nothing was recorded by this call"

@@ -21,15 +21,28 @@ answers ``pid <pid>``; for ``wait <pid>`` it reaps the child and answers
 ``exit <status>`` (negative: killed by that signal). Forking a warm,
 single-threaded process takes about a millisecond, so hundreds of kill
 trials fit in seconds.
+
+``freeze STORE RUN_ID LOG TTL POINT`` forks a worker that takes the run with
+a TTL lease and runs the script against a *deduplicating* external system
+(:func:`external` with ``dedupe``: an effect whose key is in the log is not
+executed again, as the task tier requires of systems a zombie may call), and
+stops itself with SIGSTOP at ``POINT``: ``unit:N`` (after N units),
+``before:NAME`` / ``after:NAME`` (inside effect NAME's function, before or
+after the external call), or ``none`` (the test stops it from outside). Once
+continued it finishes the script, or, fenced out, tries every kind of write
+on its stale handle; :func:`freeze_worker` writes what happened to
+``LOG.outcome`` as JSON.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import signal
 import sys
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -74,10 +87,32 @@ def receipt(key: str) -> JsonValue:
     return {"receipt": f"R-{key.rsplit('/', 2)[-2]}", "key": key}
 
 
-def external(log_path: str, key: str) -> JsonValue:
-    """An external side effect, identified by its idempotency key."""
+Hook = Callable[[str, str], None]
+"""Called at the script's freeze points: ``hook(where, name)``."""
+
+
+def _effect_name(key: str) -> str:
+    return key.rsplit("/", 2)[-2].split(":", 1)[1]
+
+
+def external(
+    log_path: str, key: str, *, dedupe: bool = False, hook: Hook | None = None
+) -> JsonValue:
+    """An external side effect, identified by its idempotency key.
+
+    With ``dedupe`` it is a system that checks the key: a call whose key was
+    executed already returns the same receipt without executing again; every
+    call is counted in ``LOG.attempts``.
+    """
     time.sleep(EFFECT_SLEEP)
-    _append(log_path, key)
+    if hook is not None:
+        hook("before", _effect_name(key))
+    if dedupe:
+        _append(f"{log_path}.attempts", key)
+    if not (dedupe and key in effects_done(log_path)):
+        _append(log_path, key)
+    if hook is not None:
+        hook("after", _effect_name(key))
     time.sleep(EFFECT_SLEEP)
     return receipt(key)
 
@@ -87,31 +122,30 @@ def probe(log_path: str, key: str) -> object:
     return receipt(key) if key in effects_done(log_path) else NOT_DONE
 
 
-def _effect(run: RunHandle, log_path: str, name: str, n: int) -> JsonValue:
-    return run.effect(
-        name,
-        lambda key: external(log_path, key),
-        input={"n": n},
-        reconcile=lambda key: probe(log_path, key),
-    )
-
-
-def _units(run: RunHandle, log_path: str, outputs: list[JsonValue]) -> list[Any]:
+def _units(
+    run: RunHandle,
+    log_path: str,
+    outputs: list[JsonValue],
+    dedupe: bool = False,
+    hook: Hook | None = None,
+) -> list[Any]:
     """The six units of the run, as thunks (plain step, effects, effects inside steps)."""
+
+    def effect(name: str, n: int) -> JsonValue:
+        return run.effect(
+            name,
+            lambda key: external(log_path, key, dedupe=dedupe, hook=hook),
+            input={"n": n},
+            reconcile=lambda key: probe(log_path, key),
+        )
+
     return [
         lambda: run.step("plan", lambda: Charged({"items": 3}, tokens=10, state={"plan": 3})),
-        lambda: _effect(run, log_path, "charge", 1),
+        lambda: effect("charge", 1),
+        lambda: run.step("notify", lambda: {"mail": effect("email", 2), "sms": effect("sms", 3)}),
+        lambda: effect("ship", 4),
         lambda: run.step(
-            "notify",
-            lambda: {
-                "mail": _effect(run, log_path, "email", 2),
-                "sms": _effect(run, log_path, "sms", 3),
-            },
-        ),
-        lambda: _effect(run, log_path, "ship", 4),
-        lambda: run.step(
-            "bookkeeping",
-            lambda: Charged({"ledger": _effect(run, log_path, "ledger", 5)}, state={"booked": 1}),
+            "bookkeeping", lambda: Charged({"ledger": effect("ledger", 5)}, state={"booked": 1})
         ),
         lambda: run.step("summary", lambda: {"done": len(outputs)}),
     ]
@@ -123,11 +157,16 @@ def script(
     start: int = 0,
     stop: int = 6,
     outputs: list[JsonValue] | None = None,
+    *,
+    dedupe: bool = False,
+    hook: Hook | None = None,
 ) -> list[JsonValue]:
     """The run: what a worker executes from the start, on a fresh run or a resume."""
     done: list[JsonValue] = [] if outputs is None else outputs
-    for unit in _units(run, log_path, done)[start:stop]:
+    for i, unit in enumerate(_units(run, log_path, done, dedupe, hook)[start:stop], start + 1):
         done.append(unit())
+        if hook is not None:
+            hook("unit", str(i))
     return done
 
 
@@ -142,7 +181,9 @@ def effect_keys(run_id: str) -> list[str]:
     ]
 
 
-def run_to_end(tier: TaskTier, run_id: str, log_path: str, **lease: object) -> list[JsonValue]:
+def run_to_end(
+    tier: TaskTier, run_id: str, log_path: str, *, dedupe: bool = False, **lease: object
+) -> list[JsonValue]:
     """Start or resume the run and finish it; returns the outputs."""
     try:
         handle = tier.start_run(USER, run_id, **lease)  # type: ignore[arg-type]
@@ -151,9 +192,69 @@ def run_to_end(tier: TaskTier, run_id: str, log_path: str, **lease: object) -> l
         result = info.result
         assert isinstance(result, list)
         return result
-    outputs = script(handle, log_path)
+    outputs = script(handle, log_path, dedupe=dedupe)
     handle.complete(result=outputs)
     return outputs
+
+
+def _stale_writes(handle: RunHandle, zombie_log: str) -> dict[str, str]:
+    """Every kind of write a fenced-out handle might try, and the error each raised."""
+
+    def zombie(*_: object) -> JsonValue:
+        _append(zombie_log, "called")  # must never happen: nothing runs on a stale lease
+        return None
+
+    writes: dict[str, Callable[[], object]] = {
+        "step": lambda: handle.step("zombie-step", zombie),
+        "effect": lambda: handle.effect("zombie-effect", zombie),
+        "begin_effect": lambda: handle.begin_effect("zombie", idempotency_key="zombie-key"),
+        "record_effect": lambda: handle.record_effect(f"{handle.run_id}/effect:ship/0", None),
+        "append_checkpoint": lambda: handle.append_checkpoint("zombie", 1),
+        "await_approval": lambda: handle.await_approval({"zombie": 1}),
+        "compensate": handle.compensate,
+        "heartbeat": handle.heartbeat,
+        "release": handle.release,
+        "complete": lambda: handle.complete("zombie"),
+        "fail": lambda: handle.fail("zombie"),
+    }
+    seen: dict[str, str] = {}
+    for name, write in writes.items():
+        try:
+            write()
+        except Exception as exc:
+            seen[name] = type(exc).__name__
+        else:
+            seen[name] = "written"
+    return seen
+
+
+def freeze_worker(spec: str, run_id: str, log_path: str, ttl: float, point: str) -> int:
+    """The worker of a fencing trial (see the module docstring): its outcome goes to LOG.outcome."""
+
+    def hook(where: str, name: str) -> None:
+        if f"{where}:{name}" == point:
+            os.kill(os.getpid(), signal.SIGSTOP)  # frozen here until the test sends SIGCONT
+
+    kv = open_store(spec)
+    outcome: dict[str, Any] = {}
+    try:
+        tier = TaskTier(kv)
+        try:
+            handle = tier.start_run(USER, run_id, worker_id="frozen", lease_ttl=ttl)
+        except RunStateError:
+            outcome["first"] = "finished"  # the other worker finished it first
+            return 0
+        try:
+            outputs = script(handle, log_path, dedupe=True, hook=hook)
+            handle.complete(result=outputs)
+            outcome["first"] = "completed"
+        except StaleWriterError:
+            outcome["first"] = "StaleWriterError"
+            outcome["stale_writes"] = _stale_writes(handle, f"{log_path}.zombie")
+    finally:
+        Path(f"{log_path}.outcome").write_text(json.dumps(outcome))
+        kv.close()
+    return 0
 
 
 def _child(spec: str, run_id: str, log_path: str) -> int:
@@ -181,6 +282,17 @@ def serve() -> int:
                 code = 3
                 try:
                     code = _child(parts[1], parts[2], parts[3])
+                except BaseException:
+                    traceback.print_exc()
+                finally:
+                    os._exit(code)
+            print(f"pid {pid}", flush=True)
+        elif parts[0] == "freeze":
+            pid = os.fork()
+            if pid == 0:
+                code = 3
+                try:
+                    code = freeze_worker(parts[1], parts[2], parts[3], float(parts[4]), parts[5])
                 except BaseException:
                     traceback.print_exc()
                 finally:

@@ -1,4 +1,5 @@
-"""Crash and race tests of the task tier: SIGKILLed workers and two racing worker processes.
+"""Crash and race tests of the task tier: SIGKILLed workers, racing worker processes, and a
+worker frozen (SIGSTOP) past its lease, taken over, then continued (SIGCONT) and fenced.
 
 Every effect of :mod:`tests.tiers.crash_worker`'s script appends its
 idempotency key to a log file, so "exactly once" is checked on what really
@@ -15,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import IO
 
@@ -23,6 +24,8 @@ import pytest
 from pydantic import JsonValue
 
 from tests.tiers.crash_worker import STEPS, effect_keys, effects_done, open_store, run_to_end
+from tiers import keys
+from tiers.backends.base import KVStore
 from tiers.errors import RunNotFoundError
 from tiers.models import Checkpoint, RunStatus
 from tiers.task import EventKind, TaskTier
@@ -56,6 +59,11 @@ class ForkServer:
 
     def spawn(self, store: str, run_id: str, log: Path) -> int:
         answer = self._ask(f"run {store} {run_id} {log}")
+        assert answer.startswith("pid "), answer
+        return int(answer.split()[1])
+
+    def spawn_frozen(self, store: str, run_id: str, log: Path, ttl: float, point: str) -> int:
+        answer = self._ask(f"freeze {store} {run_id} {log} {ttl} {point}")
         assert answer.startswith("pid "), answer
         return int(answer.split()[1])
 
@@ -291,3 +299,136 @@ def test_expired_lease_is_taken_over_and_the_old_worker_is_fenced(
         assert len(result) == 6
     finally:
         kv.close()
+
+
+# -- a worker frozen past its lease: taken over, then continued and fenced ------------------
+
+FROZEN_TTL = 0.3
+
+
+def _proc_state(pid: int) -> str:
+    """The kernel's state letter of a process: T when stopped, Z when exited and not yet reaped."""
+    stat = Path(f"/proc/{pid}/stat").read_text()
+    return stat.rsplit(")", 1)[1].split()[0]
+
+
+def _wait_for(what: str, ready: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 30
+    while not ready():
+        assert time.monotonic() < deadline, f"gave up waiting: {what}"
+        time.sleep(0.01)
+
+
+def _run_bytes(kv: KVStore, run_id: str) -> dict[str, object]:
+    """Every stored byte of one run: its head and its space."""
+    return {
+        "head": kv.get_many(keys.runs_space("default"), [run_id]),
+        "space": kv.scan(keys.run_space("default", run_id)),
+    }
+
+
+def _fencing_trial(
+    server: ForkServer, store: str, log: Path, run_id: str, point: str, stop_after: float = 0.0
+) -> str:
+    """One trial: freeze the first worker (at ``point``, or from outside after ``stop_after`` s),
+    let its lease expire, finish the run here (another process), then continue the frozen one.
+
+    Returns what the frozen worker saw first once continued (``StaleWriterError`` when it was
+    fenced; ``completed`` / ``finished`` when it was not frozen before the end).
+    """
+    kv = open_store(store)
+    tier = TaskTier(kv)
+    pid = server.spawn_frozen(store, run_id, log, FROZEN_TTL, point)
+    continued = False
+    try:
+        if point == "none":
+            time.sleep(stop_after)
+            os.kill(pid, signal.SIGSTOP)
+        _wait_for("the worker to stop", lambda: _proc_state(pid) in "TZ")
+
+        def lease_gone() -> bool:
+            try:
+                return not tier.get_run(run_id).lease_live(tier._now())
+            except RunNotFoundError:
+                return True
+
+        _wait_for("the frozen worker's lease to expire", lease_gone)
+        outputs = run_to_end(tier, run_id, str(log), dedupe=True, worker_id="taker", lease_ttl=30)
+        before = _run_bytes(kv, run_id)
+        os.kill(pid, signal.SIGCONT)
+        continued = True
+        assert server.wait(pid) == 0, "the frozen worker failed: see the fork server's stderr"
+        outcome = json.loads(Path(f"{log}.outcome").read_text())
+
+        info = tier.get_run(run_id)
+        assert info.status is RunStatus.COMPLETED
+        assert info.result == outputs
+        history = tier.history(run_id)
+        assert_chain(history)  # one linear lineage, gap-free seqs: no fork
+        assert [c.step for c in history] == STEPS
+        assert (info.superseded, info.unknown_effects) == ([], [])
+        events = tier.events(run_id)
+        assert [e.seq for e in events] == list(range(1, len(events) + 1))
+        recorded = Counter(
+            str(e.data["key"]) for e in events if e.kind is EventKind.EFFECT_RECORDED
+        )
+        assert recorded == Counter(effect_keys(run_id))  # each effect recorded once
+        assert Counter(effects_done(log)) == Counter(effect_keys(run_id))  # and executed once
+        assert not Path(f"{log}.zombie").exists()
+        if outcome["first"] == "StaleWriterError":
+            assert info.lease_epoch == 2
+            # Every write the continued worker tried was fenced: nothing it wrote is stored.
+            assert set(outcome["stale_writes"].values()) == {"StaleWriterError"}, outcome
+            assert _run_bytes(kv, run_id) == before
+            resumed = next(e.seq for e in events if e.kind is EventKind.RUN_RESUMED)
+            assert {e.epoch for e in events if e.seq >= resumed} == {2}
+        first: str = outcome["first"]
+        return first
+    finally:
+        if not continued:
+            os.kill(pid, signal.SIGKILL)
+            server.wait(pid)
+        kv.close()
+
+
+@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+@pytest.mark.parametrize(
+    "point",
+    [
+        "unit:2",  # between two units
+        "after:ship",  # inside a top-level effect: it happened, its result is not recorded
+        "before:email",  # inside an effect of a step, before the call: the zombie calls it late
+    ],
+)
+def test_a_worker_frozen_past_its_lease_is_fenced_when_it_wakes(
+    backend: str,
+    point: str,
+    tmp_path: Path,
+    request: pytest.FixtureRequest,
+    fork_server: ForkServer,
+) -> None:
+    store = _store(backend, tmp_path, request)
+    log = tmp_path / "effects.log"
+    assert _fencing_trial(fork_server, store, log, "frozen", point) == "StaleWriterError"
+    attempts = Counter(effects_done(f"{log}.attempts"))
+    # The zombie's late call reached the external system, which deduplicated it by key.
+    assert attempts["frozen/notify/0/effect:email/0"] == (2 if point == "before:email" else 1)
+
+
+@pytest.mark.slow
+def test_workers_frozen_at_random_moments_are_fenced(
+    tmp_path: Path, request: pytest.FixtureRequest, fork_server: ForkServer
+) -> None:
+    # Redis only: a process frozen inside a SQLite write transaction holds the
+    # database's write lock until it runs again, so the taker would wait for it.
+    store = _store("redis", tmp_path, request)
+    rng = random.Random(20240612)
+    seen: Counter[str] = Counter()
+    for trial in range(30):
+        log = tmp_path / f"trial-{trial}.log"
+        seen[
+            _fencing_trial(
+                fork_server, store, log, f"frozen-{trial}", "none", rng.uniform(0.0, 0.03)
+            )
+        ] += 1
+    assert seen["StaleWriterError"] > 0, seen

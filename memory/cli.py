@@ -1,8 +1,13 @@
-"""The ``tiermem`` command line."""
+"""The ``tiermem`` command line of the library: demo, info, keys, reindex, resummarize.
+
+:func:`build_app` makes the Typer app of these commands. The installed
+``tiermem`` script is :mod:`api.cli`, at the top layer, which adds ``serve``
+(the HTTP service) to it: this package never imports ``api`` (layers point
+down only), not even by name at run time.
+"""
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,10 +25,7 @@ from tiers.errors import TierError
 if TYPE_CHECKING:
     from memory.facade import Memory
 
-app = typer.Typer(help="tiermem: three-tier memory for LLM agents.", no_args_is_help=True)
 
-
-@app.command()
 def demo(
     data_dir: Annotated[
         Path | None,
@@ -36,7 +38,6 @@ def demo(
     main(data_dir)
 
 
-@app.command()
 def info() -> None:
     """Print the settings in effect (from TIERMEM_* environment variables)."""
     from memory.settings import Settings
@@ -46,38 +47,6 @@ def info() -> None:
         typer.echo(f"{name} = {value}")
 
 
-@app.command()
-def serve(
-    host: Annotated[
-        str | None, typer.Option(help="Interface to bind (default: TIERMEM_API_HOST or 127.0.0.1).")
-    ] = None,
-    port: Annotated[
-        int | None, typer.Option(help="Port to bind (default: TIERMEM_API_PORT or 8080).")
-    ] = None,
-    no_auth: Annotated[
-        bool,
-        typer.Option(
-            "--no-auth", help="Accept requests without an API key (local development only)."
-        ),
-    ] = False,
-) -> None:
-    """Run the HTTP service (settings from TIERMEM_* environment variables)."""
-    # The service lives in the api package, above this one; it is looked up by name so the
-    # memory package never imports it (layers point down only).
-    server = importlib.import_module("api.server")
-    settings = _settings()
-    if no_auth:
-        settings = settings.model_copy(update={"auth_enabled": False})
-    server.serve(settings, host=host, port=port)
-
-
-keys_app = typer.Typer(
-    help="Create, list and revoke API keys of the HTTP service.", no_args_is_help=True
-)
-app.add_typer(keys_app, name="keys")
-
-
-@keys_app.command("create")
 def keys_create(
     tenant: Annotated[str, typer.Option(help="Tenant the key acts in.")],
     read_only: Annotated[
@@ -96,7 +65,6 @@ def keys_create(
     )
 
 
-@keys_app.command("list")
 def keys_list(
     tenant: Annotated[str | None, typer.Option(help="Only this tenant's keys.")] = None,
 ) -> None:
@@ -111,7 +79,6 @@ def keys_list(
         )
 
 
-@keys_app.command("revoke")
 def keys_revoke(
     key_id: Annotated[str, typer.Argument(help="The key id shown by `keys list`.")],
 ) -> None:
@@ -128,7 +95,6 @@ UsersOption = Annotated[
 ]
 
 
-@app.command()
 def reindex(tenant: TenantOption = "default", user: UsersOption = None) -> None:
     """Rebuild the session vector index from the KV store (a damaged index, a new embedder).
 
@@ -154,7 +120,6 @@ def reindex(tenant: TenantOption = "default", user: UsersOption = None) -> None:
         typer.echo(f"reindexed {done} sessions of tenant {tenant}")
 
 
-@app.command()
 def resummarize(tenant: TenantOption = "default", user: UsersOption = None) -> None:
     """Summarize every session whose transcript is stored but has no summary (a failed summary)."""
     with _memory(tenant) as memory:
@@ -173,21 +138,29 @@ def resummarize(tenant: TenantOption = "default", user: UsersOption = None) -> N
             raise typer.Exit(1)
 
 
-@contextmanager
-def _memory(tenant: str) -> Iterator[Memory]:
-    """The configured stores, as one tenant's view; errors become a clear message and exit 1."""
-    from memory.facade import Memory
+def build_app() -> typer.Typer:
+    """A new Typer app with the library's commands (the ``tiermem`` script adds ``serve``)."""
+    app = typer.Typer(help="tiermem: three-tier memory for LLM agents.", no_args_is_help=True)
+    app.command()(demo)
+    app.command()(info)
+    keys_app = typer.Typer(
+        help="Create, list and revoke API keys of the HTTP service.", no_args_is_help=True
+    )
+    keys_app.command("create")(keys_create)
+    keys_app.command("list")(keys_list)
+    keys_app.command("revoke")(keys_revoke)
+    app.add_typer(keys_app, name="keys")
+    app.command()(reindex)
+    app.command()(resummarize)
+    return app
 
-    settings = _settings()
-    try:
-        with Memory.from_settings(settings) as memory:
-            yield memory.for_tenant(tenant)
-    except TierError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
+
+app = build_app()
+"""The library's commands (``python -m memory.cli``); the installed script is ``api.cli:app``."""
 
 
-def _settings() -> Settings:
+def settings_from_env() -> Settings:
+    """Settings from ``TIERMEM_*``; a bad one is a usage error naming the variable."""
     try:
         return Settings()
     except ValidationError as exc:
@@ -196,9 +169,23 @@ def _settings() -> Settings:
 
 
 @contextmanager
+def _memory(tenant: str) -> Iterator[Memory]:
+    """The configured stores, as one tenant's view; errors become a clear message and exit 1."""
+    from memory.facade import Memory
+
+    settings = settings_from_env()
+    try:
+        with Memory.from_settings(settings) as memory:
+            yield memory.for_tenant(tenant)
+    except TierError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+
+
+@contextmanager
 def _registry() -> Iterator[ApiKeyRegistry]:
     """The key registry on the configured KV store only (no index or model is opened)."""
-    settings = _settings()
+    settings = settings_from_env()
     try:
         kv = open_kv_store(
             settings.kv_location(),

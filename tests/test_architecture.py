@@ -23,7 +23,12 @@ DRIVERS = {
 }
 
 
+_DYNAMIC_IMPORTS = {"import_module", "__import__"}
+
+
 def imports_of(path: Path) -> set[str]:
+    """Modules a file imports: import statements, and ``importlib.import_module`` /
+    ``__import__`` calls with a literal name (an import by name is still an import)."""
     tree = ast.parse(path.read_text(), filename=str(path))
     names: set[str] = set()
     for node in ast.walk(tree):
@@ -31,6 +36,16 @@ def imports_of(path: Path) -> set[str]:
             names.update(alias.name for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.module and node.level == 0:
             names.add(node.module)
+        elif isinstance(node, ast.Call) and node.args:
+            func = node.func
+            called = func.attr if isinstance(func, ast.Attribute) else getattr(func, "id", None)
+            first = node.args[0]
+            if (
+                called in _DYNAMIC_IMPORTS
+                and isinstance(first, ast.Constant)
+                and isinstance(first.value, str)
+            ):
+                names.add(first.value)
     return names
 
 
@@ -66,8 +81,22 @@ def test_drivers_stay_in_their_room(driver: str) -> None:
 def test_layer_check_sees_a_violation(tmp_path: Path) -> None:
     # The checker itself must be able to fail.
     bad = tmp_path / "bad.py"
-    bad.write_text("import api.app\nfrom memory.facade import Memory\n")
-    assert imports_of(bad) == {"api.app", "memory.facade"}
+    bad.write_text(
+        "import api.app\nfrom memory.facade import Memory\n"
+        "import importlib\nfrom importlib import import_module\n"
+        "def later():\n"
+        "    importlib.import_module('api.server')\n"
+        "    import_module('api.deps')\n"
+        "    __import__('api.errors')\n"
+    )
+    assert imports_of(bad) == {
+        "api.app",
+        "memory.facade",
+        "importlib",
+        "api.server",
+        "api.deps",
+        "api.errors",
+    }
 
 
 def test_public_surface_is_pinned() -> None:

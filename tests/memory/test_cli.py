@@ -22,7 +22,7 @@ TRANSCRIPT = [
 def data_dir(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     monkeypatch.setenv("TIERMEM_DATA_DIR", str(tmp_path))
     monkeypatch.delenv("TIERMEM_KV_URL", raising=False)
-    monkeypatch.delenv("TIERMEM_CHROMA_URL", raising=False)
+    monkeypatch.delenv("TIERMEM_VECTOR_URL", raising=False)
     return tmp_path
 
 
@@ -73,3 +73,19 @@ def test_a_bad_tenant_is_a_clear_error(data_dir: Path) -> None:
     result = CliRunner().invoke(cli, ["reindex", "--tenant", "no spaces"])
     assert result.exit_code == 1
     assert "tenant 'no spaces' is invalid" in result.stderr
+
+
+def test_the_tiermem_script_adds_serve_at_the_top_layer() -> None:
+    from api.cli import app as script
+
+    library = CliRunner().invoke(cli, ["--help"])
+    full = CliRunner().invoke(script, ["--help"])
+    assert library.exit_code == full.exit_code == 0
+    for command in ("demo", "info", "keys", "reindex", "resummarize"):
+        assert command in library.stdout
+        assert command in full.stdout
+    assert "serve" not in library.stdout  # the memory package knows nothing of the service
+    assert "serve" in full.stdout
+    served = CliRunner().invoke(script, ["serve", "--help"])
+    assert served.exit_code == 0
+    assert "--no-auth" in served.stdout

@@ -7,12 +7,17 @@ exactly once; the session is summarized and saved; the next session starts
 with a continuation context built from what was remembered.
 
 The worker is this module run as ``python -m memory.demo worker ...``.
+
+The demo can run again on the same folder: each run starts a refund
+workflow of its own (a fresh run id, and its own effect log), while the
+user's facts and sessions are saved again idempotently.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -22,6 +27,7 @@ from collections import Counter
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import NoReturn
 
 from pydantic import JsonValue
 from rich.console import Console
@@ -32,7 +38,7 @@ from memory.facade import Memory
 from tiers.task_events import NOT_DONE, NotDone
 
 USER = "maria"
-RUN_ID = "refund-ord-5521"
+RUN_PREFIX = "refund-ord-5521"
 STEPS = (
     "authenticate",
     "validate_order",
@@ -132,12 +138,17 @@ def probe(step: str, effects_log: Path) -> Callable[[str], JsonValue | NotDone]:
     return check
 
 
-def worker(data_dir: Path) -> None:
+def effects_log(data_dir: Path, run_id: str) -> Path:
+    """Where the 'external system' logs the side effects of one run."""
+    return data_dir / f"effects-{run_id}.log"
+
+
+def worker(data_dir: Path, run_id: str) -> None:
     """Run (or resume) the refund workflow; prints one line per committed step."""
     with Memory.open(data_dir) as memory:
-        run = memory.start_run(USER, RUN_ID)
+        run = memory.start_run(USER, run_id)
         for index, step in enumerate(STEPS, start=1):
-            log = data_dir / "effects.log"
+            log = effects_log(data_dir, run_id)
             output = run.effect(step, run_step(step, log), reconcile=probe(step, log))
             print(json.dumps({"step": index, "name": step, "output": output}), flush=True)
         run.complete({"refund": "done"})
@@ -169,27 +180,42 @@ def main(data_dir: Path | None = None) -> None:
             )
         console.print(f"  [dim]+ {len(EARLIER_SESSIONS)} earlier sessions backfilled[/]")
 
+    # A run of its own each time, so the demo runs again on a folder it used before.
+    run_id = f"{RUN_PREFIX}-{secrets.token_hex(4)}"
     console.rule("[bold blue]2. Task tier: a 6-step refund workflow, killed after step 4")
-    worker_cmd = [sys.executable, "-m", "memory.demo", "worker", str(workdir)]
+    worker_cmd = [sys.executable, "-m", "memory.demo", "worker", str(workdir), run_id]
     env = {**os.environ, "TIERMEM_DEMO_HANG": "1"}
-    proc = subprocess.Popen(worker_cmd, stdout=subprocess.PIPE, text=True, env=env)
+    proc = subprocess.Popen(
+        worker_cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env
+    )
     assert proc.stdout is not None
+    assert proc.stderr is not None
+    hanging = False
     for line in proc.stdout:
         if line.startswith("HANGING"):
+            hanging = True
             break
         event = json.loads(line)
         console.print(
             f"  [green]✔[/] step {event['step']} [bold]{event['name']}[/] -> {event['output']}"
         )
+    if not hanging:
+        # It ended on its own before the step it was to be killed in: say why, not "killed".
+        proc.wait()
+        _worker_failed(console, proc.returncode, proc.stderr.read())
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
+    proc.stdout.close()
+    proc.stderr.close()
     console.print(
-        f"  [bold red]✘ worker pid {proc.pid} killed with SIGKILL[/] during step {KILL_AFTER_STEP + 1}"
-        f" (exit {proc.returncode})"
+        f"  [bold red]✘ worker pid {proc.pid} killed with SIGKILL[/] during step "
+        f"{KILL_AFTER_STEP + 1} (exit {proc.returncode})"
     )
 
     console.print("  [yellow]↻ a new worker process resumes the run[/]")
-    resumed = subprocess.run(worker_cmd, capture_output=True, text=True, check=True)
+    resumed = subprocess.run(worker_cmd, capture_output=True, text=True, check=False)
+    if resumed.returncode != 0:
+        _worker_failed(console, resumed.returncode, resumed.stderr)
     for line in resumed.stdout.splitlines():
         event = json.loads(line)
         if "reconciled" in event:
@@ -204,7 +230,7 @@ def main(data_dir: Path | None = None) -> None:
         console.print(f"  {mark} step {event['step']} [bold]{event['name']}[/]")
 
     effects = Counter(
-        line.split()[0] for line in (workdir / "effects.log").read_text().splitlines()
+        line.split()[0] for line in effects_log(workdir, run_id).read_text().splitlines()
     )
     table = Table(title="side effects executed", title_style="bold")
     table.add_column("step")
@@ -215,10 +241,10 @@ def main(data_dir: Path | None = None) -> None:
     console.print(table)
 
     with Memory.open(workdir) as memory:
-        info = memory.get_run(RUN_ID)
-        history = memory.run_history(RUN_ID)
+        info = memory.get_run(run_id)
+        history = memory.run_history(run_id)
         console.print(
-            f"  run [bold]{RUN_ID}[/]: status [green]{info.status.value}[/], "
+            f"  run [bold]{run_id}[/]: status [green]{info.status.value}[/], "
             f"{len(history)} checkpoints, seq {[c.seq for c in history]}"
         )
 
@@ -253,8 +279,15 @@ def main(data_dir: Path | None = None) -> None:
         raise SystemExit(1)
 
 
+def _worker_failed(console: Console, returncode: int, stderr: str) -> NoReturn:
+    """Report a worker that failed on its own (not the planned kill) and stop the demo."""
+    console.print(f"  [bold red]✘ the worker failed on its own (exit {returncode}):[/]")
+    console.print(stderr.strip()[-2000:] or "(no output)", markup=False)
+    raise SystemExit(1)
+
+
 if __name__ == "__main__":
-    if len(sys.argv) == 3 and sys.argv[1] == "worker":
-        worker(Path(sys.argv[2]))
+    if len(sys.argv) == 4 and sys.argv[1] == "worker":
+        worker(Path(sys.argv[2]), sys.argv[3])
     else:
         main(Path(sys.argv[1]) if len(sys.argv) > 1 else None)

@@ -256,32 +256,38 @@ def test_async_memory_works(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_demo_runs_and_shows_exactly_once(tmp_path: Path) -> None:
-    result = subprocess.run(
-        [sys.executable, "-m", "memory.cli", "demo", "--data-dir", str(tmp_path / "demo")],
-        capture_output=True,
-        text=True,
-        timeout=240,
-        check=False,
-    )
-    assert result.returncode == 0, result.stderr[-3000:]
-    out = result.stdout
-    assert "killed with SIGKILL" in out
-    assert "All side effects ran exactly once" in out
-    assert "continuation context" in out
-    effects = [
-        line.split()[0] for line in (tmp_path / "demo" / "effects.log").read_text().splitlines()
-    ]
-    assert sorted(effects) == sorted(
-        [
-            "authenticate",
-            "validate_order",
-            "compute_amount",
-            "issue_credit",
-            "send_confirmation",
-            "update_crm",
-        ]
-    )
+def test_demo_runs_shows_exactly_once_and_runs_again_on_the_same_folder(
+    tmp_path: Path,
+) -> None:
+    demo_dir = tmp_path / "demo"
+    for round_number in (1, 2):  # the second run reuses the folder of the first
+        result = subprocess.run(
+            [sys.executable, "-m", "memory.cli", "demo", "--data-dir", str(demo_dir)],
+            capture_output=True,
+            text=True,
+            timeout=240,
+            check=False,
+        )
+        assert result.returncode == 0, (round_number, result.stdout[-3000:], result.stderr[-3000:])
+        out = result.stdout
+        assert "killed with SIGKILL" in out
+        assert "failed on its own" not in out
+        assert "All side effects ran exactly once" in out
+        assert "continuation context" in out
+        logs = sorted(demo_dir.glob("effects-*.log"))
+        assert len(logs) == round_number  # a run of its own each time
+        for log in logs:
+            effects = [line.split()[0] for line in log.read_text().splitlines()]
+            assert sorted(effects) == sorted(
+                [
+                    "authenticate",
+                    "validate_order",
+                    "compute_amount",
+                    "issue_credit",
+                    "send_confirmation",
+                    "update_crm",
+                ]
+            )
 
 
 def test_tenant_views_share_stores_but_not_data(memory: Memory) -> None:

@@ -176,7 +176,7 @@ class UserTier:
             now=now,
             field="value",
         )
-        return self._write(fact.user_id, [fact], now)[0]
+        return self._write(fact.user_id, [fact])[0]
 
     def set_facts(
         self, user_id: str, facts: Mapping[str, JsonValue], *, source: str = "api"
@@ -215,19 +215,20 @@ class UserTier:
             )
             for key, value in facts.items()
         ]
-        return self._write(user_id, built, now) if built else []
+        return self._write(user_id, built) if built else []
 
-    def _write(self, user_id: str, facts: list[UserFact], now: datetime) -> list[UserFact]:
+    def _write(self, user_id: str, facts: list[UserFact]) -> list[UserFact]:
         """Store ``facts`` (distinct keys of one user) in one compare-and-set commit.
 
         Conflicts resolve by recency: a fact older than the stored one goes to
-        the history only. A stored time later than ``now`` (written by an older
-        version that did not clamp) counts as ``now``, so it cannot outrank
-        every future write.
+        the history only. A stored fact dated in the future (written before
+        dates were clamped) is replaced by any write, so it cannot outrank
+        every later one.
         """
         space = keys.facts_space(self._tenant, user_id)
         for attempt in range(cas.ATTEMPTS):
             stored = self._kv.get_many(space, [fact.key for fact in facts])
+            now = utcnow()
             writes: list[Write] = []
             checks: list[Check] = []
             results: list[UserFact] = []
@@ -240,7 +241,7 @@ class UserTier:
                 current = decode(UserFact, current_bytes, where=f"{space}/{fact.key}")
                 if current.value == fact.value and current.source == fact.source:
                     results.append(current)
-                elif fact.updated_at < min(current.updated_at, now):
+                elif fact.updated_at < current.updated_at <= now:
                     writes.append(self._history_put(fact))
                     results.append(current)
                 else:

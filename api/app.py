@@ -134,6 +134,7 @@ def create_app(
                 gc.collect()
                 gc.freeze()
             app.state.tiermem = service
+            service.start_sweeping()
             logger.info(
                 "tiermem ready", extra={"tenant": mem.tenant, "auth": settings.auth_enabled}
             )

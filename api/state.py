@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import logging
 import threading
 import time
 from collections.abc import Callable
@@ -21,6 +22,8 @@ from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.models import SessionSummary
 
 T = TypeVar("T")
+
+logger = logging.getLogger("tiermem.api")
 
 _KEY_CACHE_MAX = 10_000
 # A hosted embedder that answered counts as ready for this long: probes come every few
@@ -78,6 +81,8 @@ class ServiceState:
         self._key_cache_lock = threading.Lock()
         self._verifying: dict[str, asyncio.Future[Principal]] = {}
         self._embedder_ok_at: float | None = None
+        self._stop_sweeping = threading.Event()
+        self._sweeper: threading.Thread | None = None
         metrics.watch(jobs_pending=lambda: self.jobs.pending, outbox_backlog=self.outbox_backlog)
 
     # -- tenants -------------------------------------------------------------------------------
@@ -212,8 +217,44 @@ class ServiceState:
         embedder.embed(["readiness probe"])
         self._embedder_ok_at = now
 
+    # -- retention -----------------------------------------------------------------------------
+
+    def sweep_runs(self) -> int:
+        """Delete finished runs past their retention in every tenant this service knows.
+
+        Those are the service's own tenant and every tenant with an API key.
+
+        Returns:
+            How many runs were deleted.
+        """
+        tenants = {self.memory.tenant, *(key.tenant for key in self.keys.list_keys())}
+        return sum(len(self.view(tenant).sweep_runs()) for tenant in sorted(tenants))
+
+    def start_sweeping(self) -> None:
+        """Sweep every ``run_sweep_interval_seconds`` in a daemon thread (0: never)."""
+        interval = self.settings.run_sweep_interval_seconds
+        if interval <= 0 or self._sweeper is not None:
+            return
+        self._sweeper = threading.Thread(
+            target=self._sweep_loop, args=(interval,), name="tiermem-run-sweep", daemon=True
+        )
+        self._sweeper.start()
+
+    def _sweep_loop(self, interval: float) -> None:
+        while not self._stop_sweeping.wait(interval):
+            try:
+                deleted = self.sweep_runs()
+            except Exception as exc:  # a store outage: try again next period
+                logger.warning("run sweep failed: %s", exc)
+                continue
+            if deleted:
+                logger.info("run sweep deleted %d finished runs", deleted)
+
     def close(self) -> None:
-        """Finish queued jobs and reads, then close the stores if this app opened them."""
+        """Stop sweeping, finish queued jobs and reads, then close the stores if this app opened them."""
+        self._stop_sweeping.set()
+        if self._sweeper is not None:
+            self._sweeper.join()
         self.jobs.close()
         self.reads.close()
         if self._owns_memory:

@@ -1,4 +1,4 @@
-"""The ``tiermem`` command line of the library: demo, info, keys, reindex, resummarize.
+"""The ``tiermem`` command line of the library: demo, info, keys, reindex, resummarize, sweep.
 
 :func:`build_app` makes the Typer app of these commands. The installed
 ``tiermem`` script is :mod:`api.cli`, at the top layer, which adds ``serve``
@@ -138,6 +138,15 @@ def resummarize(tenant: TenantOption = "default", user: UsersOption = None) -> N
             raise typer.Exit(1)
 
 
+def sweep(
+    tenant: Annotated[str, typer.Option(help="The tenant whose runs to sweep.")] = "default",
+) -> None:
+    """Delete task runs that finished over TIERMEM_RUN_RETENTION_DAYS ago (default 7)."""
+    with _memory(tenant) as memory:
+        deleted = memory.sweep_runs()
+    typer.echo(f"deleted {len(deleted)} finished runs of tenant {tenant}")
+
+
 def build_app() -> typer.Typer:
     """A new Typer app with the library's commands (the ``tiermem`` script adds ``serve``)."""
     app = typer.Typer(help="tiermem: three-tier memory for LLM agents.", no_args_is_help=True)
@@ -152,6 +161,7 @@ def build_app() -> typer.Typer:
     app.add_typer(keys_app, name="keys")
     app.command()(reindex)
     app.command()(resummarize)
+    app.command()(sweep)
     return app
 
 

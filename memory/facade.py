@@ -6,7 +6,7 @@ import os
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
-from datetime import datetime
+from datetime import datetime, timedelta
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Self, TypeVar
@@ -34,7 +34,7 @@ from tiers.models import (
     utcnow,
 )
 from tiers.session import MAX_TOP_K, RecalledSession, SessionTier
-from tiers.task import UNSET, RunHandle, TaskTier
+from tiers.task import DEFAULT_RETENTION, DEFAULT_SNAPSHOT_EVERY, UNSET, RunHandle, TaskTier
 from tiers.task_events import Approval, EffectRecord
 from tiers.user import UserTier
 from tiers.values import check_datetime
@@ -62,6 +62,10 @@ class Memory:
             per batch: a save returns once its KV commit is durable, and
             recall still sees it (it finishes the user's queued work first).
             ``False`` indexes before each save returns.
+        run_retention: How long finished runs are kept before :meth:`sweep_runs`
+            deletes them.
+        snapshot_every: The task tier snapshots a run's state every this many
+            events, which bounds the cost of resuming a long run.
     """
 
     def __init__(
@@ -74,6 +78,8 @@ class Memory:
         tenant: str = "default",
         context_max_tokens: int = 2000,
         background_indexing: bool = True,
+        run_retention: timedelta = DEFAULT_RETENTION,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
     ) -> None:
         self.kv = kv
         self.index = index
@@ -81,7 +87,9 @@ class Memory:
         self.summarizer: Summarizer = summarizer or ExtractiveSummarizer()
         self.tenant = check_id(tenant, "tenant")
         self.context_max_tokens = context_max_tokens
-        self.tasks = TaskTier(kv, tenant=self.tenant)
+        self.tasks = TaskTier(
+            kv, tenant=self.tenant, retention=run_retention, snapshot_every=snapshot_every
+        )
         self.background_indexing = background_indexing
         self.sessions = SessionTier(
             kv, index, embedder, tenant=self.tenant, background=background_indexing
@@ -111,6 +119,8 @@ class Memory:
                     tenant=tenant,
                     context_max_tokens=self.context_max_tokens,
                     background_indexing=self.background_indexing,
+                    run_retention=self.tasks.retention,
+                    snapshot_every=self.tasks.snapshot_every,
                 )
                 view._owns_stores = False
                 self._tenants[tenant] = view
@@ -179,6 +189,8 @@ class Memory:
             tenant=settings.tenant,
             context_max_tokens=settings.context_max_tokens,
             background_indexing=settings.background_indexing,
+            run_retention=timedelta(days=settings.run_retention_days),
+            snapshot_every=settings.snapshot_every,
         )
 
     # -- session tier -------------------------------------------------------
@@ -503,6 +515,24 @@ class Memory:
         """
         return self.tasks.list_resumable()
 
+    def sweep_runs(self, *, now: datetime | None = None) -> list[str]:
+        """Delete this tenant's runs that finished (completed, failed, cancelled) over ``run_retention`` ago.
+
+        Deletes each run whole (head, events, checkpoints, effect ledger) in one
+        commit; a run that changes meanwhile is left for the next sweep.
+        ``tiermem sweep`` and the HTTP service (every
+        ``run_sweep_interval_seconds``) call this.
+
+        Args:
+            now: The time to measure ages from (default: now).
+
+        Returns:
+            The ids of the deleted runs.
+        """
+        if now is not None:
+            now = check_datetime(now, "now")
+        return self.tasks.sweep(now=now)
+
     def run_state_at(self, run_id: str, checkpoint_id: str) -> dict[str, JsonValue]:
         """A run's state values as of one of its checkpoints (time travel; see ``TaskTier.state_at``)."""
         return self.tasks.state_at(run_id, checkpoint_id)
@@ -824,6 +854,10 @@ class AsyncMemory:
     async def list_resumable_runs(self) -> list[RunInfo]:
         """See :meth:`Memory.list_resumable_runs`."""
         return await self._call(self.sync.list_resumable_runs)
+
+    async def sweep_runs(self, *, now: datetime | None = None) -> list[str]:
+        """See :meth:`Memory.sweep_runs`."""
+        return await self._call(self.sync.sweep_runs, now=now)
 
     async def run_state_at(self, run_id: str, checkpoint_id: str) -> dict[str, JsonValue]:
         """See :meth:`Memory.run_state_at`."""

@@ -76,6 +76,19 @@ class Settings(BaseSettings):
         "before a run's external effect is invoked.",
     )
     context_max_tokens: int = Field(default=2000, gt=0)
+    run_retention_days: float = Field(
+        default=7.0,
+        gt=0,
+        le=36_500,
+        description="Finished task runs are deleted by `tiermem sweep` (and the HTTP service's "
+        "periodic sweep) this many days after they ended.",
+    )
+    snapshot_every: int = Field(
+        default=64,
+        ge=1,
+        description="Snapshot a run's state every this many events, so resuming a long run "
+        "reads one snapshot and a short tail.",
+    )
 
     # -- HTTP service (``tiermem serve``, ``api.create_app``) --------------------------------
     auth_enabled: bool = Field(
@@ -105,6 +118,12 @@ class Settings(BaseSettings):
         default=256,
         gt=0,
         description="Background summaries queued at most; more are refused with HTTP 429.",
+    )
+    run_sweep_interval_seconds: float = Field(
+        default=3600.0,
+        ge=0,
+        description="How often the service deletes finished runs past run_retention_days, in "
+        "its own tenant and every tenant with an API key (0: never; run `tiermem sweep`).",
     )
     job_retention_seconds: float = Field(
         default=3600.0, gt=0, description="How long a finished background job's status is kept."

@@ -103,6 +103,8 @@ class TierCore:
             raise InvalidInputError(
                 "snapshot_every must be an integer >= 1", field="snapshot_every"
             )
+        if not isinstance(retention, timedelta) or retention <= timedelta(0):
+            raise InvalidInputError("retention must be a timedelta > 0", field="retention")
         self._kv = kv
         self._tenant = check_id(tenant, "tenant")
         self._runs = keys.runs_space(self._tenant)

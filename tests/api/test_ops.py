@@ -6,6 +6,7 @@ import io
 import json
 import logging
 import socket
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -150,3 +151,31 @@ def test_openapi_documents_the_headers_the_service_sends(api: Api) -> None:
     assert unauthorised.status_code == 401
     assert unauthorised.headers["WWW-Authenticate"].startswith("Bearer")
     assert unauthorised.headers["X-Request-ID"]
+
+
+def test_the_service_sweeps_finished_runs_of_every_tenant(tmp_path: Path) -> None:
+    settings = Settings(
+        data_dir=tmp_path,
+        durable=False,
+        run_retention_days=1e-9,  # about 0.1 ms
+        run_sweep_interval_seconds=0.05,
+    )
+    with start_app(settings) as api:
+        headers = api.key(new_tenant())
+        c = api.client
+        ids = {}
+        for name in ("finished", "running"):
+            lease = c.post("/v1/runs", json={"user_id": "u1"}, headers=headers).json()
+            ids[name] = lease["run"]["run_id"]
+            if name == "finished":
+                done = c.post(
+                    f"/v1/runs/{ids[name]}:complete",
+                    json={"lease_epoch": lease["lease_epoch"]},
+                    headers=headers,
+                )
+                assert done.status_code == 200, done.text
+        deadline = time.monotonic() + 30
+        while c.get(f"/v1/runs/{ids['finished']}", headers=headers).status_code != 404:
+            assert time.monotonic() < deadline, "the finished run was never swept"
+            time.sleep(0.05)
+        assert c.get(f"/v1/runs/{ids['running']}", headers=headers).json()["status"] == "running"

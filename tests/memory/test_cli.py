@@ -89,3 +89,27 @@ def test_the_tiermem_script_adds_serve_at_the_top_layer() -> None:
     served = CliRunner().invoke(script, ["serve", "--help"])
     assert served.exit_code == 0
     assert "--no-auth" in served.stdout
+
+
+def test_sweep_deletes_only_runs_finished_past_the_retention(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with Memory.open(data_dir) as memory:
+        done = memory.start_run("u1", "done")
+        done.step("a", lambda: 1)
+        done.complete()
+        memory.start_run("u1", "running").step("a", lambda: 1)
+        other = memory.for_tenant("acme").start_run("u1", "done")
+        other.complete()
+
+    kept = CliRunner().invoke(cli, ["sweep"])  # default retention: 7 days
+    assert kept.exit_code == 0, kept.output
+    assert "deleted 0 finished runs of tenant default" in kept.stdout
+
+    monkeypatch.setenv("TIERMEM_RUN_RETENTION_DAYS", "0.000000001")
+    swept = CliRunner().invoke(cli, ["sweep"])
+    assert swept.exit_code == 0, swept.output
+    assert "deleted 1 finished runs of tenant default" in swept.stdout
+    with Memory.open(data_dir) as memory:
+        assert [r.run_id for r in memory.list_runs()] == ["running"]
+        assert memory.for_tenant("acme").get_run("done").status.value == "completed"

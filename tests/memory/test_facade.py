@@ -728,3 +728,27 @@ def test_summarizer_settings_from_the_environment_reach_the_summarizer(
                 memory.end_session("u1", "short", TRANSCRIPT)
             assert len(stub.requests) == calls + 1
             assert memory.pending_summaries("u1") == ["short"]
+
+
+def test_run_retention_and_snapshots_come_from_settings(tmp_path: Path) -> None:
+    with Memory.open(tmp_path, run_retention_days=2, snapshot_every=3) as memory:
+        run = memory.start_run("u1", "r1")
+        for n in range(4):
+            run.step("s", lambda n=n: n)
+        assert run.info.snapshot_event_seq > 0  # snapshotted after 3 events, not 64
+        run.complete()
+        view = memory.for_tenant("acme")
+        view.start_run("u1", "r1").complete()
+
+        ended = memory.get_run("r1").finished_at
+        assert ended is not None
+        assert memory.sweep_runs(now=ended + timedelta(days=1)) == []
+        assert memory.sweep_runs(now=ended + timedelta(days=3)) == ["r1"]
+        with pytest.raises(RunNotFoundError):
+            memory.get_run("r1")
+        # A tenant view keeps the retention it came from, and only sweeps its own runs.
+        assert view.sweep_runs(now=ended + timedelta(days=1)) == []
+        assert view.sweep_runs(now=ended + timedelta(days=3)) == ["r1"]
+        with pytest.raises(InvalidInputError) as bad:
+            memory.sweep_runs(now="tomorrow")  # type: ignore[arg-type]
+        assert bad.value.field == "now"

@@ -13,8 +13,11 @@ A run sees three scopes, kept apart because they live for different spans:
 :class:`ScopeManager` owns one of each, assembles them into a prompt context
 that never exceeds a token budget (:meth:`ScopeManager.build_prompt_context`),
 and snapshots them as plain JSON for task checkpoints, so a resumed run gets
-its scopes back exactly (:meth:`ScopeManager.snapshot`,
-:meth:`ScopeManager.restore`). Tokens are counted with tiktoken, offline.
+its scopes back exactly: ``run.step(name, fn, scope=scopes.snapshot)`` stores
+the snapshot taken after ``fn``, and a resumed worker calls
+``ScopeManager.restore(run.latest_scope())`` before replaying (replayed steps
+do not run their functions, so the scopes stay as the last committed step left
+them). Tokens are counted with tiktoken, offline.
 
 Assembled prompt layout (empty sections are left out)::
 

@@ -8,7 +8,7 @@ re-exported from :mod:`tiers.task_txn`.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -59,7 +59,7 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
         *,
         input: object = None,
         idempotency_key: str | None = None,
-        scope: dict[str, Any] | None = None,
+        scope: Mapping[str, Any] | Callable[[], Mapping[str, Any]] | None = None,
     ) -> JsonValue:
         """Run a step once: replay its recorded output if committed, else call ``fn`` and commit.
 
@@ -82,8 +82,12 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
             input: The step's input, recorded as its SHA-256 (:func:`input_hash`);
                 a replay with a different input raises :class:`InputMismatchError`.
             idempotency_key: Explicit key instead of the default one.
-            scope: Optional JSON-serialisable snapshot stored with the checkpoint
-                (e.g. ``ScopeManager.snapshot()``).
+            scope: Optional JSON-serialisable snapshot stored with the checkpoint,
+                or a function returning one, called after ``fn`` so the checkpoint
+                holds the scopes as the step left them: pass
+                ``scope=manager.snapshot`` (a ``ScopeManager``'s method, not its
+                result) and a resumed worker restores them with
+                ``ScopeManager.restore(run.latest_scope())``.
 
         Returns:
             The step's output after a JSON round trip, identical for the first
@@ -111,7 +115,7 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
             else check_key(idempotency_key)
         )
         digest = input_hash(input, step=step)
-        scope_value = None if scope is None else to_json_dict(scope, field="scope", step=step)
+        scope_value = None if scope is None or callable(scope) else _scope_json(scope, step)
         # Replaying a committed step writes nothing, so it is allowed while paused.
         info = self._refresh(allow_paused=True)
         existing, entry = self._lookup(key, info)
@@ -128,6 +132,8 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
         finally:
             self._active = None
         output, tokens, cost, delta = _unpack(raw, step)
+        if callable(scope):
+            scope_value = _scope_json(scope(), step)
         made: list[Checkpoint] = []
 
         def build() -> Txn:
@@ -311,3 +317,9 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
                 f"error must be a string, got {type(error).__name__}", field="error"
             )
         return self._finish(RunStatus.FAILED, EventKind.RUN_FAILED, {"error": error[:MAX_TEXT]})
+
+
+def _scope_json(scope: object, step: str) -> dict[str, JsonValue]:
+    return to_json_dict(
+        dict(scope) if isinstance(scope, Mapping) else scope, field="scope", step=step
+    )

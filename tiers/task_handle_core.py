@@ -119,6 +119,16 @@ class HandleCore:
         with self._lock:
             return dict(self._load_values())
 
+    def latest_scope(self) -> dict[str, JsonValue] | None:
+        """The newest scope snapshot on the run's current branch (see ``TaskTier.latest_scope``).
+
+        A resumed worker restores its scopes from it before replaying:
+        ``ScopeManager.restore(run.latest_scope())``. Replayed steps do not
+        call their functions, so the scopes stay as the last committed step
+        left them.
+        """
+        return self._tier.latest_scope(self.run_id)
+
     def force_flush(self) -> None:
         """Block until everything this run (and the store) acknowledged is durable.
 

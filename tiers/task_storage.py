@@ -168,6 +168,31 @@ class TierCore:
             raise CheckpointNotFoundError(f"run {run_id!r} has no checkpoint {checkpoint_id!r}")
         return ckpt
 
+    def latest_scope(self, run_id: str) -> dict[str, JsonValue] | None:
+        """The newest scope snapshot on the run's current branch: what a resumed worker restores.
+
+        Steps store one with ``step(..., scope=manager.snapshot)``; checkpoints
+        without one (effects, approvals, steps that passed none) are skipped,
+        and so are checkpoints a state edit superseded.
+
+        Raises:
+            RunNotFoundError: No such run.
+        """
+        info = self.get_run(run_id)
+        space = keys.run_space(self._tenant, run_id)
+        start = keys.checkpoint_key(info.head_seq + 1)
+        while True:
+            page = self._kv.scan(
+                space, prefix=keys.CHECKPOINT_PREFIX, start_after=start, reverse=True, limit=64
+            )
+            for key, data in page:
+                ckpt = self._decode_checkpoint(run_id, key, data)
+                if ckpt.scope is not None and info.in_lineage(ckpt.seq):
+                    return ckpt.scope
+            if len(page) < 64:
+                return None
+            start = page[-1][0]
+
     def _operate(
         self, run_id: str, build: Callable[[RunInfo, datetime], Txn | RunInfo], what: str
     ) -> RunInfo:

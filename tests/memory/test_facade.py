@@ -21,7 +21,9 @@ from memory import (
     InvalidTranscriptError,
     LiteLLMSummarizer,
     Memory,
+    RunHandle,
     RunNotFoundError,
+    ScopeManager,
     SessionNotFoundError,
     SessionSummary,
     SummaryGenerationError,
@@ -752,3 +754,60 @@ def test_run_retention_and_snapshots_come_from_settings(tmp_path: Path) -> None:
         with pytest.raises(InvalidInputError) as bad:
             memory.sweep_runs(now="tomorrow")  # type: ignore[arg-type]
         assert bad.value.field == "now"
+
+
+def _scoped_script(run: RunHandle, scopes: ScopeManager, calls: list[str], *, stop: str) -> None:
+    """Three steps that change the scopes; returns early after ``stop`` (a crash)."""
+
+    def plan() -> str:
+        calls.append("plan")
+        scopes.working.put("plan", ["refund", "notify"])
+        scopes.record("step", "planned the refund")
+        return "planned"
+
+    def act() -> str:
+        calls.append("act")
+        scopes.record("tool", "issued the credit")
+        return "acted"
+
+    def hand_off() -> str:
+        calls.append("hand_off")
+        scopes.phase_handoff("refund done", next_phase="follow-up")
+        return "handed off"
+
+    for name, fn in (("plan", plan), ("act", act), ("hand_off", hand_off)):
+        run.step(name, fn, scope=scopes.snapshot)
+        if name == stop:
+            return
+
+
+def test_a_resumed_run_gets_its_scopes_back_exactly(tmp_path: Path) -> None:
+    with Memory.open(tmp_path) as memory:
+        run = memory.start_run("u1", "r1")
+        assert run.latest_scope() is None
+        scopes = ScopeManager("You are a refund agent.")
+        calls: list[str] = []
+        _scoped_script(run, scopes, calls, stop="act")
+        at_crash = scopes.snapshot()
+        # The checkpoint holds the scopes as the step left them, not as it found them.
+        assert memory.tasks.latest_checkpoint("r1").scope == at_crash  # type: ignore[union-attr]
+
+    with Memory.open(tmp_path) as memory:
+        run = memory.start_run("u1", "r1")  # a new worker resumes
+        saved = run.latest_scope()
+        assert saved is not None
+        scopes = ScopeManager.restore(saved)
+        assert scopes.snapshot() == at_crash
+        calls = []
+        _scoped_script(run, scopes, calls, stop="hand_off")
+        assert calls == ["hand_off"]  # the committed steps replayed without running again
+        assert [e.text for e in scopes.trace.entries()][:2] == [
+            "planned the refund",
+            "issued the credit",
+        ]
+        assert scopes.phase == "follow-up"
+        assert scopes.working.keys() == ()  # the handoff cleared the working memory
+        assert run.latest_scope() == scopes.snapshot()
+        with pytest.raises(InvalidInputError) as bad:
+            run.step("x", lambda: 1, scope=lambda: ["not", "a", "mapping"])  # type: ignore[arg-type, return-value]
+        assert bad.value.field == "scope"

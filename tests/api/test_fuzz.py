@@ -8,6 +8,7 @@ documented schema (problem+json for every failure).
 
 from __future__ import annotations
 
+import os
 import re
 import threading
 import time
@@ -34,7 +35,8 @@ from api import create_app
 from memory.settings import Settings
 from tests.conftest import free_port
 
-MAX_EXAMPLES = 5  # per operation and mode: a few hundred requests in all
+# Per operation and mode: a few hundred requests in all. TIERMEM_FUZZ_EXAMPLES=200 fuzzes deeper.
+MAX_EXAMPLES = int(os.environ.get("TIERMEM_FUZZ_EXAMPLES", "5"))
 
 CHECKS = [
     not_a_server_error,

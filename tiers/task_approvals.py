@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from datetime import datetime
 
 from tiers import keys
@@ -27,6 +28,8 @@ from tiers.task_events import (
 from tiers.task_handle_core import HandleCore
 from tiers.task_storage import TierCore
 from tiers.task_txn import Txn
+
+_HEX_SHA256 = re.compile(r"[0-9a-f]{64}")
 
 __all__ = ["ApprovalsMixin", "HandleApprovalsMixin"]
 
@@ -67,8 +70,11 @@ class ApprovalsMixin(TierCore):
         self, run_id: str, plan_hash: str, by: str, note: str | None, *, granted: bool
     ) -> Approval:
         check_id(run_id, "run_id")
-        if not isinstance(plan_hash, str) or len(plan_hash) != 64:
-            raise InvalidInputError("plan_hash must be a hex SHA-256 digest", field="plan_hash")
+        if not isinstance(plan_hash, str) or not _HEX_SHA256.fullmatch(plan_hash):
+            raise InvalidInputError(
+                "plan_hash must be a SHA-256 digest: 64 lowercase hex characters",
+                field="plan_hash",
+            )
         if not isinstance(by, str) or not 1 <= len(by.strip()) <= 256:
             raise InvalidInputError("by must name who decides (1-256 characters)", field="by")
         if note is not None and (not isinstance(note, str) or len(note) > MAX_NOTE):

@@ -219,6 +219,10 @@ def test_approval_gate_pauses_and_cannot_be_skipped(tasks: TaskTier) -> None:
         resumed.effect("pay", lambda: 1)
     with pytest.raises(PlanMismatchError):
         tasks.approve("r1", "0" * 64, by="alice")
+    for malformed in ("z" * 64, digest.upper(), digest[:63]):
+        with pytest.raises(InvalidInputError) as bad:
+            tasks.approve("r1", malformed, by="alice")
+        assert bad.value.field == "plan_hash"
     assert tasks.list_resumable() == []
 
     approval = tasks.approve("r1", digest, by="alice", note="ok")

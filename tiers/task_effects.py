@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Awaitable, Callable
+from contextlib import suppress
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -22,10 +23,12 @@ from tiers.errors import (
     InvalidInputError,
     RunCancelledError,
     RunStateError,
+    TierError,
 )
 from tiers.ids import check_id
 from tiers.models import RunInfo, RunStatus
 from tiers.task_events import (
+    MAX_NOTE,
     NOT_DONE,
     EffectRecord,
     EffectStart,
@@ -339,6 +342,7 @@ class HandleEffectsMixin(HandleCore):
         todo.sort(key=lambda r: r.recorded_seq or 0, reverse=True)
         missing = sorted({r.name for r in todo if r.name not in self._compensations})
         if missing:
+            self._escalate(missing, "no compensation registered")
             raise CompensationError(
                 f"run {self.run_id!r}: no compensation registered for effect(s) {missing}: "
                 "register them with RunHandle.register_compensation (or effect(..., "
@@ -375,6 +379,7 @@ class HandleEffectsMixin(HandleCore):
                 try:
                     raw = undo(rec.output)
                 except Exception as exc:
+                    self._escalate([rec.key], f"compensation raised {type(exc).__name__}: {exc}")
                     raise CompensationError(
                         f"run {self.run_id!r}: compensation of effect {rec.key!r} "
                         f"({rec.name}) raised {type(exc).__name__}: {exc}; the compensations "
@@ -386,6 +391,23 @@ class HandleEffectsMixin(HandleCore):
                 self._effect_record(call, raw, "fn")
             done.append(rec.key)
         return done
+
+    def _escalate(self, effects: list[str], reason: str) -> None:
+        """Record ``CompensationEscalated`` so an operator finds the run in its event log.
+
+        Best effort: the caller raises :class:`CompensationError` either way,
+        and a run taken over meanwhile is the new holder's to report.
+        """
+
+        def build() -> Txn:
+            txn = self._txn()
+            txn.add_event(
+                EventKind.COMPENSATION_ESCALATED, effects=list(effects), reason=reason[:MAX_NOTE]
+            )
+            return txn
+
+        with suppress(TierError):
+            self._commit(build, None, lambda info: self._check_writable(info, compensating=True))
 
     def begin_effect(
         self,

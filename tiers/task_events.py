@@ -89,6 +89,8 @@ class EventKind(StrEnum):
     COMPENSATED = "Compensated"
     # A worker took the lease of a cancelled or failed run to compensate it (status unchanged).
     COMPENSATION_STARTED = "CompensationStarted"
+    # compensate() stopped and a human must take over: an undo raised, or has none registered.
+    COMPENSATION_ESCALATED = "CompensationEscalated"
 
 
 class Event(Record):

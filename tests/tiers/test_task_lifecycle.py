@@ -339,6 +339,15 @@ def test_compensation_runs_in_reverse_once_each(tasks: TaskTier) -> None:
     assert resumed.compensate() == []  # compensations are never compensated (one level)
     kinds = [e.kind for e in tasks.events("r1")]
     assert kinds.count(EventKind.COMPENSATED) == 3
+    # Each time compensate() stopped, the event log says why, for the human who takes over.
+    escalations = [e.data for e in tasks.events("r1") if e.kind is EventKind.COMPENSATION_ESCALATED]
+    assert escalations == [
+        {"effects": ["notify"], "reason": "no compensation registered"},
+        {
+            "effects": ["r1/effect:book-flight/0"],
+            "reason": "compensation raised RuntimeError: flight API down",
+        },
+    ]
 
 
 def test_budget_is_debited_once_and_enforced(tasks: TaskTier) -> None:

@@ -84,7 +84,7 @@ from tiers.ids import check_id
 from tiers.models import Checkpoint, Message, RunInfo, RunStatus, SessionSummary, UserFact
 from tiers.session import RecalledSession
 from tiers.task import UNSET
-from tiers.task_events import Approval, Charged, EffectRecord, EffectStart
+from tiers.task_events import Approval, Charged, EffectRecord, EffectStart, Event
 
 __all__ = [
     "AuthenticationError",
@@ -698,6 +698,18 @@ class MemoryClient:
         return _checkpoint(
             self._json("POST", f"/v1/runs/{_id(run_id, 'run_id')}:update-state", json=body)
         )
+
+    def run_events(
+        self, run_id: str, *, after_seq: int | None = None, limit: int | None = None
+    ) -> list[Event]:
+        """See :meth:`memory.Memory.run_events`."""
+        params = {
+            name: value
+            for name, value in (("after_seq", after_seq), ("limit", limit))
+            if value is not None
+        }
+        data = self._json("GET", f"/v1/runs/{_id(run_id, 'run_id')}/events", params=params)
+        return [Event.model_validate(e) for e in data["events"]]
 
     def run_effects(self, run_id: str) -> list[EffectRecord]:
         """See :meth:`memory.Memory.run_effects`."""

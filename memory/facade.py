@@ -35,7 +35,7 @@ from tiers.models import (
 )
 from tiers.session import MAX_TOP_K, RecalledSession, SessionTier
 from tiers.task import DEFAULT_RETENTION, DEFAULT_SNAPSHOT_EVERY, UNSET, RunHandle, TaskTier
-from tiers.task_events import Approval, EffectRecord
+from tiers.task_events import Approval, EffectRecord, Event
 from tiers.user import UserTier
 from tiers.values import check_datetime
 
@@ -570,6 +570,22 @@ class Memory:
         """Every checkpoint of a run, in sequence order."""
         return self.tasks.history(run_id)
 
+    def run_events(
+        self, run_id: str, *, after_seq: int | None = None, limit: int | None = None
+    ) -> list[Event]:
+        """A run's append-only event log, the audit trail of the run, in sequence order.
+
+        Args:
+            run_id: The run.
+            after_seq: Only events after this seq (for paging).
+            limit: At most this many.
+
+        Raises:
+            RunNotFoundError: No such run.
+            InvalidInputError: Negative ``after_seq`` or ``limit``.
+        """
+        return self.tasks.events(run_id, after_seq=after_seq, limit=limit)
+
     def list_runs(
         self, *, user_id: str | None = None, status: RunStatus | None = None
     ) -> list[RunInfo]:
@@ -894,6 +910,12 @@ class AsyncMemory:
     async def run_history(self, run_id: str) -> list[Checkpoint]:
         """See :meth:`Memory.run_history`."""
         return await self._call(self.sync.run_history, run_id)
+
+    async def run_events(
+        self, run_id: str, *, after_seq: int | None = None, limit: int | None = None
+    ) -> list[Event]:
+        """See :meth:`Memory.run_events`."""
+        return await self._call(self.sync.run_events, run_id, after_seq=after_seq, limit=limit)
 
     async def list_runs(
         self, *, user_id: str | None = None, status: RunStatus | None = None

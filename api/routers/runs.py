@@ -37,6 +37,8 @@ from api.schemas.runs import (
     EffectOut,
     EffectRecordCreate,
     EffectResolve,
+    EventList,
+    EventOut,
     HeartbeatOut,
     LeaseRef,
     RunComplete,
@@ -193,6 +195,27 @@ def run_history(
     """Checkpoints of a run in sequence order (page with ``after_seq``)."""
     checkpoints = memory.tasks.history(run_id, limit=limit, after_seq=after_seq)
     return json_response(CheckpointList(checkpoints=[checkpoint_out(c) for c in checkpoints]))
+
+
+@router.get("/{run_id}/events", name="run_events", response_model=EventList, responses=_NOT_FOUND)
+def run_events(
+    run_id: RunIdPath,
+    memory: ReadMemory,
+    after_seq: Annotated[
+        int | None, Query(ge=0, le=2**62, description="Only events after this seq.")
+    ] = None,
+    limit: Annotated[int | None, Query(ge=0, le=10_000, description="At most this many.")] = None,
+) -> Response:
+    """The run's append-only event log in sequence order (page with ``after_seq``).
+
+    The audit trail of the run: steps, effects invoked and recorded, outcomes
+    unknown, budget debits, approvals, compensations (``CompensationEscalated``
+    when a human must take over), status changes.
+    """
+    events = memory.run_events(run_id, after_seq=after_seq, limit=limit)
+    return json_response(
+        EventList(events=[EventOut.model_validate(e, from_attributes=True) for e in events])
+    )
 
 
 @router.get(

@@ -9,7 +9,7 @@ from pydantic import Field, JsonValue
 
 from api.schemas.common import NO_CONTROL_NON_BLANK, NON_BLANK, Id, RequestModel, ResponseModel
 from tiers.models import MAX_TEXT, RunStatus
-from tiers.task_events import MAX_NOTE, EffectStatus
+from tiers.task_events import MAX_NOTE, EffectStatus, EventKind
 
 StepName = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_CONTROL_NON_BLANK)]
 IdempotencyKey = Annotated[str, Field(min_length=1, max_length=512, pattern=NO_CONTROL_NON_BLANK)]
@@ -301,6 +301,23 @@ class EffectOut(ResponseModel):
     recorded_seq: int | None
     flagged_unknown: bool
     compensated: bool
+
+
+class EventOut(ResponseModel):
+    """One entry of a run's append-only event log."""
+
+    run_id: str
+    seq: int = Field(description="Gap-free, strictly increasing per run.")
+    kind: EventKind
+    epoch: int = Field(description="Lease epoch of the writer.")
+    at: datetime
+    data: dict[str, JsonValue]
+
+
+class EventList(ResponseModel):
+    """A run's events in sequence order."""
+
+    events: list[EventOut]
 
 
 class EffectList(ResponseModel):

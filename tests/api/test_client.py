@@ -38,7 +38,7 @@ from tests.api.test_routes import SUMMARY, TRANSCRIPT
 from tests.conftest import free_port
 from tiers.backends import open_kv_store
 from tiers.errors import EffectNotFoundError
-from tiers.task import EffectStatus
+from tiers.task import EffectStatus, EventKind
 
 TIERMEM = str(Path(sys.executable).parent / "tiermem")
 
@@ -246,6 +246,10 @@ def test_effects_approvals_and_time_travel_through_the_client(client: MemoryClie
     with pytest.raises(StaleWriterError):
         resumed.begin_effect("more", idempotency_key="m5")  # the edit revoked the lease
     assert "order-5" in [r.run_id for r in client.list_resumable_runs()]
+    events = client.run_events("order-5")
+    assert [e.seq for e in events] == list(range(1, len(events) + 1))
+    assert events[-1].kind is EventKind.STATE_UPDATED
+    assert [e.seq for e in client.run_events("order-5", after_seq=1, limit=2)] == [2, 3]
 
 
 def test_typed_errors(served: Served, client: MemoryClient) -> None:
@@ -274,7 +278,7 @@ def test_client_methods_match_the_library() -> None:
         "delete_session", "recall_relevant", "continuation_context", "build_continuation_context",
         "start_run", "get_run", "run_history", "list_runs", "cancel_run", "approve_run",
         "reject_run", "fork_run", "list_resumable_runs", "run_state_at", "update_run_state",
-        "run_effects", "resolve_effect", "ping", "close",
+        "run_effects", "run_events", "resolve_effect", "ping", "close",
     ]  # fmt: skip
     for name in shared:
         library = inspect.signature(getattr(Memory, name)).parameters

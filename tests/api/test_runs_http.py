@@ -242,3 +242,34 @@ def test_bad_effect_and_approval_requests_name_the_field(
     assert (r.status_code, r.json()["field"]) == (422, field)
     assert w.get("/effects").json() == {"effects": []}
     assert w.get().json()["head_seq"] == 0
+
+
+def test_the_event_log_is_the_audit_trail_over_http(api: Api) -> None:
+    headers = api.key(new_tenant())
+    w = Worker(api, headers, "audit-1")
+    assert w.post("/checkpoints", step="plan", output=1).status_code == 201
+    begin = {"name": "charge", "idempotency_key": "order-9"}
+    assert w.post("/effects:begin", **begin).json()["invoke"] is True
+    assert w.post("/effects:record", idempotency_key="order-9", output="ok").status_code == 200
+    assert w.post(":complete").status_code == 200
+
+    events = w.get("/events").json()["events"]
+    assert [e["kind"] for e in events] == [
+        "RunStarted",
+        "StepCommitted",
+        "EffectInvoked",
+        "EffectRecorded",
+        "StepCommitted",
+        "RunCompleted",
+    ]
+    assert [e["seq"] for e in events] == list(range(1, len(events) + 1))
+    assert {e["run_id"] for e in events} == {"audit-1"}
+    assert events[2]["data"]["key"] == "order-9"
+    page = w.c.get(
+        "/v1/runs/audit-1/events", params={"after_seq": 2, "limit": 2}, headers=headers
+    ).json()["events"]
+    assert [e["seq"] for e in page] == [3, 4]
+    missing = w.c.get("/v1/runs/no-such-run/events", headers=headers)
+    assert (missing.status_code, missing.json()["type"]) == (404, PROBLEM + "run-not-found")
+    bad = w.c.get("/v1/runs/audit-1/events", params={"after_seq": -1}, headers=headers)
+    assert bad.status_code == 422

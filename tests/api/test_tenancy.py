@@ -47,6 +47,7 @@ def snapshot(api: Api, b: dict[str, str], run_id: str, job_url: str) -> dict[str
         "runs": c.get("/v1/runs", headers=b).json(),
         "checkpoints": c.get(f"/v1/runs/{run_id}/checkpoints", headers=b).json(),
         "effects": c.get(f"/v1/runs/{run_id}/effects", headers=b).json(),
+        "events": c.get(f"/v1/runs/{run_id}/events", headers=b).json(),
         "resumable": c.get("/v1/runs:resumable", headers=b).json(),
         "job": c.get(job_url, headers=b).json(),
     }
@@ -139,6 +140,7 @@ def test_tenant_a_cannot_touch_tenant_b_through_any_route(api: Api) -> None:
     edit = {"checkpoint_id": ckpt["checkpoint_id"], "values": {"evil": 1}}
     assert probe("POST", "/v1/runs/run-b:update-state", edit).status_code == 404
     assert probe("GET", "/v1/runs/run-b/effects").status_code == 404
+    assert probe("GET", "/v1/runs/run-b/events").status_code == 404
     begin = {**effect, "name": "pay"}
     assert probe("POST", "/v1/runs/run-b/effects:begin", begin).status_code == 404
     record = {**effect, "output": "evil"}

@@ -33,7 +33,7 @@ from tiers.models import (
     UserFact,
     utcnow,
 )
-from tiers.session import MAX_TOP_K, RecalledSession, SessionTier
+from tiers.session import RecalledSession, SessionTier, check_top_k
 from tiers.task import DEFAULT_RETENTION, DEFAULT_SNAPSHOT_EVERY, UNSET, RunHandle, TaskTier
 from tiers.task_events import Approval, EffectRecord, Event
 from tiers.user import UserTier
@@ -364,10 +364,7 @@ class Memory:
             raise InvalidInputError(
                 f"query must be a string, got {type(query).__name__}", field="query"
             )
-        if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= MAX_TOP_K:
-            raise InvalidInputError(
-                f"top_k must be an integer from 1 to {MAX_TOP_K}, got {top_k!r}", field="top_k"
-            )
+        check_top_k(top_k)  # also bounds list_sessions below, when the query is empty
         budget = self.context_max_tokens if max_tokens is None else check_budget(max_tokens)
         latest = self.sessions.list_sessions(user_id, limit=1)
         ranked: list[SessionSummary]

@@ -84,11 +84,31 @@ from tiers.transcripts import (
 )
 from tiers.values import check_datetime
 
-__all__ = ["RecalledSession", "ReindexProgress", "SessionSummary", "SessionTier"]
+__all__ = [
+    "MAX_TOP_K",
+    "RecalledSession",
+    "ReindexProgress",
+    "SessionSummary",
+    "SessionTier",
+    "check_top_k",
+]
 
 logger = logging.getLogger(__name__)
 
 MAX_TOP_K = 100
+
+
+def check_top_k(top_k: object) -> int:
+    """``top_k`` if it is an integer from 1 to :data:`MAX_TOP_K` (not a bool).
+
+    Raises:
+        InvalidInputError: Anything else; ``field`` is ``top_k``.
+    """
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= MAX_TOP_K:
+        raise InvalidInputError(
+            f"top_k must be an integer from 1 to {MAX_TOP_K}, got {top_k!r}", field="top_k"
+        )
+    return top_k
 
 
 class RecalledSession(BaseModel):
@@ -708,10 +728,7 @@ class SessionTier:
             raise InvalidInputError(
                 f"query is {len(query)} characters, over the limit of {MAX_TEXT}", field="query"
             )
-        if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= MAX_TOP_K:
-            raise InvalidInputError(
-                f"top_k must be an integer from 1 to {MAX_TOP_K}", field="top_k"
-            )
+        check_top_k(top_k)
         self._indexer.repair_if_needed()
         view = self._view(user_id, settle=True)
         if not view.session_ids:

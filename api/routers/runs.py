@@ -17,12 +17,12 @@ from __future__ import annotations
 import time
 from typing import Annotated
 
-from fastapi import APIRouter, Path, Query, Response, status
+from fastapi import APIRouter, Query, Response, status
 
 from api.deps import Caller, ReadMemory, ServiceDep, WriteMemory
 from api.errors import problem_responses
 from api.responses import json_response
-from api.schemas.common import Id, RunIdPath
+from api.schemas.common import CheckpointIdPath, Id, RunIdPath
 from api.schemas.runs import (
     ApprovalDecision,
     ApprovalOut,
@@ -226,7 +226,7 @@ def run_events(
 )
 def get_checkpoint(
     run_id: RunIdPath,
-    checkpoint_id: Annotated[str, Path(min_length=1, max_length=64)],
+    checkpoint_id: CheckpointIdPath,
     memory: ReadMemory,
 ) -> Response:
     """One checkpoint of a run by its id."""
@@ -241,7 +241,7 @@ def get_checkpoint(
 )
 def run_state_at(
     run_id: RunIdPath,
-    checkpoint_id: Annotated[str, Path(min_length=1, max_length=64)],
+    checkpoint_id: CheckpointIdPath,
     memory: ReadMemory,
 ) -> Response:
     """The run's state values as of a checkpoint (every state delta up to it, along its branch)."""

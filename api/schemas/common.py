@@ -42,6 +42,9 @@ UserIdPath = Annotated[str, _path_id("The user")]
 SessionIdPath = Annotated[str, _path_id("The session")]
 FactKeyPath = Annotated[str, _path_id("The fact's key")]
 RunIdPath = Annotated[str, _path_id("The run")]
+CheckpointIdPath = Annotated[
+    str, Path(min_length=1, max_length=64, description="A checkpoint id of the run.")
+]
 
 
 class RequestModel(BaseModel):

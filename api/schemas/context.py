@@ -7,8 +7,8 @@ from typing import Annotated
 from pydantic import Field
 
 from api.schemas.common import RequestModel, ResponseModel
-from api.schemas.sessions import MAX_TOP_K
 from tiers.models import MAX_TEXT
+from tiers.session import MAX_TOP_K
 
 MAX_CONTEXT_TOKENS = 1_000_000
 

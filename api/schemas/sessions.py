@@ -11,9 +11,9 @@ from pydantic import Field, model_validator
 from api.schemas.common import NON_BLANK, Id, RequestModel, ResponseModel, UtcDatetime
 from api.schemas.problems import Problem
 from tiers.models import MAX_ITEMS, MAX_TEXT
+from tiers.session import MAX_TOP_K
 
 MAX_MESSAGES = 5000
-MAX_TOP_K = 100
 
 Text = Annotated[str, Field(max_length=MAX_TEXT)]
 Item = Annotated[str, Field(min_length=1, max_length=MAX_TEXT, pattern=NON_BLANK)]

@@ -36,6 +36,7 @@ from tiers.models import (
 from tiers.session import RecalledSession, SessionTier, check_top_k
 from tiers.task import DEFAULT_RETENTION, DEFAULT_SNAPSHOT_EVERY, UNSET, RunHandle, TaskTier
 from tiers.task_events import Approval, EffectRecord, Event
+from tiers.threads import ThreadTier
 from tiers.user import UserTier
 from tiers.values import check_datetime
 
@@ -95,6 +96,8 @@ class Memory:
             kv, index, embedder, tenant=self.tenant, background=background_indexing
         )
         self.users = UserTier(kv, tenant=self.tenant)
+        # Checkpoint DAGs of graph frameworks (the LangGraph checkpointer's storage).
+        self.threads = ThreadTier(kv, tenant=self.tenant)
         self._owns_stores = True
         self._tenants: dict[str, Memory] = {}
         self._tenants_lock = threading.Lock()

@@ -18,6 +18,7 @@ Hierarchy::
     │   └── FactNotFoundError
     ├── ConflictError                a concurrent writer won; re-read and retry
     │   ├── StaleWriterError         this writer was fenced out by a newer one
+    │   ├── ThreadConflictError      a graph thread moved on since this writer read it
     │   ├── LeaseHeldError           another live worker holds the run's lease
     │   └── PlanMismatchError        an approval names another plan than the one requested
     ├── RunStateError                the run's status forbids the operation
@@ -103,6 +104,37 @@ class ConflictError(TierError):
 
 class StaleWriterError(ConflictError):
     """The writer's lease epoch is older than the run's; it must stop writing."""
+
+
+class ThreadConflictError(ConflictError):
+    """A graph thread moved on since this writer read it: another writer appended first.
+
+    Nothing was written. Writing anyway would fork the thread (two children of
+    one checkpoint, one of them unreachable from the newest). Re-invoke to
+    continue from the thread's newest checkpoint, or address the older
+    checkpoint explicitly to branch from it on purpose.
+
+    Attributes:
+        thread_id: The thread.
+        checkpoint_ns: The namespace within the thread ("" for the root graph).
+        parent_id: The checkpoint the writer built on.
+        head_id: The thread's newest checkpoint now.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        thread_id: str,
+        checkpoint_ns: str,
+        parent_id: str | None,
+        head_id: str | None,
+    ) -> None:
+        super().__init__(message)
+        self.thread_id = thread_id
+        self.checkpoint_ns = checkpoint_ns
+        self.parent_id = parent_id
+        self.head_id = head_id
 
 
 class RunStateError(TierError):

@@ -7,6 +7,9 @@ validated by :mod:`tiers.ids` and cannot contain ``:``).
 
 from __future__ import annotations
 
+import hashlib
+from urllib.parse import quote
+
 SEQ_WIDTH = 12
 
 
@@ -103,6 +106,84 @@ def session_vector_id(tenant: str, user_id: str, session_id: str) -> str:
     return f"{tenant}/{user_id}/{session_id}"
 
 
+# -- namespaced items (tiers.items): a key-value store of JSON documents under string-tuple
+# namespaces (what LangGraph's BaseStore holds). A namespace is encoded by item_namespace_code(),
+# whose alphabet has no "#", so "<code>#<key>" names exactly one item, and the code of a
+# namespace is a string prefix of the codes of exactly the namespaces below it.
+
+
+def item_label_code(label: str) -> str:
+    """One namespace label, percent-encoded (RFC 3986 unreserved characters kept), then ``/``.
+
+    Raises:
+        UnicodeEncodeError: The label holds a lone surrogate (the caller names the field).
+    """
+    return quote(label, safe="") + "/"
+
+
+def item_namespace_code(namespace: tuple[str, ...]) -> str:
+    """A namespace as a key: ``("a", "b/c")`` -> ``a/b%2Fc/``; a prefix of its descendants' codes."""
+    return "".join(item_label_code(label) for label in namespace)
+
+
+def item_address(namespace_code: str, key: str) -> str:
+    """Key of one item in :func:`items_space`: ``<namespace code>#<item key>`` (the key as is)."""
+    return f"{namespace_code}#{key}"
+
+
+def items_space(tenant: str) -> str:
+    """Every item of a tenant: key :func:`item_address` -> the item record (JSON)."""
+    return f"{tenant}:items"
+
+
+def item_vectors_space(tenant: str) -> str:
+    """The embeddings of a tenant's items (authoritative; the vector index is rebuilt from them).
+
+    Key :func:`item_vector_key` -> one float32 little-endian vector.
+    """
+    return f"{tenant}:item-vectors"
+
+
+def item_vector_key(address: str, n: int) -> str:
+    """The ``n``-th (from 0) vector of the item at ``address`` (read by exact key, never scanned)."""
+    return f"{address}#{n:04d}"
+
+
+def item_namespaces_space(tenant: str) -> str:
+    """Index of a tenant's namespaces that hold items: key namespace code -> a write token."""
+    return f"{tenant}:item-namespaces"
+
+
+def user_item_namespaces_space(tenant: str, user_id: str) -> str:
+    """Namespaces holding items owned by one user: key namespace code -> b""."""
+    return f"{tenant}:user:{user_id}:item-namespaces"
+
+
+def item_expiry_space(tenant: str) -> str:
+    """Items with a TTL by expiry time: key ``<expiry epoch micros, 20 digits>/<address>`` -> b""."""
+    return f"{tenant}:item-expiry"
+
+
+def item_expiry_key(micros: int, address: str) -> str:
+    """Zero-padded so key order is expiry order."""
+    return f"{micros:020d}/{address}"
+
+
+def item_outbox_space(tenant: str) -> str:
+    """Items whose vectors the index may not hold yet: key address -> how many it may hold."""
+    return f"{tenant}:item-outbox"
+
+
+def item_vector_id(tenant: str, address: str, n: int) -> str:
+    """Id of an item's ``n``-th vector in the index.
+
+    ``|`` is outside the id alphabet, so no session vector id
+    (:func:`session_vector_id`) can ever equal one; the digest keeps ids short.
+    """
+    digest = hashlib.sha256(address.encode()).hexdigest()[:40]
+    return f"{tenant}|item|{digest}#{n}"
+
+
 def api_keys_space() -> str:
     """API keys of every tenant: key key_id -> the key's record (a SHA-256 of the secret, never the secret).
 
@@ -137,3 +218,94 @@ def session_revisions_space(tenant: str) -> str:
 def session_chunk_vector_id(tenant: str, user_id: str, session_id: str, n: int) -> str:
     """Id of the ``n``-th extra window vector of a session (``n`` >= 1)."""
     return f"{session_vector_id(tenant, user_id, session_id)}#{n}"
+
+
+# -- graph threads (tiers.threads): checkpoint DAGs of graph frameworks such as LangGraph --------
+#
+# Inside a thread's space every key is "<kind>:" + components joined by ":", each component passed
+# through key_part() so that no caller-chosen string (namespace, channel, id) can contain the
+# separator: a prefix scan of one namespace never reaches another.
+
+
+def key_part(text: str) -> str:
+    """One component of a thread key: ``%`` and ``:`` percent-encoded, everything else as is.
+
+    Order-preserving for strings without those two characters (LangGraph's UUID checkpoint ids),
+    so a reverse scan of a namespace's checkpoints is newest first.
+    """
+    if "%" in text or ":" in text:
+        return text.replace("%", "%25").replace(":", "%3A")
+    return text
+
+
+def threads_space(tenant: str) -> str:
+    """Index of a tenant's graph threads: key thread key -> the thread id (UTF-8)."""
+    return f"{tenant}:threads"
+
+
+def thread_space(tenant: str, thread_key: str) -> str:
+    """Everything of one graph thread: heads, checkpoints, channel blobs, pending writes, effects."""
+    return f"{tenant}:thread:{thread_key}"
+
+
+def thread_runs_space(tenant: str) -> str:
+    """Which threads a framework run wrote to: key ``<run>:<thread key>`` -> b"" (for delete-by-run)."""
+    return f"{tenant}:thread-runs"
+
+
+def thread_head_key(ns: str) -> str:
+    """The newest checkpoint of a namespace of a thread: what the next writer must build on."""
+    return f"h:{key_part(ns)}"
+
+
+def thread_checkpoint_prefix(ns: str) -> str:
+    """Every checkpoint of one namespace, in checkpoint-id order."""
+    return f"c:{key_part(ns)}:"
+
+
+THREAD_CHECKPOINT_PREFIX = "c:"
+THREAD_HEAD_PREFIX = "h:"
+
+
+def thread_checkpoint_key(ns: str, checkpoint_id: str) -> str:
+    """One checkpoint record."""
+    return f"{thread_checkpoint_prefix(ns)}{key_part(checkpoint_id)}"
+
+
+def thread_blob_key(ns: str, channel: str, version: str) -> str:
+    """One channel value at one version: stored once, shared by every checkpoint that has it."""
+    return f"b:{key_part(ns)}:{key_part(channel)}:{key_part(version)}"
+
+
+THREAD_BLOB_PREFIX = "b:"
+
+
+def thread_writes_prefix(ns: str, checkpoint_id: str) -> str:
+    """Every pending write recorded against one checkpoint."""
+    return f"w:{key_part(ns)}:{key_part(checkpoint_id)}:"
+
+
+THREAD_WRITES_PREFIX = "w:"
+
+
+def thread_write_key(ns: str, checkpoint_id: str, task_id: str, idx: int) -> str:
+    """One pending write: task and index within the task (negative for special channels)."""
+    return f"{thread_writes_prefix(ns, checkpoint_id)}{key_part(task_id)}:{idx}"
+
+
+def thread_run_key(run_id: str, ns: str, checkpoint_id: str) -> str:
+    """Marks a checkpoint of a thread as written by a framework run (for delete-by-run)."""
+    return f"r:{key_part(run_id)}:{key_part(ns)}:{key_part(checkpoint_id)}"
+
+
+THREAD_RUN_PREFIX = "r:"
+
+
+def thread_effect_key(key: str) -> str:
+    """The ledger entry of one external effect run from inside a graph node."""
+    return f"e:{key_part(key)}"
+
+
+def thread_chunk_key(key: str, n: int) -> str:
+    """Chunk ``n`` (from 0) of a value over the store's per-value limit, outside every scanned prefix."""
+    return f"x:{key}#{n}"

@@ -1,0 +1,701 @@
+"""LangGraph on tiermem: a checkpointer, exactly-once effects inside nodes, and a store.
+
+Install with ``pip install 'tiermem[langgraph]'``::
+
+    from memory import Memory
+    from memory.integrations.langgraph import TiermemSaver
+
+    memory = Memory.open(".tiermem")
+    graph = builder.compile(checkpointer=TiermemSaver(memory))
+    graph.invoke({"messages": [...]}, {"configurable": {"thread_id": "user:42/chat"}})
+
+**Storage.** :class:`TiermemSaver` stores threads in the memory's
+:class:`~tiers.threads.ThreadTier` (any KV backend: SQLite, Redis): any string
+is a thread id or namespace; a channel's value is stored once per version,
+never again while it is unchanged; ``get_tuple`` (latest or by id) reads one
+checkpoint, its values and writes, never the whole thread; ``list`` pages newest
+first; values of any size are chunked transparently. A list channel that grew
+by appending (a chat's messages) is stored as its new tail, relative to the
+version before it, with a full copy at least every ``delta_every`` versions, so
+a long thread costs each step its change, not its length. Appends are recognised
+by element identity; an element whose attributes were reassigned in place is
+noticed and the list is stored whole; deeper in-place changes of an element
+(e.g. appending to a list inside a message) are not, as with LangGraph's own
+``DeltaChannel``: return updates from nodes instead, or pass ``delta=False``.
+
+**Concurrent writers (no forks).** Every put is checked against the head of
+its thread namespace (a compare-and-set in the store's commit). When two
+processes invoke one thread at once, both read the same checkpoint; the first
+to write appends, and the second's write would fork the thread (LangGraph issue
+#8796): it fails fast with :class:`~tiers.errors.ThreadConflictError` and writes
+nothing; the caller re-invokes from the new head. A put whose parent is not
+the head is accepted as a deliberate branch when the parent was addressed by
+id through this saver (time travel: ``invoke``/``update_state`` with a
+``checkpoint_id``), or when this saver never told anyone that parent was the
+newest (direct use of the checkpointer API).
+
+**Effects.** :func:`effect` runs an external side effect from inside a node at
+most once per task, across crashes and retries, keyed by thread, namespace,
+the task (whose id LangGraph derives from the checkpoint) and the effect's name.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import random
+import threading
+from collections import OrderedDict
+from collections.abc import AsyncIterator, Callable, Iterator, Sequence
+from dataclasses import dataclass
+from typing import Any, TypeVar, cast
+
+import anyio.to_thread
+
+from memory.integrations import require
+
+require("langgraph.checkpoint.base", "langgraph")
+
+from langchain_core.runnables import RunnableConfig  # noqa: E402
+from langgraph.checkpoint.base import (  # noqa: E402
+    WRITES_IDX_MAP,
+    BaseCheckpointSaver,
+    ChannelVersions,
+    Checkpoint,
+    CheckpointMetadata,
+    CheckpointTuple,
+    get_checkpoint_id,
+    get_serializable_checkpoint_metadata,
+)
+from langgraph.checkpoint.serde.base import SerializerProtocol  # noqa: E402
+
+from memory.facade import AsyncMemory, Memory  # noqa: E402
+from tiers.errors import (  # noqa: E402
+    ConflictError,
+    EffectOutcomeUnknownError,
+    InvalidInputError,
+    ThreadConflictError,
+)
+from tiers.task_events import NOT_DONE, NotDone  # noqa: E402
+from tiers.threads import Blob, EffectEntry, NewCheckpoint, StoredCheckpoint  # noqa: E402
+
+__all__ = ["NOT_DONE", "TiermemSaver", "effect"]
+
+T = TypeVar("T")
+
+_FULL = b"F"
+_TAIL = b"T"
+# Thread namespaces this saver keeps writer views and list caches for (least recently used go first).
+_MAX_TRACKED = 10_000
+_ATTEMPTS = 4
+
+
+def _typed(pair: tuple[str, bytes]) -> bytes:
+    kind, data = pair
+    return kind.encode() + b"\x00" + bytes(data)
+
+
+def _untyped(data: bytes) -> tuple[str, bytes]:
+    kind, _, rest = data.partition(b"\x00")
+    return kind.decode(), rest
+
+
+def _fingerprint(item: object) -> object:
+    """What identifies an element's content without copying it: its attribute values (by reference)."""
+    attrs = getattr(item, "__dict__", None)
+    if attrs is not None:
+        return tuple(attrs.values())
+    if isinstance(item, dict):
+        return tuple(item.values())
+    return None
+
+
+@dataclass
+class _ListState:
+    """The last stored version of a list channel: what a later version may be a tail of."""
+
+    version: str
+    items: list[Any]
+    prints: list[object]
+    chain: list[str]
+
+    def tail_of(self, value: list[Any]) -> list[Any] | None:
+        """The items ``value`` appended to this version, or ``None`` if it is not an append."""
+        items = self.items
+        if len(value) < len(items):
+            return None
+        for old, new, mark in zip(items, value, self.prints, strict=False):
+            if old is not new:
+                return None
+            if mark is not None and not _same(mark, _fingerprint(new)):
+                return None
+        return value[len(items) :]
+
+
+def _same(a: object, b: object) -> bool:
+    if not isinstance(a, tuple) or not isinstance(b, tuple) or len(a) != len(b):
+        return False
+    return all(x is y for x, y in zip(a, b, strict=True))
+
+
+def _state_of(version: str, value: list[Any], chain: list[str]) -> _ListState:
+    return _ListState(version, list(value), [_fingerprint(v) for v in value], chain)
+
+
+class _Lru(OrderedDict[Any, Any]):
+    def remember(self, key: Any, value: Any) -> None:
+        self[key] = value
+        self.move_to_end(key)
+        if len(self) > _MAX_TRACKED:
+            self.popitem(last=False)
+
+
+def _conf(config: RunnableConfig) -> dict[str, Any]:
+    conf = config.get("configurable")
+    if not isinstance(conf, dict) or conf.get("thread_id") in (None, ""):
+        raise InvalidInputError(
+            "config['configurable']['thread_id'] is required: the checkpointer stores a thread",
+            field="thread_id",
+        )
+    return conf
+
+
+class TiermemSaver(BaseCheckpointSaver[str]):
+    """A LangGraph checkpointer on tiermem (see the module docstring).
+
+    Args:
+        memory: The :class:`~memory.Memory` (or :class:`~memory.AsyncMemory`)
+            whose store and tenant the threads live in.
+        serde: LangGraph serializer for channel values and writes (default:
+            LangGraph's ``JsonPlusSerializer``; an ``EncryptedSerializer`` works too).
+        delta: Store a list channel that grew by appending as its new tail.
+        delta_every: Store a list whole at least every this many versions
+            (bounds what a read assembles).
+    """
+
+    def __init__(
+        self,
+        memory: Memory | AsyncMemory,
+        *,
+        serde: SerializerProtocol | None = None,
+        delta: bool = True,
+        delta_every: int = 64,
+    ) -> None:
+        super().__init__(serde=serde)
+        core = memory.sync if isinstance(memory, AsyncMemory) else memory
+        if not isinstance(core, Memory):
+            raise InvalidInputError(
+                f"memory must be a Memory or AsyncMemory, got {type(memory).__name__}",
+                field="memory",
+            )
+        if isinstance(delta_every, bool) or not isinstance(delta_every, int) or delta_every < 1:
+            raise InvalidInputError("delta_every must be an integer >= 1", field="delta_every")
+        self.memory = core
+        self._threads = core.threads
+        self._delta = delta
+        self._delta_every = delta_every
+        self._lock = threading.Lock()
+        # (thread, ns, checkpoint id | None) this saver told a reader was the newest, or wrote.
+        self._believed: _Lru = _Lru()
+        # (thread, ns, checkpoint id) a reader addressed by id: a child of it is a deliberate branch.
+        self._addressed: _Lru = _Lru()
+        # (thread, ns, channel) -> _ListState of the last stored version of a list channel.
+        self._lists: _Lru = _Lru()
+
+    # -- reads ----------------------------------------------------------------
+
+    def get_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """The checkpoint ``config`` names (``checkpoint_id``), or its namespace's newest."""
+        conf = _conf(config)
+        thread_id, ns = str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
+        checkpoint_id = get_checkpoint_id(config)
+        if checkpoint_id:
+            stored = self._threads.get(thread_id, ns, checkpoint_id)
+            if stored is not None:
+                with self._lock:
+                    self._addressed.remember((thread_id, ns, checkpoint_id), None)
+        else:
+            stored = self._threads.latest(thread_id, ns)
+            with self._lock:
+                self._believed.remember(
+                    (thread_id, ns, None if stored is None else stored.checkpoint_id), None
+                )
+        if stored is None:
+            return None
+        return self._tuple(thread_id, stored, cache=True)
+
+    def list(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> Iterator[CheckpointTuple]:
+        """Checkpoints newest first, filtered by metadata, before a checkpoint, at most ``limit``.
+
+        ``config`` without ``checkpoint_ns`` lists every namespace of the thread;
+        ``None`` lists every thread of the memory's tenant.
+        """
+        wanted = dict(filter or {})
+
+        def matches(ckpt: StoredCheckpoint) -> bool:
+            md = ckpt.metadata
+            return all(k in md and md[k] == v for k, v in wanted.items())
+
+        before_id = get_checkpoint_id(before) if before else None
+        threads = self._threads.threads()
+        ns: str | None = None
+        exact: str | None = None
+        if config is not None:
+            conf = _conf(config)
+            threads = [str(conf["thread_id"])]
+            if "checkpoint_ns" in conf:
+                ns = str(conf["checkpoint_ns"])
+            exact = get_checkpoint_id(config)
+
+        def keep(ckpt: StoredCheckpoint) -> bool:
+            return (exact is None or ckpt.checkpoint_id == exact) and matches(ckpt)
+
+        count = 0
+        for thread_id in threads:
+            left = None if limit is None else limit - count
+            stream = self._threads.history(thread_id, ns, before=before_id, limit=left, where=keep)
+            for stored in stream:
+                yield self._tuple(thread_id, stored, cache=False)
+                count += 1
+                if limit is not None and count >= limit:
+                    return
+
+    def _tuple(self, thread_id: str, stored: StoredCheckpoint, *, cache: bool) -> CheckpointTuple:
+        ns, checkpoint_id = stored.ns, stored.checkpoint_id
+        rest = self.serde.loads_typed(_untyped(stored.payload))
+        values: dict[str, Any] = {}
+        for channel, chain in self._threads.blobs(thread_id, ns, stored.channel_versions).items():
+            values[channel] = self._assemble(thread_id, ns, channel, chain, cache=cache)
+        checkpoint = cast(
+            Checkpoint,
+            {
+                **rest,
+                "id": checkpoint_id,
+                "channel_values": values,
+                "channel_versions": dict(stored.channel_versions),
+            },
+        )
+        writes = [
+            (w.task_id, w.channel, self.serde.loads_typed(_untyped(w.payload)))
+            for w in self._threads.writes(thread_id, ns, checkpoint_id)
+        ]
+        parent = None
+        if stored.parent_id is not None:
+            parent = _config(thread_id, ns, stored.parent_id)
+        return CheckpointTuple(
+            config=_config(thread_id, ns, checkpoint_id),
+            checkpoint=checkpoint,
+            metadata=cast(CheckpointMetadata, stored.metadata),
+            parent_config=parent,
+            pending_writes=writes,
+        )
+
+    def _assemble(
+        self,
+        thread_id: str,
+        ns: str,
+        channel: str,
+        chain: Sequence[tuple[str, bytes]],
+        *,
+        cache: bool,
+    ) -> Any:
+        """A channel's value from its stored chain: a whole value, then tails appended to it."""
+        first_version, first = chain[0]
+        if first[:1] != _FULL:
+            raise InvalidInputError(
+                f"stored value of channel {channel!r} at version {first_version!r} does not "
+                "start from a whole value",
+                field="channel_values",
+            )
+        value = self.serde.loads_typed(_untyped(first[1:]))
+        for _, data in chain[1:]:
+            value = value + self.serde.loads_typed(_untyped(data[1:]))
+        if cache and self._delta and isinstance(value, list):
+            with self._lock:
+                self._lists.remember(
+                    (thread_id, ns, channel),
+                    _state_of(chain[-1][0], value, [v for v, _ in chain]),
+                )
+        return value
+
+    # -- writes ---------------------------------------------------------------
+
+    def put(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """Store a checkpoint and the channel values that changed (``new_versions``) in one commit.
+
+        Raises:
+            ThreadConflictError: Another writer appended to the thread after
+                this one read the checkpoint it builds on; nothing was written.
+        """
+        conf = _conf(config)
+        thread_id, ns = str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
+        parent = conf.get("checkpoint_id") or None
+        checkpoint_id = checkpoint["id"]
+        md = dict(get_serializable_checkpoint_metadata(config, metadata))
+        rest = {
+            k: v
+            for k, v in checkpoint.items()
+            if k not in ("channel_values", "channel_versions", "id")
+        }
+        record = NewCheckpoint(
+            checkpoint_id=checkpoint_id,
+            parent_id=parent,
+            metadata=md,
+            channel_versions=dict(checkpoint["channel_versions"]),
+            payload=_typed(self.serde.dumps_typed(rest)),
+        )
+        run_id = md.get("run_id")
+        values = checkpoint["channel_values"]
+        use_delta = self._delta
+        for _ in range(_ATTEMPTS):
+            blobs, states = self._encode(thread_id, ns, values, new_versions, use_delta)
+            head_id, head = self._threads.head(thread_id, ns)
+            self._check_branch(thread_id, ns, parent, head_id)
+            try:
+                self._threads.put(
+                    thread_id,
+                    ns,
+                    record,
+                    blobs,
+                    expected_head=head,
+                    run_id=str(run_id) if run_id else None,
+                )
+            except ConflictError:
+                # The head changed between the read and the commit: decide again on the fresh
+                # head, storing values whole (maintenance may have removed what a tail builds on).
+                use_delta = False
+                continue
+            break
+        else:
+            raise ThreadConflictError(
+                f"thread {thread_id!r} (namespace {ns!r}) kept changing while checkpoint "
+                f"{checkpoint_id!r} was written; nothing was written: re-invoke",
+                thread_id=thread_id,
+                checkpoint_ns=ns,
+                parent_id=parent,
+                head_id=None,
+            )
+        with self._lock:
+            self._believed.remember((thread_id, ns, checkpoint_id), None)
+            self._addressed.pop((thread_id, ns, parent), None)
+            for channel, state in states.items():
+                if state is None:
+                    self._lists.pop((thread_id, ns, channel), None)
+                else:
+                    self._lists.remember((thread_id, ns, channel), state)
+        return _config(thread_id, ns, checkpoint_id)
+
+    def _check_branch(
+        self, thread_id: str, ns: str, parent: str | None, head_id: str | None
+    ) -> None:
+        """Refuse a write that would fork the thread because its writer's view is stale."""
+        if parent == head_id:
+            return
+        with self._lock:
+            if parent is not None and (thread_id, ns, parent) in self._addressed:
+                return  # time travel: the reader addressed this checkpoint to branch from it
+            stale = (thread_id, ns, parent) in self._believed
+        if stale:
+            raise ThreadConflictError(
+                f"thread {thread_id!r} (namespace {ns!r}) moved on: this invocation built on "
+                f"checkpoint {parent!r} but another writer has since appended {head_id!r}. "
+                "Nothing was written. Re-invoke to continue from the newest checkpoint, or pass "
+                "that checkpoint_id in the config to branch from it on purpose",
+                thread_id=thread_id,
+                checkpoint_ns=ns,
+                parent_id=parent,
+                head_id=head_id,
+            )
+
+    def _encode(
+        self,
+        thread_id: str,
+        ns: str,
+        values: dict[str, Any],
+        new_versions: ChannelVersions,
+        use_delta: bool,
+    ) -> tuple[dict[tuple[str, str], Blob], dict[str, _ListState | None]]:
+        blobs: dict[tuple[str, str], Blob] = {}
+        states: dict[str, _ListState | None] = {}
+        for channel, raw_version in new_versions.items():
+            if channel not in values:
+                continue  # empty at this version: nothing to store
+            version = str(raw_version)
+            value = values[channel]
+            if not isinstance(value, list):
+                blobs[(channel, version)] = Blob(_FULL + _typed(self.serde.dumps_typed(value)))
+                states[channel] = None
+                continue
+            with self._lock:
+                last = self._lists.get((thread_id, ns, channel)) if use_delta else None
+            tail = None
+            if last is not None and len(last.chain) < self._delta_every:
+                tail = last.tail_of(value)
+            if tail is None:
+                blobs[(channel, version)] = Blob(_FULL + _typed(self.serde.dumps_typed(value)))
+                states[channel] = _state_of(version, value, [version]) if self._delta else None
+            else:
+                assert last is not None
+                data = _TAIL + _typed(self.serde.dumps_typed(tail))
+                blobs[(channel, version)] = Blob(data, tuple(last.chain))
+                states[channel] = _state_of(version, value, [*last.chain, version])
+        return blobs, states
+
+    def put_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """Record a task's writes against the checkpoint ``config`` names (first attempt wins,
+        except for special channels such as errors and interrupts, whose newest value counts)."""
+        conf = _conf(config)
+        thread_id, ns = str(conf["thread_id"]), str(conf.get("checkpoint_ns", ""))
+        checkpoint_id = conf.get("checkpoint_id")
+        if not checkpoint_id:
+            raise InvalidInputError(
+                "put_writes needs config['configurable']['checkpoint_id']", field="checkpoint_id"
+            )
+        items = [
+            (WRITES_IDX_MAP.get(channel, idx), channel, _typed(self.serde.dumps_typed(value)))
+            for idx, (channel, value) in enumerate(writes)
+        ]
+        self._threads.put_writes(
+            thread_id,
+            ns,
+            str(checkpoint_id),
+            str(task_id),
+            items,
+            task_path=task_path,
+            replace=all(channel in WRITES_IDX_MAP for channel, _ in writes),
+        )
+
+    # -- maintenance ----------------------------------------------------------
+
+    def delete_thread(self, thread_id: str) -> None:
+        """Delete a thread whole: every namespace, checkpoint, value, write and effect."""
+        self._threads.delete_thread(str(thread_id))
+        self._forget(lambda key: key[0] == str(thread_id))
+
+    def delete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """Delete the checkpoints (and their writes) that these LangGraph runs wrote, in every thread."""
+        self._threads.delete_runs([str(r) for r in run_ids])
+        self._forget(lambda key: True)
+
+    def copy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """Copy every checkpoint, value, write and effect of a thread into another thread."""
+        self._threads.copy_thread(str(source_thread_id), str(target_thread_id))
+
+    def prune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """``"keep_latest"``: keep each namespace's newest checkpoint; ``"delete"``: delete the threads."""
+        if strategy not in ("keep_latest", "delete"):
+            raise InvalidInputError(
+                f"unknown prune strategy {strategy!r}: use 'keep_latest' or 'delete'",
+                field="strategy",
+            )
+        ids = [str(t) for t in thread_ids]
+        self._threads.prune(ids, keep_latest=strategy == "keep_latest")
+        self._forget(lambda key: key[0] in ids)
+
+    def _forget(self, match: Callable[[tuple[str, ...]], bool]) -> None:
+        with self._lock:
+            for cache in (self._believed, self._addressed, self._lists):
+                for key in [k for k in cache if match(k)]:
+                    del cache[key]
+
+    def get_next_version(self, current: str | None, channel: None) -> str:
+        """A new, unique, increasing version: the counter, then a random part (branches never collide)."""
+        if current is None:
+            number = 0
+        elif isinstance(current, int):
+            number = current
+        else:
+            number = int(str(current).split(".")[0])
+        return f"{number + 1:032}.{random.random():016}"  # uniqueness, not secrecy
+
+    # -- effects inside nodes ---------------------------------------------------
+
+    def run_effect(
+        self,
+        thread_id: str,
+        key: str,
+        name: str,
+        fn: Callable[[str], T],
+        reconcile: Callable[[str], T | NotDone] | None = None,
+    ) -> T:
+        """Run ``fn(key)`` at most once for ``key`` in this thread (see :func:`effect`)."""
+        entry, raw = self._threads.effect(thread_id, key)
+        if entry is not None and entry.status == "recorded":
+            return cast(T, self.serde.loads_typed(_untyped(entry.payload)))
+        if entry is not None and entry.status == "invoked":
+            if reconcile is None:
+                raise EffectOutcomeUnknownError(
+                    f"effect {name!r} (key {key}) of thread {thread_id!r} was invoked but its "
+                    "result was never recorded (the worker stopped mid-call): pass reconcile= "
+                    "to ask the external system by idempotency key, or delete the thread",
+                    run_id=thread_id,
+                    effect_key=key,
+                    effect_name=name,
+                )
+            outcome = reconcile(key)
+            if not isinstance(outcome, NotDone):
+                self._record(thread_id, key, name, outcome, raw)
+                return outcome
+        else:
+            raw = self._threads.set_effect(
+                thread_id, EffectEntry(key, name, "invoked"), expected=raw
+            )
+            self.memory.force_flush()  # never run ahead of a durable "invoked"
+        try:
+            result = fn(key)
+        except BaseException:
+            self._threads.set_effect(thread_id, EffectEntry(key, name, "not_done"), expected=raw)
+            raise
+        self._record(thread_id, key, name, result, raw)
+        return result
+
+    def _record(
+        self, thread_id: str, key: str, name: str, result: object, raw: bytes | None
+    ) -> None:
+        payload = _typed(self.serde.dumps_typed(result))
+        self._threads.set_effect(
+            thread_id, EffectEntry(key, name, "recorded", payload), expected=raw
+        )
+
+    # -- async twins: the sync core in a worker thread ----------------------------
+
+    async def aget_tuple(self, config: RunnableConfig) -> CheckpointTuple | None:
+        """See :meth:`get_tuple`."""
+        return await anyio.to_thread.run_sync(self.get_tuple, config)
+
+    async def alist(
+        self,
+        config: RunnableConfig | None,
+        *,
+        filter: dict[str, Any] | None = None,
+        before: RunnableConfig | None = None,
+        limit: int | None = None,
+    ) -> AsyncIterator[CheckpointTuple]:
+        """See :meth:`list` (each page is read in a worker thread)."""
+        found = await anyio.to_thread.run_sync(
+            lambda: list(self.list(config, filter=filter, before=before, limit=limit))
+        )
+        for item in found:
+            yield item
+
+    async def aput(
+        self,
+        config: RunnableConfig,
+        checkpoint: Checkpoint,
+        metadata: CheckpointMetadata,
+        new_versions: ChannelVersions,
+    ) -> RunnableConfig:
+        """See :meth:`put`."""
+        return await anyio.to_thread.run_sync(self.put, config, checkpoint, metadata, new_versions)
+
+    async def aput_writes(
+        self,
+        config: RunnableConfig,
+        writes: Sequence[tuple[str, Any]],
+        task_id: str,
+        task_path: str = "",
+    ) -> None:
+        """See :meth:`put_writes`."""
+        await anyio.to_thread.run_sync(self.put_writes, config, writes, task_id, task_path)
+
+    async def adelete_thread(self, thread_id: str) -> None:
+        """See :meth:`delete_thread`."""
+        await anyio.to_thread.run_sync(self.delete_thread, thread_id)
+
+    async def adelete_for_runs(self, run_ids: Sequence[str]) -> None:
+        """See :meth:`delete_for_runs`."""
+        await anyio.to_thread.run_sync(self.delete_for_runs, run_ids)
+
+    async def acopy_thread(self, source_thread_id: str, target_thread_id: str) -> None:
+        """See :meth:`copy_thread`."""
+        await anyio.to_thread.run_sync(self.copy_thread, source_thread_id, target_thread_id)
+
+    async def aprune(self, thread_ids: Sequence[str], *, strategy: str = "keep_latest") -> None:
+        """See :meth:`prune`."""
+        await anyio.to_thread.run_sync(lambda: self.prune(thread_ids, strategy=strategy))
+
+
+def _config(thread_id: str, ns: str, checkpoint_id: str) -> RunnableConfig:
+    return {
+        "configurable": {
+            "thread_id": thread_id,
+            "checkpoint_ns": ns,
+            "checkpoint_id": checkpoint_id,
+        }
+    }
+
+
+def effect(
+    name: str,
+    fn: Callable[[str], T],
+    *,
+    reconcile: Callable[[str], T | NotDone] | None = None,
+    config: RunnableConfig | None = None,
+) -> T:
+    """Run an external side effect from inside a LangGraph node at most once, across crashes.
+
+    The effect's idempotency key is derived from the thread, the namespace,
+    the running task (LangGraph derives task ids from the checkpoint the task
+    runs from) and ``name``, so a task that runs again (its process died before
+    its writes were saved, or a retry policy repeats it) finds the effect's
+    recorded result and returns it instead of calling ``fn`` again. ``fn``
+    receives the key: pass it to the external system as its idempotency key.
+
+    Before ``fn`` runs, "invoked" is stored durably; after, its result. A task
+    that finds "invoked" without a result (the worker died mid-call) asks
+    ``reconcile(key)`` whether the effect happened: its result if so, or
+    ``NOT_DONE`` to call ``fn`` again; without ``reconcile`` it raises
+    :class:`~tiers.errors.EffectOutcomeUnknownError`. If ``fn`` raises, the
+    effect is recorded as not done and may run again.
+
+    Use a different ``name`` for each effect of one task. The graph must be
+    compiled with a :class:`TiermemSaver`.
+
+    Args:
+        name: The effect's name, unique within the task.
+        fn: The side effect; called with the idempotency key.
+        reconcile: Asks the external system whether the effect with this key happened.
+        config: The node's config (default: the running node's, from LangGraph).
+
+    Raises:
+        InvalidInputError: Not called inside a node of a graph checkpointed by a TiermemSaver.
+        EffectOutcomeUnknownError: The outcome of an earlier attempt is unknown and
+            there is no ``reconcile``.
+    """
+    if config is None:
+        from langgraph.config import get_config
+
+        config = get_config()
+    conf = config.get("configurable", {})
+    saver = conf.get("__pregel_checkpointer")
+    task_id = conf.get("__pregel_task_id")
+    if not isinstance(saver, TiermemSaver) or not task_id:
+        raise InvalidInputError(
+            "effect() runs inside a node of a graph compiled with checkpointer=TiermemSaver(...)",
+            field="config",
+        )
+    thread_id = str(conf["thread_id"])
+    ns = str(conf.get("checkpoint_ns", ""))
+    key = hashlib.sha256(
+        json.dumps([ns, str(task_id), name], ensure_ascii=False).encode()
+    ).hexdigest()
+    return saver.run_effect(thread_id, key, name, fn, reconcile)

@@ -90,24 +90,6 @@ CallerResolver = Callable[[Any], McpCaller]
 ``None`` over stdio) to the :class:`McpCaller` it acts as. Called in a worker
 thread; may do I/O; raises to refuse the call."""
 
-TOOL_NAMES: tuple[str, ...] = (
-    "build_continuation_context",
-    "recall_relevant",
-    "save_session",
-    "end_session",
-    "get_fact",
-    "get_facts",
-    "set_fact",
-    "delete_fact",
-    "fact_history",
-    "get_run",
-    "list_runs",
-    "pending_approvals",
-    "approve_run",
-    "reject_run",
-)
-"""Every tool :func:`build_server` registers (a test pins the set)."""
-
 INSTRUCTIONS = """\
 tiermem is long-term memory for this user. At the start of a task call
 build_continuation_context (user_id, and what the task is about) and put its text in
@@ -139,7 +121,7 @@ CreatedAt = Annotated[
     datetime | None,
     Field(description="When the session ended (ISO 8601; no offset means UTC). Default: now."),
 ]
-Items = Annotated[list[str], Field(description="Short items, one sentence each.")]
+Items = Annotated[list[str] | None, Field(description="Short items, one sentence each.")]
 
 _READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 _WRITE = ToolAnnotations(
@@ -148,9 +130,27 @@ _WRITE = ToolAnnotations(
 _DELETE = ToolAnnotations(
     read_only_hint=False, destructive_hint=True, idempotent_hint=True, open_world_hint=False
 )
-_DECIDE = ToolAnnotations(
-    read_only_hint=False, destructive_hint=False, idempotent_hint=True, open_world_hint=False
-)
+
+# Every tool, registered in this order, with the hints a client shows before calling it.
+_TOOLS: dict[str, ToolAnnotations] = {
+    "build_continuation_context": _READ,
+    "recall_relevant": _READ,
+    "save_session": _WRITE,
+    "end_session": _WRITE,
+    "get_fact": _READ,
+    "get_facts": _READ,
+    "set_fact": _WRITE,
+    "delete_fact": _DELETE,
+    "fact_history": _READ,
+    "get_run": _READ,
+    "list_runs": _READ,
+    "pending_approvals": _READ,
+    "approve_run": _WRITE,
+    "reject_run": _WRITE,
+}
+
+TOOL_NAMES: tuple[str, ...] = tuple(_TOOLS)
+"""Every tool :func:`build_server` registers (a test pins the set)."""
 
 _LOG_LEVELS: dict[str, Literal["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"]] = {
     "debug": "DEBUG",
@@ -189,7 +189,8 @@ def build_server(
         app (``api/mcp_http.py``).
 
     Raises:
-        InvalidInputError: Not exactly one of ``memory`` and ``resolve`` was given.
+        InvalidInputError: Not exactly one of ``memory`` and ``resolve`` was
+            given, or ``log_level`` is not a level.
     """
     if (memory is None) == (resolve is None):
         raise InvalidInputError(
@@ -213,23 +214,8 @@ def build_server(
     server: MCPServer[Any] = MCPServer(
         name, instructions=INSTRUCTIONS, version=_version(), log_level=level
     )
-    for tool, hints in (
-        (tools.build_continuation_context, _READ),
-        (tools.recall_relevant, _READ),
-        (tools.save_session, _WRITE),
-        (tools.end_session, _WRITE),
-        (tools.get_fact, _READ),
-        (tools.get_facts, _READ),
-        (tools.set_fact, _WRITE),
-        (tools.delete_fact, _DELETE),
-        (tools.fact_history, _READ),
-        (tools.get_run, _READ),
-        (tools.list_runs, _READ),
-        (tools.pending_approvals, _READ),
-        (tools.approve_run, _DECIDE),
-        (tools.reject_run, _DECIDE),
-    ):
-        server.add_tool(tool, annotations=hints)
+    for tool, hints in _TOOLS.items():
+        server.add_tool(getattr(tools, tool), annotations=hints)
     return server
 
 
@@ -329,10 +315,10 @@ class _Tools:
         task_description: Annotated[
             str, Field(description="What the session was about, in one or two sentences.")
         ] = "",
-        decisions_made: Items | None = None,
-        work_completed: Items | None = None,
-        open_questions: Items | None = None,
-        next_recommended_steps: Items | None = None,
+        decisions_made: Items = None,
+        work_completed: Items = None,
+        open_questions: Items = None,
+        next_recommended_steps: Items = None,
         created_at: CreatedAt = None,
     ) -> dict[str, Any]:
         """Store a structured summary of a finished session, so later sessions can recall it.

@@ -63,6 +63,7 @@ from tiers.errors import (
     TierError,
     ValueTooLargeError,
 )
+from tiers.ids import run_id_for
 from tiers.models import (
     Checkpoint,
     FactCandidate,
@@ -139,4 +140,5 @@ __all__ = [
     "UserFact",
     "ValueTooLargeError",
     "WorkingMemory",
+    "run_id_for",
 ]

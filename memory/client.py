@@ -608,6 +608,7 @@ class MemoryClient:
         steal: bool = False,
         budget_tokens: int | None = None,
         budget_cost: float | None = None,
+        external_id: str | None = None,
     ) -> RemoteRun:
         """See :meth:`memory.Memory.start_run`; the returned handle writes over HTTP."""
         body = {
@@ -619,6 +620,7 @@ class MemoryClient:
             "steal": steal,
             "budget_tokens": budget_tokens,
             "budget_cost": budget_cost,
+            "external_id": external_id,
         }
         data = self._json("POST", "/v1/runs", json=body)
         return RemoteRun(self, _run(data["run"]), int(data["lease_epoch"]))
@@ -627,23 +629,46 @@ class MemoryClient:
         """See :meth:`memory.Memory.get_run`."""
         return _run(self._json("GET", f"/v1/runs/{_id(run_id, 'run_id')}"))
 
-    def run_history(self, run_id: str) -> list[Checkpoint]:
+    def delete_run(self, run_id: str) -> bool:
+        """See :meth:`memory.Memory.delete_run`."""
+        return self._deleted(f"/v1/runs/{_id(run_id, 'run_id')}")
+
+    def run_history(
+        self,
+        run_id: str,
+        *,
+        newest_first: bool = False,
+        limit: int | None = None,
+        after_seq: int | None = None,
+        before_seq: int | None = None,
+    ) -> list[Checkpoint]:
         """See :meth:`memory.Memory.run_history`."""
-        return [
-            _checkpoint(c)
-            for c in self._json("GET", f"/v1/runs/{_id(run_id, 'run_id')}/checkpoints")[
-                "checkpoints"
-            ]
-        ]
+        params = {
+            "newest_first": "true" if newest_first else None,
+            "limit": limit,
+            "after_seq": after_seq,
+            "before_seq": before_seq,
+        }
+        data = self._json("GET", f"/v1/runs/{_id(run_id, 'run_id')}/checkpoints", params=params)
+        return [_checkpoint(c) for c in data["checkpoints"]]
 
     def get_checkpoint(self, run_id: str, checkpoint_id: str) -> Checkpoint:
-        """One checkpoint of a run by its id (``CheckpointNotFoundError`` if none)."""
+        """See :meth:`memory.Memory.get_checkpoint`."""
         return _checkpoint(
             self._json(
                 "GET",
                 f"/v1/runs/{_id(run_id, 'run_id')}/checkpoints/{quote(checkpoint_id, safe='')}",
             )
         )
+
+    def checkpoint_for_key(self, run_id: str, idempotency_key: str) -> Checkpoint | None:
+        """See :meth:`memory.Memory.checkpoint_for_key`."""
+        path = f"/v1/runs/{_id(run_id, 'run_id')}/checkpoints:by-key"
+        try:
+            data = self._json("GET", path, params={"idempotency_key": idempotency_key})
+        except CheckpointNotFoundError:
+            return None
+        return _checkpoint(data)
 
     def list_runs(
         self, *, user_id: str | None = None, status: RunStatus | None = None
@@ -787,6 +812,10 @@ class RemoteRun:
         """The run's head as last seen by this handle."""
         return self._info
 
+    def _lease(self) -> dict[str, Any]:
+        # The incarnation tells this run from a new one started under its id after a delete.
+        return {"lease_epoch": self._epoch, "incarnation": self._info.incarnation}
+
     def append_checkpoint(
         self,
         step: str,
@@ -799,7 +828,7 @@ class RemoteRun:
     ) -> Checkpoint:
         """See :meth:`tiers.task.RunHandle.append_checkpoint`."""
         body = {
-            "lease_epoch": self._epoch,
+            **self._lease(),
             "step": step,
             "output": output,
             "input": input,
@@ -821,7 +850,7 @@ class RemoteRun:
     ) -> EffectStart:
         """See :meth:`tiers.task.RunHandle.begin_effect`."""
         body = {
-            "lease_epoch": self._epoch,
+            **self._lease(),
             "name": name,
             "idempotency_key": idempotency_key,
             "input": input,
@@ -834,7 +863,7 @@ class RemoteRun:
 
     def record_effect(self, idempotency_key: str, output: object) -> JsonValue:
         """See :meth:`tiers.task.RunHandle.record_effect` (``output`` may be a :class:`Charged`)."""
-        body: dict[str, Any] = {"lease_epoch": self._epoch, "idempotency_key": idempotency_key}
+        body: dict[str, Any] = {**self._lease(), "idempotency_key": idempotency_key}
         if isinstance(output, Charged):
             body.update(
                 output=output.output, tokens=output.tokens, cost=output.cost, state=output.state
@@ -872,7 +901,7 @@ class RemoteRun:
         Raises:
             ApprovalPendingError: No decision yet; the run is paused.
         """
-        body = {"lease_epoch": self._epoch, "plan": plan, "key": key}
+        body = {**self._lease(), "plan": plan, "key": key}
         response = self._client._request("POST", f"/v1/runs/{self.run_id}/approvals", json=body)
         data = response.json()
         if response.status_code == 202:
@@ -888,19 +917,19 @@ class RemoteRun:
 
     def heartbeat(self) -> datetime | None:
         """See :meth:`tiers.task.RunHandle.heartbeat`: renew the lease, return its new expiry."""
-        body = {"lease_epoch": self._epoch}
+        body = {**self._lease()}
         data = self._client._json("POST", f"/v1/runs/{self.run_id}:heartbeat", json=body)
         expires = data["lease_expires_at"]
         return None if expires is None else datetime.fromisoformat(expires)
 
     def complete(self, result: object = None) -> RunInfo:
         """See :meth:`tiers.task.RunHandle.complete`."""
-        body = {"lease_epoch": self._epoch, "result": result}
+        body = {**self._lease(), "result": result}
         self._info = _run(self._client._json("POST", f"/v1/runs/{self.run_id}:complete", json=body))
         return self._info
 
     def fail(self, error: str) -> RunInfo:
         """See :meth:`tiers.task.RunHandle.fail`."""
-        body = {"lease_epoch": self._epoch, "error": error}
+        body = {**self._lease(), "error": error}
         self._info = _run(self._client._json("POST", f"/v1/runs/{self.run_id}:fail", json=body))
         return self._info

@@ -470,11 +470,15 @@ class Memory:
         steal: bool = False,
         budget_tokens: int | None = None,
         budget_cost: float | None = None,
+        external_id: str | None = None,
     ) -> RunHandle:
         """Start a run, or resume it (taking its lease) if it exists.
 
         With ``lease_ttl`` the lease expires unless the handle heartbeats, and
         another worker gets ``LeaseHeldError`` while it is live (unless ``steal``).
+        ``external_id`` is the run's id in another system (a framework's session
+        or thread id, any string): it is kept in ``RunInfo.external_id``, and
+        without ``run_id`` the run's id is ``run_id_for(external_id)``.
         """
         return self.tasks.start_run(
             user_id,
@@ -485,6 +489,7 @@ class Memory:
             steal=steal,
             budget_tokens=budget_tokens,
             budget_cost=budget_cost,
+            external_id=external_id,
         )
 
     def cancel_run(self, run_id: str) -> RunInfo:
@@ -566,9 +571,77 @@ class Memory:
         """Status and head of a run (``RunNotFoundError`` if none)."""
         return self.tasks.get_run(run_id)
 
-    def run_history(self, run_id: str) -> list[Checkpoint]:
-        """Every checkpoint of a run, in sequence order."""
-        return self.tasks.history(run_id)
+    def delete_run(self, run_id: str) -> bool:
+        """Delete a run whole, whatever its status: head, checkpoints, events, effect ledger.
+
+        One atomic commit. A worker still holding the run's lease writes
+        nothing more: its next write raises ``RunNotFoundError`` and cannot
+        bring the run back; ``start_run`` with the same id later starts a new run.
+
+        Returns:
+            ``True`` if the run was deleted, ``False`` if there was none.
+
+        Raises:
+            InvalidInputError: Bad ``run_id``.
+        """
+        return self.tasks.delete_run(run_id)
+
+    def get_checkpoint(self, run_id: str, checkpoint_id: str) -> Checkpoint:
+        """One checkpoint of a run by its id (any branch), in one point read.
+
+        Raises:
+            RunNotFoundError: No such run.
+            CheckpointNotFoundError: The run has no checkpoint with that id.
+        """
+        return self.tasks.get_checkpoint(run_id, checkpoint_id)
+
+    def checkpoint_for_key(self, run_id: str, idempotency_key: str) -> Checkpoint | None:
+        """The checkpoint that committed an idempotency key on the run's current branch.
+
+        What a step replayed with that key returns; point reads only.
+
+        Returns:
+            The checkpoint, or ``None`` if no step on the current branch committed the key.
+
+        Raises:
+            RunNotFoundError: No such run.
+            InvalidInputError: Bad ``idempotency_key``.
+        """
+        return self.tasks.checkpoint_for_key(run_id, idempotency_key)
+
+    def run_history(
+        self,
+        run_id: str,
+        *,
+        newest_first: bool = False,
+        limit: int | None = None,
+        after_seq: int | None = None,
+        before_seq: int | None = None,
+    ) -> list[Checkpoint]:
+        """A run's checkpoints: all of them in sequence order by default, or one page.
+
+        A page costs its own size, however long the run. The cursor of the next
+        page is the last checkpoint's seq: ``before_seq=page[-1].seq`` newest
+        first, ``after_seq=page[-1].seq`` oldest first.
+
+        Args:
+            run_id: The run.
+            newest_first: Descending seq order: the latest ``limit`` checkpoints first.
+            limit: At most this many (``None``: every one in range).
+            after_seq: Only checkpoints with a larger seq.
+            before_seq: Only checkpoints with a smaller seq.
+
+        Raises:
+            RunNotFoundError: No such run.
+            InvalidInputError: Negative ``limit``, ``after_seq`` or ``before_seq``.
+        """
+        return self.tasks.history(
+            run_id,
+            newest_first=newest_first,
+            limit=limit,
+            after_seq=after_seq,
+            before_seq=before_seq,
+        )
 
     def run_events(
         self, run_id: str, *, after_seq: int | None = None, limit: int | None = None
@@ -831,6 +904,7 @@ class AsyncMemory:
         steal: bool = False,
         budget_tokens: int | None = None,
         budget_cost: float | None = None,
+        external_id: str | None = None,
     ) -> RunHandle:
         """See :meth:`Memory.start_run`. The handle's methods are synchronous (``aeffect`` aside)."""
         return await self._call(
@@ -843,6 +917,7 @@ class AsyncMemory:
             steal=steal,
             budget_tokens=budget_tokens,
             budget_cost=budget_cost,
+            external_id=external_id,
         )
 
     async def cancel_run(self, run_id: str) -> RunInfo:
@@ -907,9 +982,36 @@ class AsyncMemory:
         """See :meth:`Memory.get_run`."""
         return await self._call(self.sync.get_run, run_id)
 
-    async def run_history(self, run_id: str) -> list[Checkpoint]:
+    async def delete_run(self, run_id: str) -> bool:
+        """See :meth:`Memory.delete_run`."""
+        return await self._call(self.sync.delete_run, run_id)
+
+    async def get_checkpoint(self, run_id: str, checkpoint_id: str) -> Checkpoint:
+        """See :meth:`Memory.get_checkpoint`."""
+        return await self._call(self.sync.get_checkpoint, run_id, checkpoint_id)
+
+    async def checkpoint_for_key(self, run_id: str, idempotency_key: str) -> Checkpoint | None:
+        """See :meth:`Memory.checkpoint_for_key`."""
+        return await self._call(self.sync.checkpoint_for_key, run_id, idempotency_key)
+
+    async def run_history(
+        self,
+        run_id: str,
+        *,
+        newest_first: bool = False,
+        limit: int | None = None,
+        after_seq: int | None = None,
+        before_seq: int | None = None,
+    ) -> list[Checkpoint]:
         """See :meth:`Memory.run_history`."""
-        return await self._call(self.sync.run_history, run_id)
+        return await self._call(
+            self.sync.run_history,
+            run_id,
+            newest_first=newest_first,
+            limit=limit,
+            after_seq=after_seq,
+            before_seq=before_seq,
+        )
 
     async def run_events(
         self, run_id: str, *, after_seq: int | None = None, limit: int | None = None

@@ -162,6 +162,7 @@ def test_public_surface_is_pinned() -> None:
         "UserFact",
         "ValueTooLargeError",
         "WorkingMemory",
+        "run_id_for",
     ]
     for name in memory.__all__:
         value = getattr(memory, name)

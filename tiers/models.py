@@ -21,7 +21,7 @@ from pydantic import (
     field_validator,
 )
 
-from tiers.ids import Id
+from tiers.ids import MAX_EXTERNAL_ID, Id
 
 SCHEMA_VERSION = 1
 
@@ -245,6 +245,13 @@ class RunInfo(Record):
     # commit as the effect ledger change (EffectOutcomeUnknown / EffectRecorded /
     # EffectNotDone / a new EffectInvoked).
     unknown_effects: list[str] = Field(default_factory=list)
+    # The id the run has in another system (an Agents SDK session id, a LangGraph
+    # thread id), when run_id was derived from it with tiers.ids.run_id_for.
+    external_id: Annotated[str, Field(min_length=1, max_length=MAX_EXTERNAL_ID)] | None = None
+    # Random token of this run's creation. A run deleted and started again under the
+    # same id gets another one (its lease epochs restart at 1), so a handle of the
+    # deleted run is refused instead of writing into the new one. None: stored before.
+    incarnation: Annotated[str, Field(min_length=1, max_length=64)] | None = None
 
     @property
     def blocked(self) -> bool:

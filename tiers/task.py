@@ -99,7 +99,7 @@ from tiers.errors import (
     RunStateError,
     StaleWriterError,
 )
-from tiers.ids import check_id
+from tiers.ids import check_external_id, check_id, run_id_for
 from tiers.models import RunInfo, RunStatus
 from tiers.task_approvals import ApprovalsMixin
 from tiers.task_effects import EffectsMixin
@@ -116,6 +116,7 @@ from tiers.task_events import (
     NotDone,
     canonical_json,
     input_hash,
+    new_incarnation,
     new_run_id,
 )
 from tiers.task_handle import RunHandle
@@ -207,6 +208,7 @@ class TaskTier(
         steal: bool = False,
         budget_tokens: int | None = None,
         budget_cost: float | None = None,
+        external_id: str | None = None,
     ) -> RunHandle:
         """Create a run, or resume an existing one, and take its lease.
 
@@ -225,19 +227,30 @@ class TaskTier(
             steal: Take the lease even if another worker's is live.
             budget_tokens: Token budget of a new run, an integer >= 0 (``None``: unlimited).
             budget_cost: Cost budget of a new run, a finite number >= 0 (``None``: unlimited).
+            external_id: The id the run has in another system (a framework's session
+                or thread id, any 1-1024 characters), kept in ``RunInfo.external_id``.
+                Without ``run_id`` the run id is :func:`~tiers.ids.run_id_for` of it.
 
         Returns:
             A handle holding the new lease epoch.
 
         Raises:
-            InvalidInputError: Bad ``user_id``, ``run_id``, ``lease_ttl`` or budget.
+            InvalidInputError: Bad ``user_id``, ``run_id``, ``external_id``, ``lease_ttl``
+                or budget.
             LeaseHeldError: Another worker holds a live lease (and ``steal`` is false).
             ConflictError: The run exists and ``resume`` is false, or it belongs to
-                another user, or too many workers took it at once.
+                another user, or another external id, or too many workers took it at once.
             RunStateError: The run is finished (completed, failed or cancelled).
         """
         check_id(user_id, "user_id")
-        run_id = new_run_id() if run_id is None else check_id(run_id, "run_id")
+        if external_id is not None:
+            check_external_id(external_id)
+        if run_id is not None:
+            check_id(run_id, "run_id")
+        elif external_id is not None:
+            run_id = run_id_for(external_id)
+        else:
+            run_id = new_run_id()
         tokens = _budget(budget_tokens, "budget_tokens", integer=True)
         cost = _budget(budget_cost, "budget_cost", integer=False)
         return self._take(
@@ -249,6 +262,7 @@ class TaskTier(
             steal=steal,
             budget_tokens=None if tokens is None else int(tokens),
             budget_cost=None if cost is None else float(cost),
+            external_id=external_id,
         )
 
     def acquire(
@@ -298,6 +312,7 @@ class TaskTier(
         budget_tokens: int | None = None,
         budget_cost: float | None = None,
         for_compensation: bool = False,
+        external_id: str | None = None,
     ) -> RunHandle:
         worker = _default_worker_id() if worker_id is None else worker_id
         if not isinstance(worker, str) or not 1 <= len(worker) <= 256:
@@ -321,6 +336,8 @@ class TaskTier(
                     budget_cost=budget_cost,
                     created_at=now,
                     updated_at=now,
+                    external_id=external_id,
+                    incarnation=new_incarnation(),
                 )
                 txn = Txn(run_id, 1, base, now)
                 txn.add_event(EventKind.RUN_STARTED, user_id=user_id, owner=worker)
@@ -329,6 +346,11 @@ class TaskTier(
                 if user_id is not None and current.user_id != user_id:
                     raise ConflictError(
                         f"run id {run_id!r} is taken by another user: choose another run_id"
+                    )
+                if external_id is not None and current.external_id != external_id:
+                    raise ConflictError(
+                        f"run id {run_id!r} is taken by a run of another external id "
+                        f"({current.external_id!r}): choose another run_id"
                     )
                 if not resume:
                     raise ConflictError(
@@ -380,7 +402,14 @@ class TaskTier(
             )
         raise ConflictError(f"run {run_id!r} is being taken by many workers at once; retry")
 
-    def attach(self, run_id: str, epoch: int, *, finished_ok: bool = False) -> RunHandle:
+    def attach(
+        self,
+        run_id: str,
+        epoch: int,
+        *,
+        finished_ok: bool = False,
+        incarnation: str | None = None,
+    ) -> RunHandle:
         """A handle on a run for a worker that already holds its lease.
 
         Unlike :meth:`start_run` this does not take the lease: it is how a
@@ -394,9 +423,12 @@ class TaskTier(
                 :meth:`RunHandle.record_effect`, which records the result of an
                 effect that ran while the run was cancelled (and then raises
                 :class:`RunCancelledError`). Every other write still refuses.
+            incarnation: The ``RunInfo.incarnation`` the caller's lease was taken
+                on, if it kept it: a run deleted and started again under the same
+                id (epochs restart at 1) is then told apart from the one it leased.
 
         Raises:
-            RunNotFoundError: No such run.
+            RunNotFoundError: No such run, or not the incarnation the caller leased.
             StaleWriterError: ``epoch`` is not the run's current lease epoch.
             RunStateError: The run is finished (and ``finished_ok`` is false).
         """
@@ -405,6 +437,10 @@ class TaskTier(
         if data is None:
             raise RunNotFoundError(f"no run {run_id!r}")
         info = self._decode_head(run_id, data)
+        if incarnation is not None and info.incarnation != incarnation:
+            raise RunNotFoundError(
+                f"run {run_id!r} was deleted and a new run has its id since: stop writing"
+            )
         if info.lease_epoch != epoch:
             raise StaleWriterError(
                 f"run {run_id!r} is leased with epoch {info.lease_epoch}, not {epoch}: "

@@ -53,6 +53,7 @@ __all__ = [
     "Snapshot",
     "canonical_json",
     "input_hash",
+    "new_incarnation",
     "new_run_id",
 ]
 
@@ -265,6 +266,11 @@ NOT_DONE: Final = NotDone()
 def new_run_id() -> str:
     """A fresh run id that sorts by creation time: ``run-<epoch millis>-<12 hex>``."""
     return f"run-{time.time_ns() // 1_000_000:013d}-{secrets.token_hex(6)}"
+
+
+def new_incarnation() -> str:
+    """A fresh ``RunInfo.incarnation``: 16 random hex digits, drawn when a run is created."""
+    return secrets.token_hex(8)
 
 
 def input_hash(value: object, *, step: str | None = None, field: str = "input") -> str:

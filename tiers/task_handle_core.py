@@ -149,6 +149,13 @@ class HandleCore:
         # Someone else wrote (another worker, an operator, an attached handle).
         self._fresh = False
         info = self._tier._decode_head(self.run_id, data)
+        if info.incarnation != self._info.incarnation:
+            # Deleted, then started again under the same id: epochs restart at 1, so
+            # only the incarnation tells the new run from the one this handle leased.
+            raise RunNotFoundError(
+                f"run {self.run_id!r} was deleted and a new run has its id since: stop using "
+                "this handle; nothing was written"
+            )
         if (info.head_seq, info.head_checkpoint_id) != (
             self._info.head_seq,
             self._info.head_checkpoint_id,

@@ -66,25 +66,74 @@ class QueriesMixin(TierCore):
         return ckpt
 
     def history(
-        self, run_id: str, *, limit: int | None = None, after_seq: int | None = None
+        self,
+        run_id: str,
+        *,
+        limit: int | None = None,
+        after_seq: int | None = None,
+        before_seq: int | None = None,
+        newest_first: bool = False,
     ) -> list[Checkpoint]:
-        """Checkpoints of a run in sequence order (every branch; see ``RunInfo.superseded``).
+        """A page of a run's checkpoints (every branch; see ``RunInfo.superseded``).
+
+        Checkpoint seqs are gap-free (1..``head_seq``), so a page is one range
+        scan of the store, newest first or oldest first: its cost is the page's
+        size, not the run's. Page with the last checkpoint's seq as the cursor:
+        ``after_seq=page[-1].seq`` oldest first, ``before_seq=page[-1].seq``
+        newest first.
 
         Args:
             run_id: The run.
-            limit: At most this many (``None``: all).
-            after_seq: Only checkpoints with a larger seq (for paging).
+            limit: At most this many (``None``: all in range).
+            after_seq: Only checkpoints with a larger seq.
+            before_seq: Only checkpoints with a smaller seq.
+            newest_first: Descending seq order (the latest ``limit`` checkpoints).
 
         Raises:
             RunNotFoundError: No such run.
-            InvalidInputError: Negative ``limit`` or ``after_seq``.
+            InvalidInputError: Negative ``limit``, ``after_seq`` or ``before_seq``.
         """
-        _check_paging(limit, after_seq)
-        self.get_run(run_id)
+        _check_paging(limit, after_seq, before_seq)
+        info = self.get_run(run_id)
+        low = after_seq or 0
+        high = info.head_seq + 1 if before_seq is None else min(before_seq, info.head_seq + 1)
+        count = high - low - 1
+        if limit is not None:
+            count = min(count, limit)
+        if count <= 0:
+            return []
         space = keys.run_space(self._tenant, run_id)
-        start = keys.checkpoint_key(after_seq) if after_seq else None
-        items = self._kv.scan(space, prefix=keys.CHECKPOINT_PREFIX, start_after=start, limit=limit)
+        if newest_first:
+            start: str | None = keys.checkpoint_key(high)
+        else:
+            start = keys.checkpoint_key(low) if low else None
+        items = self._kv.scan(
+            space,
+            prefix=keys.CHECKPOINT_PREFIX,
+            start_after=start,
+            limit=count,
+            reverse=newest_first,
+        )
         return [self._decode_checkpoint(run_id, key, data) for key, data in items]
+
+    def checkpoint_for_key(self, run_id: str, idempotency_key: str) -> Checkpoint | None:
+        """The checkpoint on the run's current branch that committed an idempotency key.
+
+        What a replay of the step with that key would return: point reads of
+        the head, the key's index entry and its checkpoint. A key committed only
+        on a branch a state edit superseded gives ``None`` (the step runs again).
+
+        Returns:
+            The checkpoint, or ``None`` if no step on the current branch committed the key.
+
+        Raises:
+            RunNotFoundError: No such run.
+            InvalidInputError: Bad ``idempotency_key`` (1-512 characters, no control characters).
+        """
+        key = check_key(idempotency_key)
+        info = self.get_run(run_id)
+        ckpt, _ = self._lookup(run_id, key, info)
+        return ckpt
 
     def events(
         self, run_id: str, *, after_seq: int | None = None, limit: int | None = None
@@ -300,8 +349,8 @@ class QueriesMixin(TierCore):
         )
 
 
-def _check_paging(limit: int | None, after_seq: int | None) -> None:
-    for name, value in (("limit", limit), ("after_seq", after_seq)):
+def _check_paging(limit: int | None, after_seq: int | None, before_seq: int | None = None) -> None:
+    for name, value in (("limit", limit), ("after_seq", after_seq), ("before_seq", before_seq)):
         if value is not None and (
             isinstance(value, bool) or not isinstance(value, int) or value < 0
         ):

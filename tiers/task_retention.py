@@ -1,14 +1,15 @@
-"""Retention: deleting finished runs after their TTL, and compacting event logs into snapshots."""
+"""Retention: deleting runs (one on demand, finished ones after their TTL), and compacting event logs."""
 
 from __future__ import annotations
 
 from datetime import datetime
 
-from tiers import keys
+from tiers import cas, keys
 from tiers.backends.base import Check, Delete, DeleteSpace, Write
 from tiers.errors import (
     ConflictError,
 )
+from tiers.ids import check_id
 from tiers.models import RunInfo
 from tiers.task_storage import TierCore
 from tiers.task_txn import Txn
@@ -21,6 +22,42 @@ _DELETE_CHUNK = 1000
 
 class RetentionMixin(TierCore):
     """Retention of :class:`~tiers.task.TaskTier`."""
+
+    def delete_run(self, run_id: str) -> bool:
+        """Delete one run whole, whatever its status: head, checkpoints, events, effects, all.
+
+        One atomic commit (the run's space and its head, checked against the
+        head's bytes as read, retried if the run changed meanwhile): a reader
+        sees the run whole or not at all. Deleting means gone: a handle still
+        holding the run's lease (a worker running it, an HTTP caller with its
+        epoch) writes nothing more. Every write of a handle is checked against
+        the head it holds, so its next step, effect, heartbeat or status change
+        raises :class:`~tiers.errors.RunNotFoundError` and cannot recreate the
+        run; an effect whose function was running is not recorded. A later
+        :meth:`start_run` with the same id starts a new, empty run.
+
+        Returns:
+            ``True`` if the run existed and was deleted, ``False`` if there was none.
+
+        Raises:
+            InvalidInputError: Bad ``run_id``.
+            ConflictError: The run kept changing through every attempt; retry.
+        """
+        check_id(run_id, "run_id")
+        for attempt in range(cas.ATTEMPTS):
+            data = self._read_head(run_id)
+            if data is None:
+                return False
+            try:
+                self._kv.commit(
+                    [DeleteSpace(keys.run_space(self._tenant, run_id)), Delete(self._runs, run_id)],
+                    [Check(self._runs, run_id, data)],
+                )
+            except ConflictError:
+                cas.backoff(attempt)
+                continue
+            return True
+        raise ConflictError(f"run {run_id!r} is changing too fast to delete; retry")
 
     def sweep(self, *, now: datetime | None = None) -> list[str]:
         """Delete finished runs older than the retention period (default 7 days).

@@ -155,16 +155,19 @@ class TierCore:
         return self._decode_head(run_id, data)
 
     def get_checkpoint(self, run_id: str, checkpoint_id: str) -> Checkpoint:
-        """One checkpoint of a run by its id.
+        """One checkpoint of a run by its id: one point read (the id names its seq).
 
         Raises:
+            InvalidInputError: Bad ``run_id``.
             RunNotFoundError: No such run.
             CheckpointNotFoundError: The run has no checkpoint with that id.
         """
-        self.get_run(run_id)
+        check_id(run_id, "run_id")
         seq = seq_of_checkpoint_id(checkpoint_id)
         ckpt = self._read_checkpoint(run_id, seq) if seq else None
         if ckpt is None or ckpt.checkpoint_id != checkpoint_id:
+            # Only a miss reads the head: a run's checkpoints are deleted with it, atomically.
+            self.get_run(run_id)
             raise CheckpointNotFoundError(f"run {run_id!r} has no checkpoint {checkpoint_id!r}")
         return ckpt
 

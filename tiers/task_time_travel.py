@@ -98,6 +98,7 @@ class TimeTravelMixin(TierCore):
             budget_cost=source.budget_cost,
             created_at=now,
             updated_at=now,
+            incarnation=task_events.new_incarnation(),
         )
         txn = Txn(new_id, 0, base, now)
         event_seq = txn.add_event(

@@ -22,7 +22,7 @@ from fastapi import APIRouter, Query, Response, status
 from api.deps import Caller, ReadMemory, ServiceDep, WriteMemory
 from api.errors import problem_responses
 from api.responses import json_response
-from api.schemas.common import CheckpointIdPath, Id, RunIdPath
+from api.schemas.common import NO_CONTROL_NON_BLANK, CheckpointIdPath, Id, RunIdPath
 from api.schemas.runs import (
     ApprovalDecision,
     ApprovalOut,
@@ -52,7 +52,7 @@ from api.schemas.runs import (
     StateUpdate,
 )
 from api.state import Principal
-from tiers.errors import ApprovalPendingError
+from tiers.errors import ApprovalPendingError, CheckpointNotFoundError, RunNotFoundError
 from tiers.models import Checkpoint, RunInfo, RunStatus
 from tiers.task import UNSET, Charged, EffectRecord
 
@@ -106,6 +106,7 @@ def start_run(body: RunCreate, memory: WriteMemory) -> Response:
         steal=body.steal,
         budget_tokens=body.budget_tokens,
         budget_cost=body.budget_cost,
+        external_id=body.external_id,
     )
     code = status.HTTP_200_OK if handle.resumed else status.HTTP_201_CREATED
     return json_response(
@@ -144,6 +145,25 @@ def get_run(run_id: RunIdPath, memory: ReadMemory) -> Response:
     return json_response(run_out(memory.get_run(run_id)))
 
 
+@router.delete(
+    "/{run_id}",
+    name="delete_run",
+    status_code=status.HTTP_204_NO_CONTENT,
+    response_class=Response,
+    responses=_WRITE_ERRORS,
+)
+def delete_run(run_id: RunIdPath, memory: WriteMemory) -> None:
+    """Delete a run whole, whatever its status: head, checkpoints, events, effects (204).
+
+    404 ``run-not-found`` if there is no such run (a repeated delete included).
+    Deleting means gone: a worker still holding the run's lease gets 404
+    ``run-not-found`` on its next write and cannot bring the run back; ``POST
+    /v1/runs`` with the same id later starts a new run.
+    """
+    if not memory.delete_run(run_id):
+        raise RunNotFoundError(f"no run {run_id!r}")
+
+
 @router.post(
     "/{run_id}/checkpoints",
     name="append_checkpoint",
@@ -166,7 +186,7 @@ def append_checkpoint(
     input), the existing checkpoint is returned with 200 and nothing is written.
     """
     start = time.perf_counter()
-    handle = memory.tasks.attach(run_id, body.lease_epoch)
+    handle = memory.tasks.attach(run_id, body.lease_epoch, incarnation=body.incarnation)
     head_before = handle.info.head_seq
     ckpt = handle.append_checkpoint(
         body.step,
@@ -190,11 +210,56 @@ def run_history(
     after_seq: Annotated[
         int | None, Query(ge=0, le=2**62, description="Only checkpoints after this seq.")
     ] = None,
+    before_seq: Annotated[
+        int | None, Query(ge=0, le=2**62, description="Only checkpoints before this seq.")
+    ] = None,
+    newest_first: Annotated[
+        bool, Query(description="Descending seq order: the latest checkpoints first.")
+    ] = False,
     limit: Annotated[int | None, Query(ge=0, le=10_000, description="At most this many.")] = None,
 ) -> Response:
-    """Checkpoints of a run in sequence order (page with ``after_seq``)."""
-    checkpoints = memory.tasks.history(run_id, limit=limit, after_seq=after_seq)
+    """Checkpoints of a run, oldest first (page with ``after_seq``) or newest first (``before_seq``).
+
+    The cursor of the next page is the last checkpoint's ``seq``. A page costs
+    its own size, however long the run.
+    """
+    checkpoints = memory.run_history(
+        run_id, newest_first=newest_first, limit=limit, after_seq=after_seq, before_seq=before_seq
+    )
     return json_response(CheckpointList(checkpoints=[checkpoint_out(c) for c in checkpoints]))
+
+
+@router.get(
+    "/{run_id}/checkpoints:by-key",
+    name="checkpoint_for_key",
+    response_model=CheckpointOut,
+    responses=_NOT_FOUND,
+)
+def checkpoint_for_key(
+    run_id: RunIdPath,
+    memory: ReadMemory,
+    idempotency_key: Annotated[
+        str,
+        Query(
+            min_length=1,
+            max_length=512,
+            pattern=NO_CONTROL_NON_BLANK,
+            description="The idempotency key a step committed.",
+        ),
+    ],
+) -> Response:
+    """The checkpoint that committed an idempotency key on the run's current branch.
+
+    404 ``checkpoint-not-found`` if no step on the current branch committed it
+    (404 ``run-not-found`` if there is no such run).
+    """
+    ckpt = memory.checkpoint_for_key(run_id, idempotency_key)
+    if ckpt is None:
+        raise CheckpointNotFoundError(
+            f"run {run_id!r} has no checkpoint for idempotency key {idempotency_key!r} on its "
+            "current branch"
+        )
+    return json_response(checkpoint_out(ckpt))
 
 
 @router.get("/{run_id}/events", name="run_events", response_model=EventList, responses=_NOT_FOUND)
@@ -230,7 +295,7 @@ def get_checkpoint(
     memory: ReadMemory,
 ) -> Response:
     """One checkpoint of a run by its id."""
-    return json_response(checkpoint_out(memory.tasks.get_checkpoint(run_id, checkpoint_id)))
+    return json_response(checkpoint_out(memory.get_checkpoint(run_id, checkpoint_id)))
 
 
 @router.get(
@@ -293,7 +358,9 @@ def begin_effect(run_id: RunIdPath, body: EffectBegin, memory: WriteMemory) -> R
     before and never recorded: it may or may not have happened; reconcile it
     with ``effects:resolve``. An effect is a checkpointed step of its own.
     """
-    start = memory.tasks.attach(run_id, body.lease_epoch).begin_effect(
+    start = memory.tasks.attach(
+        run_id, body.lease_epoch, incarnation=body.incarnation
+    ).begin_effect(
         body.name,
         idempotency_key=body.idempotency_key,
         input=body.input,
@@ -317,7 +384,9 @@ def record_effect(run_id: RunIdPath, body: EffectRecordCreate, memory: WriteMemo
     the run was cancelled while the effect ran, the result is still recorded
     (the call happened), then 409 ``run-cancelled`` tells the worker to stop.
     """
-    handle = memory.tasks.attach(run_id, body.lease_epoch, finished_ok=True)
+    handle = memory.tasks.attach(
+        run_id, body.lease_epoch, finished_ok=True, incarnation=body.incarnation
+    )
     handle.record_effect(
         body.idempotency_key,
         Charged(body.output, tokens=body.tokens, cost=body.cost, state=body.state),
@@ -368,7 +437,7 @@ def request_approval(run_id: RunIdPath, body: ApprovalRequest, memory: WriteMemo
     then returns the decision (200). 409 ``plan-mismatch`` for another plan
     under the same key.
     """
-    handle = memory.tasks.attach(run_id, body.lease_epoch)
+    handle = memory.tasks.attach(run_id, body.lease_epoch, incarnation=body.incarnation)
     try:
         approval = handle.await_approval(body.plan, key=body.key)
     except ApprovalPendingError as pending:
@@ -385,14 +454,24 @@ def request_approval(run_id: RunIdPath, body: ApprovalRequest, memory: WriteMemo
 def complete_run(run_id: RunIdPath, body: RunComplete, memory: WriteMemory) -> Response:
     """Mark the run completed with an optional result (needs the current lease epoch)."""
     return json_response(
-        run_out(memory.tasks.attach(run_id, body.lease_epoch).complete(body.result))
+        run_out(
+            memory.tasks.attach(run_id, body.lease_epoch, incarnation=body.incarnation).complete(
+                body.result
+            )
+        )
     )
 
 
 @router.post("/{run_id}:fail", name="fail_run", response_model=RunOut, responses=_WRITE_ERRORS)
 def fail_run(run_id: RunIdPath, body: RunFail, memory: WriteMemory) -> Response:
     """Mark the run failed with an error message (needs the current lease epoch)."""
-    return json_response(run_out(memory.tasks.attach(run_id, body.lease_epoch).fail(body.error)))
+    return json_response(
+        run_out(
+            memory.tasks.attach(run_id, body.lease_epoch, incarnation=body.incarnation).fail(
+                body.error
+            )
+        )
+    )
 
 
 @router.post("/{run_id}:cancel", name="cancel_run", response_model=RunOut, responses=_WRITE_ERRORS)
@@ -454,7 +533,9 @@ def fork_run(run_id: RunIdPath, body: RunFork, memory: WriteMemory) -> Response:
 )
 def heartbeat_run(run_id: RunIdPath, body: LeaseRef, memory: WriteMemory) -> Response:
     """Renew a lease taken with ``lease_ttl``; 409 ``stale-lease`` once another worker took it."""
-    expires = memory.tasks.attach(run_id, body.lease_epoch).heartbeat()
+    expires = memory.tasks.attach(
+        run_id, body.lease_epoch, incarnation=body.incarnation
+    ).heartbeat()
     return json_response(
         HeartbeatOut(run_id=run_id, lease_epoch=body.lease_epoch, lease_expires_at=expires)
     )

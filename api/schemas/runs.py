@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Annotated
+from typing import Annotated, Any
 
 from pydantic import Field, JsonValue
 
 from api.schemas.common import NO_CONTROL_NON_BLANK, NON_BLANK, Id, RequestModel, ResponseModel
+from tiers.ids import MAX_EXTERNAL_ID
 from tiers.models import MAX_TEXT, RunStatus
 from tiers.task_events import MAX_NOTE, EffectStatus, EventKind
 
@@ -21,6 +22,18 @@ LeaseEpoch = Annotated[
         ge=1, le=2**62, description="The lease epoch returned when the run was started or resumed."
     ),
 ]
+
+
+Incarnation = Annotated[str, Field(min_length=1, max_length=64, pattern=r"^[0-9a-f]+$")]
+
+
+def _incarnation() -> Any:
+    return Field(
+        default=None,
+        description="The run's incarnation from the lease (RunOut.incarnation). With it, a write "
+        "to a run that was deleted and started again under the same id (its epochs restart at "
+        "1) is 404 run-not-found instead of landing in the new run.",
+    )
 
 
 class RunCreate(RequestModel):
@@ -39,6 +52,13 @@ class RunCreate(RequestModel):
     steal: bool = Field(default=False, description="Take a live lease from another worker.")
     budget_tokens: Annotated[int, Field(ge=0, le=2**62)] | None = None
     budget_cost: Annotated[float, Field(ge=0, le=1e12)] | None = None
+    external_id: Annotated[str, Field(min_length=1, max_length=MAX_EXTERNAL_ID)] | None = Field(
+        default=None,
+        description="The run's id in another system (a framework's session or thread id, any "
+        "string), kept with the run. Without run_id the run id is derived from it "
+        "(tiers.ids.run_id_for: itself when it is a valid id, else a sanitized prefix and a "
+        "SHA-256 digest). Resuming with another external id is 409 conflict.",
+    )
 
 
 class PendingApprovalOut(ResponseModel):
@@ -77,6 +97,14 @@ class RunOut(ResponseModel):
         "blocked: not listed by /v1/runs:resumable until each is resolved with "
         "POST /v1/runs/{run_id}/effects:resolve.",
     )
+    external_id: str | None = Field(
+        default=None, description="The run's id in another system, as given when it was started."
+    )
+    incarnation: str | None = Field(
+        default=None,
+        description="Random token of this run's creation; send it with the lease epoch on writes "
+        "(null for runs stored before it existed).",
+    )
 
 
 class RunLease(ResponseModel):
@@ -96,6 +124,7 @@ class CheckpointCreate(RequestModel):
     """The checkpoint of a step the caller executed."""
 
     lease_epoch: LeaseEpoch
+    incarnation: Incarnation | None = _incarnation()
     step: Annotated[str, Field(min_length=1, max_length=256, pattern=NO_CONTROL_NON_BLANK)]
     output: JsonValue = None
     input: JsonValue = Field(
@@ -144,6 +173,7 @@ class RunComplete(RequestModel):
     """Mark a run completed."""
 
     lease_epoch: LeaseEpoch
+    incarnation: Incarnation | None = _incarnation()
     result: JsonValue = None
 
 
@@ -151,6 +181,7 @@ class RunFail(RequestModel):
     """Mark a run failed."""
 
     lease_epoch: LeaseEpoch
+    incarnation: Incarnation | None = _incarnation()
     error: Annotated[str, Field(max_length=MAX_TEXT)]
 
 
@@ -188,6 +219,7 @@ class LeaseRef(RequestModel):
     """The lease a write is made under."""
 
     lease_epoch: LeaseEpoch
+    incarnation: Incarnation | None = _incarnation()
 
 
 class HeartbeatOut(ResponseModel):
@@ -223,6 +255,7 @@ class EffectBegin(RequestModel):
     """Begin an external effect the caller performs itself (first half of the two-phase protocol)."""
 
     lease_epoch: LeaseEpoch
+    incarnation: Incarnation | None = _incarnation()
     name: StepName = Field(description="Effect name (its checkpoint's step name).")
     idempotency_key: IdempotencyKey = Field(
         description="The effect's key: pass it to the external system too, so it can deduplicate."
@@ -253,6 +286,7 @@ class EffectRecordCreate(RequestModel):
     """Record the result of an effect begun with effects:begin (before the run goes on)."""
 
     lease_epoch: LeaseEpoch
+    incarnation: Incarnation | None = _incarnation()
     idempotency_key: IdempotencyKey
     output: JsonValue = None
     tokens: Annotated[int, Field(ge=0, le=2**62)] = Field(
@@ -330,6 +364,7 @@ class ApprovalRequest(RequestModel):
     """Stop at a human-approval gate for a plan (the worker side of approve/reject)."""
 
     lease_epoch: LeaseEpoch
+    incarnation: Incarnation | None = _incarnation()
     plan: JsonValue = Field(description="The plan to approve; frozen with its SHA-256.")
     key: IdempotencyKey = Field(
         description="The gate's key: the same key and plan return the decision once made."

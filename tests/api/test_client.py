@@ -38,6 +38,7 @@ from tests.api.test_routes import SUMMARY, TRANSCRIPT
 from tests.conftest import free_port
 from tiers.backends import open_kv_store
 from tiers.errors import EffectNotFoundError
+from tiers.ids import run_id_for
 from tiers.task import EffectStatus, EventKind
 
 TIERMEM = str(Path(sys.executable).parent / "tiermem")
@@ -252,6 +253,33 @@ def test_effects_approvals_and_time_travel_through_the_client(client: MemoryClie
     assert [e.seq for e in client.run_events("order-5", after_seq=1, limit=2)] == [2, 3]
 
 
+def test_run_primitives_through_the_client(client: MemoryClient) -> None:
+    run = client.start_run("dora", external_id="thread:dora/1")
+    assert (run.run_id, run.info.external_id) == (run_id_for("thread:dora/1"), "thread:dora/1")
+    made = [run.append_checkpoint("s", n, idempotency_key=f"k{n}") for n in range(1, 6)]
+    assert client.get_checkpoint(run.run_id, made[1].checkpoint_id) == made[1]
+    assert client.checkpoint_for_key(run.run_id, "k3") == made[2]
+    assert client.checkpoint_for_key(run.run_id, "k9") is None
+    newest = client.run_history(run.run_id, newest_first=True, limit=2)
+    assert [c.seq for c in newest] == [5, 4]
+    older = client.run_history(run.run_id, newest_first=True, limit=2, before_seq=newest[-1].seq)
+    assert [c.seq for c in older] == [3, 2]
+    assert [c.seq for c in client.run_history(run.run_id, after_seq=3)] == [4, 5]
+    assert client.run_history(run.run_id) == made
+
+    assert client.delete_run(run.run_id) is True
+    assert client.delete_run(run.run_id) is False
+    with pytest.raises(RunNotFoundError):
+        client.checkpoint_for_key(run.run_id, "k3")
+    with pytest.raises(RunNotFoundError):
+        run.append_checkpoint("late", 0)
+    again = client.start_run("dora", external_id="thread:dora/1")  # a new run, epoch 1 again
+    assert (again.run_id, again.epoch, again.info.head_seq) == (run.run_id, 1, 0)
+    with pytest.raises(RunNotFoundError):  # the old lease cannot write into the new run
+        run.append_checkpoint("late", 0)
+    assert client.run_history(again.run_id) == []
+
+
 def test_typed_errors(served: Served, client: MemoryClient) -> None:
     with pytest.raises(InvalidInputError) as bad_id:
         client.get_facts("not/an id")
@@ -276,7 +304,8 @@ def test_client_methods_match_the_library() -> None:
         "set_fact", "set_facts", "get_fact", "get_facts", "fact_history", "delete_fact",
         "forget_user", "save_session", "end_session", "resummarize", "pending_summaries", "get_session", "list_sessions",
         "delete_session", "recall_relevant", "continuation_context", "build_continuation_context",
-        "start_run", "get_run", "run_history", "list_runs", "cancel_run", "approve_run",
+        "start_run", "get_run", "delete_run", "get_checkpoint", "checkpoint_for_key",
+        "run_history", "list_runs", "cancel_run", "approve_run",
         "reject_run", "fork_run", "list_resumable_runs", "run_state_at", "update_run_state",
         "run_effects", "run_events", "resolve_effect", "ping", "close",
     ]  # fmt: skip

@@ -10,6 +10,7 @@ from __future__ import annotations
 import re
 import time
 from typing import Any
+from urllib.parse import quote
 
 from tests.api.conftest import Api, new_tenant
 from tests.api.test_routes import SUMMARY, TRANSCRIPT, wait_job
@@ -46,6 +47,7 @@ def snapshot(api: Api, b: dict[str, str], run_id: str, job_url: str) -> dict[str
         "run": c.get(f"/v1/runs/{run_id}", headers=b).json(),
         "runs": c.get("/v1/runs", headers=b).json(),
         "checkpoints": c.get(f"/v1/runs/{run_id}/checkpoints", headers=b).json(),
+        "newest": c.get(f"/v1/runs/{run_id}/checkpoints?newest_first=true", headers=b).json(),
         "effects": c.get(f"/v1/runs/{run_id}/effects", headers=b).json(),
         "events": c.get(f"/v1/runs/{run_id}/events", headers=b).json(),
         "resumable": c.get("/v1/runs:resumable", headers=b).json(),
@@ -97,7 +99,7 @@ def test_tenant_a_cannot_touch_tenant_b_through_any_route(api: Api) -> None:
 
     def probe(method: str, path: str, body: Any = None) -> Any:
         r = c.request(method, path, json=body, headers=a)
-        probed.add((method, template_of(all_v1, method, path)))
+        probed.add((method, template_of(all_v1, method, path.split("?")[0])))
         assert SECRET not in r.text, (method, path)
         return r
 
@@ -119,6 +121,9 @@ def test_tenant_a_cannot_touch_tenant_b_through_any_route(api: Api) -> None:
     assert probe("GET", "/v1/runs").json() == {"runs": []}
     assert probe("GET", "/v1/runs/run-b").status_code == 404
     assert probe("GET", "/v1/runs/run-b/checkpoints").status_code == 404
+    assert probe("GET", "/v1/runs/run-b/checkpoints?newest_first=true&limit=1").status_code == 404
+    by_key = f"/v1/runs/run-b/checkpoints:by-key?idempotency_key={quote(ckpt['idempotency_key'])}"
+    assert probe("GET", by_key).status_code == 404
     assert probe("GET", f"/v1/runs/run-b/checkpoints/{ckpt['checkpoint_id']}").status_code == 404
     checkpoint = {"lease_epoch": epoch, "step": "evil", "output": "x"}
     assert probe("POST", "/v1/runs/run-b/checkpoints", checkpoint).status_code == 404
@@ -135,6 +140,7 @@ def test_tenant_a_cannot_touch_tenant_b_through_any_route(api: Api) -> None:
     assert probe("POST", "/v1/runs/run-b:fork", fork).status_code == 404
     assert probe("POST", "/v1/runs/run-b:heartbeat", {"lease_epoch": epoch}).status_code == 404
     assert probe("GET", "/v1/runs:resumable").json() == {"runs": []}
+    assert probe("DELETE", "/v1/runs/run-b").status_code == 404
     state_path = f"/v1/runs/run-b/checkpoints/{ckpt['checkpoint_id']}/state"
     assert probe("GET", state_path).status_code == 404
     edit = {"checkpoint_id": ckpt["checkpoint_id"], "values": {"evil": 1}}

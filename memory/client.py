@@ -501,8 +501,15 @@ class MemoryClient:
         Raises:
             TimeoutError: The job did not finish in time (it may still finish).
         """
+        # Messages go in their stored JSON form, which the server's parser reads back unchanged
+        # (tool calls, item types and attachments included); anything else goes as given, for
+        # the server to accept or refuse exactly as Memory.end_session would.
         messages = [
-            m.model_dump(exclude_none=True) if isinstance(m, Message) else dict(m)
+            m.model_dump(mode="json", exclude_defaults=True)
+            if isinstance(m, Message)
+            else dict(m)
+            if isinstance(m, Mapping)
+            else m
             for m in transcript
         ]
         body: dict[str, Any] = {"session_id": session_id, "transcript": messages}

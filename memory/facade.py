@@ -24,6 +24,7 @@ from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.errors import InvalidInputError
 from tiers.ids import check_id
+from tiers.items import ItemStore
 from tiers.models import (
     Checkpoint,
     Message,
@@ -98,6 +99,8 @@ class Memory:
         self.users = UserTier(kv, tenant=self.tenant)
         # Checkpoint DAGs of graph frameworks (the LangGraph checkpointer's storage).
         self.threads = ThreadTier(kv, tenant=self.tenant)
+        # Namespaced JSON items (what framework stores such as LangGraph's BaseStore hold).
+        self.items = ItemStore(kv, index, embedder, tenant=self.tenant)
         self._owns_stores = True
         self._tenants: dict[str, Memory] = {}
         self._tenants_lock = threading.Lock()
@@ -241,7 +244,11 @@ class Memory:
         Args:
             user_id: The user.
             session_id: The session; ending the same id again replaces it.
-            transcript: OpenAI-style ``{"role", "content"}`` messages.
+            transcript: The session, oldest first: chat-completions messages
+                (tool calls and results included), Responses-API items (what
+                the OpenAI Agents SDK's ``to_input_list()`` gives), or
+                :class:`~tiers.models.Message` objects; see
+                :mod:`summarizer.formats` for what is kept of each.
             created_at: When the session ended; default now. A naive
                 datetime is taken as UTC; anything but a datetime is refused.
                 Facts learned from the session are dated no later than now.
@@ -265,10 +272,13 @@ class Memory:
     ) -> None:
         """Store a session's raw transcript without summarizing it (see :meth:`resummarize`).
 
-        Its words also count for recall once the session has a summary.
+        Its words also count for recall once the session has a summary. The
+        transcript is read like :meth:`end_session`'s.
 
         Raises:
-            InvalidTranscriptError: The transcript is malformed; nothing was written.
+            InvalidTranscriptError: The transcript is malformed, or has an item,
+                role or content part of a type not known (``field`` names it);
+                nothing was written.
             InvalidInputError: A bad id or ``created_at`` (see :meth:`end_session`);
                 nothing was written.
         """
@@ -379,7 +389,8 @@ class Memory:
             ranked = self.sessions.list_sessions(user_id, limit=top_k)
         return assemble_context(
             user_id,
-            facts=self.users.get_facts(user_id),
+            # Items a store (e.g. LangGraph's) filed under the user count as the user's facts.
+            facts=[*self.users.get_facts(user_id), *self.items.user_facts(user_id)],
             ranked_sessions=ranked,
             most_recent=latest[0] if latest else None,
             max_tokens=budget,
@@ -453,9 +464,10 @@ class Memory:
         return self.users.delete_fact(user_id, key)
 
     def forget_user(self, user_id: str) -> None:
-        """Delete everything stored about a user: facts, fact history and sessions."""
+        """Delete everything stored about a user: facts, fact history, sessions and owned items."""
         self.users.delete_user(user_id)
         self.sessions.delete_user_sessions(user_id)
+        self.items.delete_user(user_id)
 
     # -- task tier ----------------------------------------------------------
 

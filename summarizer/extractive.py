@@ -14,10 +14,17 @@ Each list is deduplicated, ranked (later sentences, and the user's questions,
 weigh more) and capped; items keep transcript order and are the transcript's
 own sentences, clipped to a length limit. Facts about the user come from
 simple first-person patterns in the user's messages only.
+
+Tool calls are work the assistant did: each becomes a work-completed
+candidate ``Called tool NAME(ARGUMENTS) -> RESULT`` (clipped), ranked below
+what the assistant itself said at the same point. Only chat messages are the
+conversation: tool results, reasoning and other Responses-API items are not
+split into sentences (see :mod:`summarizer.formats`).
 """
 
 from __future__ import annotations
 
+import bisect
 import functools
 import re
 import unicodedata
@@ -27,6 +34,7 @@ from datetime import datetime
 from typing import Any
 
 from summarizer.base import Summarization, parse_transcript
+from summarizer.formats import render_tool_use, tool_uses
 from tiers.ids import ID_PATTERN, check_id
 from tiers.models import FactCandidate, Message, SessionSummary, utcnow
 
@@ -286,7 +294,7 @@ class _Sentence:
     text: str
     role: str
     message: int
-    order: int
+    order: float  # position among the sentences; a tool call sits between two (x.5)
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,11 +303,20 @@ class _Candidate:
     score: float
 
 
+def _in_conversation(message: Message) -> bool:
+    """A user or assistant chat turn with something said (not a call-only turn, not an item)."""
+    return (
+        message.role in ("user", "assistant")
+        and message.item_type is None
+        and (not message.tool_calls or bool(message.content.strip()))
+    )
+
+
 def _sentences(messages: Sequence[Message]) -> list[_Sentence]:
     out: list[_Sentence] = []
     for index, message in enumerate(messages):
-        if message.role not in ("user", "assistant"):
-            continue  # system prompts and tool output are not the conversation
+        if not _in_conversation(message):
+            continue  # system prompts, tool output, reasoning are not the conversation
         for text in split_sentences(message.content):
             out.append(_Sentence(text, message.role, index, len(out)))
     return out
@@ -325,7 +342,8 @@ class _Conversation:
         following: dict[str, int | None] = {"user": None, "assistant": None}
         for index in range(len(messages) - 1, -1, -1):
             role = messages[index].role
-            if role in following:
+            # A turn that only called tools is not the other side's reply (its answer follows).
+            if _in_conversation(messages[index]) and role in following:
                 self._next_other[index] = following["assistant" if role == "user" else "user"]
                 following[role] = index
         self._replies: dict[int, _Reply] = {}
@@ -396,6 +414,33 @@ def _classify(sentences: Sequence[_Sentence], messages: Sequence[Message]) -> _B
         ):
             buckets.next_steps.append(_Candidate(sentence, 1.5 * late))
     return buckets
+
+
+def _tool_candidates(
+    messages: Sequence[Message], sentences: Sequence[_Sentence], max_chars: int
+) -> list[_Candidate]:
+    """Each tool call (with its result) as a work-completed candidate, placed where it was made.
+
+    It ranks like an assistant statement at the same point less 0.5: what the
+    assistant said it did comes first, and a long run of calls cannot crowd
+    out the conversation.
+    """
+    uses = [use for use in tool_uses(messages) if use.call is not None]
+    if not uses:
+        return []
+    total = max(len(sentences) - 1, 1)
+    starts = [sentence.message for sentence in sentences]
+    # Room for the arguments and the result within one item, the result getting the larger share.
+    arguments, result = max_chars // 3, max_chars // 2
+    out = []
+    for use in uses:
+        order = bisect.bisect_right(starts, use.message) - 0.5
+        line = render_tool_use(use, max_arguments=arguments, max_result=result)
+        text = line[0].upper() + line[1:]
+        out.append(
+            _Candidate(_Sentence(text, "assistant", use.message, order), max(order, 0) / total)
+        )
+    return out
 
 
 # Imperatives and plain future tense count as next steps only in the last part of a session:
@@ -647,7 +692,7 @@ def extract_facts(messages: Sequence[Message], max_facts: int = 12) -> list[Fact
     """
     by_key: dict[str, FactCandidate] = {}
     for message in messages:
-        if message.role != "user":
+        if message.role != "user" or message.item_type is not None:
             continue
         for sentence in split_sentences(message.content):
             if _is_question(sentence):
@@ -724,7 +769,9 @@ class ExtractiveSummarizer:
             user_id=user_id,
             task_description=_task_description(sentences, self.max_task_chars),
             decisions_made=_select(buckets.decisions, limit, chars),
-            work_completed=_select(buckets.completed, limit, chars),
+            work_completed=_select(
+                buckets.completed + _tool_candidates(messages, sentences, chars), limit, chars
+            ),
             open_questions=_select(buckets.questions, limit, chars),
             next_recommended_steps=_select(buckets.next_steps, limit, chars),
             created_at=created_at or utcnow(),

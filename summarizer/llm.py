@@ -2,7 +2,9 @@
 
 How one :meth:`LiteLLMSummarizer.summarize` call runs:
 
-1. The transcript is rendered as ``role: content`` lines. If it is longer
+1. The transcript is rendered as ``role: content`` lines, each tool call as
+   ``assistant called tool NAME(ARGUMENTS) -> RESULT`` where it was made
+   (:func:`summarizer.formats.render_lines`). If it is longer
    than ``max_input_tokens`` it is cut into chunks at message boundaries (a
    single huge message is split by tokens), each chunk is summarized, and the
    partial summaries are merged by further calls (map-reduce), in groups that
@@ -53,6 +55,7 @@ from summarizer.errors import (
     SummaryGenerationError,
     UnavailableReason,
 )
+from summarizer.formats import render_lines
 from summarizer.tokens import count_tokens, get_encoding
 from tiers.ids import ID_PATTERN, check_id
 from tiers.models import MAX_TEXT, FactCandidate, Message, SessionSummary, SummaryUsage, utcnow
@@ -290,13 +293,9 @@ def _merge_facts(*groups: Sequence[LLMFact]) -> list[FactCandidate]:
 
 
 def _render(messages: Sequence[Message]) -> list[str]:
-    lines = []
-    for message in messages:
-        text = message.content.strip()
-        if text:
-            who = f"{message.role} ({message.name})" if message.name else message.role
-            lines.append(f"{who}: {text}")
-    return lines
+    # Plain messages as "role: text"; tool calls as "assistant called tool X(args) -> result"
+    # where they were made; reasoning and bookkeeping items left out (summarizer.formats).
+    return render_lines(messages)
 
 
 def _chunk(lines: Sequence[str], budget: int) -> list[str]:

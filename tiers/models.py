@@ -275,11 +275,72 @@ class RunInfo(Record):
         return 1 <= seq <= self.head_seq and not any(a <= seq <= b for a, b in self.superseded)
 
 
+MAX_MESSAGE_TEXT = 200_000
+"""Characters of one message's content, or of one tool call's arguments."""
+MAX_MESSAGE_NAME = 256
+"""Characters of a message's name, a tool's name, a call id or an attachment label."""
+MAX_TOOL_CALLS = 128
+"""Tool calls of one message; also the most attachments one message may have."""
+
+
+class ToolCall(BaseModel):
+    """One tool call an assistant turn made.
+
+    Attributes:
+        id: The call's id (chat ``tool_calls[].id``, Responses ``call_id``),
+            which the tool result's :attr:`Message.tool_call_id` repeats;
+            ``None`` when the format had none (a legacy ``function_call``).
+        name: The tool: a function's name (``namespace.name`` when namespaced),
+            ``server.tool`` for an MCP call, or the built-in tool
+            (``web_search``, ``file_search``, ``computer``, ``shell``...).
+        arguments: What it was called with, as the model wrote it (usually
+            JSON text; the code of a code-interpreter call).
+    """
+
+    model_config = ConfigDict(extra="ignore", frozen=True)
+
+    id: Annotated[str, Field(min_length=1, max_length=MAX_MESSAGE_NAME)] | None = None
+    name: Annotated[str, Field(min_length=1, max_length=MAX_MESSAGE_NAME)]
+    arguments: Annotated[str, Field(max_length=MAX_MESSAGE_TEXT)] = ""
+
+
 class Message(BaseModel):
-    """One OpenAI-style transcript message."""
+    """One transcript message, in an OpenAI-chat-like form every accepted format is read into.
+
+    ``role`` and ``content`` are all a plain message has; the other fields
+    default to empty and are left out of the stored JSON when empty, so
+    transcripts stored before they existed read back unchanged (and a plain
+    transcript encodes to the same bytes as before).
+
+    Attributes:
+        role: ``system``, ``user``, ``assistant`` or ``tool``.
+        content: The text (content parts joined by newlines; ``""`` for a turn
+            that only called tools).
+        name: The speaker's or tool's name, if given.
+        tool_calls: Tools an assistant turn called, in order.
+        tool_call_id: On a tool result: the id of the call it answers.
+        item_type: The Responses-API item type it was read from when that is
+            not a plain message (``function_call``, ``function_call_output``,
+            ``reasoning``, ``web_search_call``, ``mcp_call``...); ``None`` for
+            chat messages and ``message`` items.
+        attachments: Non-text parts that were there but are not stored
+            (``image``, ``audio``, ``file``, ``file:report.pdf``): noted, so
+            nothing disappears silently.
+    """
 
     model_config = ConfigDict(extra="ignore", frozen=True)
 
     role: Literal["system", "user", "assistant", "tool"]
-    content: Annotated[str, Field(max_length=200_000)]
-    name: Annotated[str, Field(max_length=256)] | None = None
+    content: Annotated[str, Field(max_length=MAX_MESSAGE_TEXT)]
+    name: Annotated[str, Field(max_length=MAX_MESSAGE_NAME)] | None = None
+    tool_calls: tuple[ToolCall, ...] = Field(default=(), max_length=MAX_TOOL_CALLS)
+    tool_call_id: Annotated[str, Field(min_length=1, max_length=MAX_MESSAGE_NAME)] | None = None
+    item_type: Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,63}$")] | None = None
+    attachments: tuple[Annotated[str, Field(min_length=1, max_length=MAX_MESSAGE_NAME)], ...] = (
+        Field(default=(), max_length=MAX_TOOL_CALLS)
+    )
+
+    @property
+    def plain(self) -> bool:
+        """Whether this is a plain ``{"role", "content"[, "name"]}`` message (no tool or item data)."""
+        return not (self.tool_calls or self.tool_call_id or self.item_type or self.attachments)

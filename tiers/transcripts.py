@@ -6,6 +6,13 @@ its JSON encoding cut into pages: a header record under the session id
 and the pages sit under ``<session_id>/<page number>``. Ids cannot contain
 ``/``, so a header key never collides with a page key. A transcript is always
 written, replaced or deleted in one atomic commit with its header.
+
+Each message is stored as :class:`~tiers.models.Message` JSON without its
+empty fields: ``{"role", "content"}`` (and ``name``) for a plain message, plus
+``tool_calls``, ``tool_call_id``, ``item_type`` or ``attachments`` when it has
+them. Those fields are optional with empty defaults, so transcripts stored
+before they existed read back unchanged, and a reader that does not know them
+ignores them.
 """
 
 from __future__ import annotations
@@ -83,7 +90,11 @@ def is_header_key(key: str) -> bool:
 
 
 def parse_messages(messages: object) -> list[Message]:
-    """Validate a transcript given as :class:`Message` objects or ``{"role", "content"}`` mappings.
+    """Validate a transcript given as :class:`Message` objects or their JSON form (as stored).
+
+    This is the storage tier's check; the formats agent frameworks produce
+    (chat completions, Responses API items) are read by
+    ``summarizer.parse_transcript`` before they get here.
 
     Raises:
         InvalidInputError: Not a non-empty list of valid messages; ``field``
@@ -116,8 +127,10 @@ def parse_messages(messages: object) -> list[Message]:
 
 
 def _encode_messages(messages: Sequence[Message]) -> bytes:
+    # Empty optional fields are left out: a plain transcript encodes to the same bytes (and
+    # checksum) as before tool calls were stored, so saving it again keeps its summary.
     return json.dumps(
-        [message.model_dump(exclude_none=True) for message in messages],
+        [message.model_dump(mode="json", exclude_defaults=True) for message in messages],
         ensure_ascii=False,
         separators=(",", ":"),
     ).encode()

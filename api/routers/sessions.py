@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
-from typing import Annotated
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Path, Query, Request, Response, status
 
@@ -24,7 +24,7 @@ from api.schemas.sessions import (
     SessionOut,
 )
 from tiers.errors import SessionNotFoundError
-from tiers.models import Message, SessionSummary
+from tiers.models import SessionSummary
 
 router = APIRouter(
     tags=["sessions"], responses=problem_responses(400, 401, 403, 409, 413, 422, 500, 503)
@@ -84,6 +84,10 @@ def save_session(
 
     Saving the same ``session_id`` again replaces the session. User facts the
     summarizer finds in a transcript are stored with the session as source.
+    A transcript may hold chat-completions messages (tool calls included) and
+    Responses-API items (what the OpenAI Agents SDK produces), read exactly as
+    ``Memory.end_session`` reads them; an item it cannot read is a 422
+    ``invalid-transcript`` problem whose ``field`` names it.
     """
     if body.summary is not None:
         data = body.summary.model_dump()
@@ -94,7 +98,9 @@ def save_session(
             session_out(memory.save_session(data)), status_code=status.HTTP_201_CREATED
         )
     assert body.transcript is not None  # the schema requires exactly one of the two
-    transcript = [Message(role=m.role, content=m.content, name=m.name) for m in body.transcript]
+    # The items as sent (the schema skips validating them): the library's parser reads them,
+    # so the service accepts and refuses exactly what Memory.end_session does.
+    transcript: list[Any] = list(body.transcript)
     # Durable before anything is acknowledged: if summarizing fails or this process dies,
     # the session is listed as pending and can be summarized again.
     memory.save_transcript(user_id, body.session_id, transcript, created_at=body.created_at)

@@ -6,11 +6,12 @@ from datetime import datetime
 from enum import StrEnum
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, SkipValidation, model_validator
 
 from api.schemas.common import NON_BLANK, Id, RequestModel, ResponseModel, UtcDatetime
 from api.schemas.problems import Problem
-from tiers.models import MAX_ITEMS, MAX_TEXT
+from summarizer.formats import CHAT_ROLES, CONTENT_PART_TYPES, ITEM_TYPES
+from tiers.models import MAX_ITEMS, MAX_MESSAGE_NAME, MAX_MESSAGE_TEXT, MAX_TEXT
 from tiers.session import MAX_TOP_K
 
 MAX_MESSAGES = 5000
@@ -30,12 +31,104 @@ class SummaryIn(RequestModel):
     next_recommended_steps: Items = Field(default_factory=list)
 
 
-class MessageIn(RequestModel):
-    """One OpenAI-style transcript message."""
+# The transcript item schemas below document the wire format only. Items are not validated
+# by them but passed as sent to summarizer.parse_transcript, the one reader the library uses
+# too, so the service and the library accept and refuse the same transcripts; a bad item is
+# a 422 invalid-transcript problem whose ``field`` names it, e.g. ``transcript[3].type``.
 
-    role: Literal["system", "user", "assistant", "tool"]
-    content: Annotated[str, Field(max_length=200_000)]
-    name: Annotated[str, Field(max_length=256)] | None = None
+
+class _ItemDoc(BaseModel):
+    """Base of the documented transcript item shapes: other keys are allowed (and ignored)."""
+
+    model_config = ConfigDict(extra="allow")
+
+
+class ContentPartIn(_ItemDoc):
+    """A content part. Text parts are kept; image, audio and file parts are noted, not stored."""
+
+    type: str = Field(default="text", json_schema_extra={"enum": list(CONTENT_PART_TYPES)})
+    text: str | None = Field(default=None, description="Of text, input_text, output_text parts.")
+    refusal: str | None = Field(default=None, description="Of a refusal part.")
+
+
+class FunctionIn(_ItemDoc):
+    """The function a chat-completions tool call called."""
+
+    name: Annotated[str, Field(min_length=1, max_length=MAX_MESSAGE_NAME)]
+    arguments: str | dict[str, JsonValue] = Field(default="", description="JSON text (or object).")
+
+
+class ToolCallIn(_ItemDoc):
+    """One chat-completions tool call (``custom`` calls carry ``custom: {name, input}``)."""
+
+    id: Annotated[str, Field(max_length=MAX_MESSAGE_NAME)] | None = None
+    type: Literal["function", "custom"] = "function"
+    function: FunctionIn | None = None
+
+
+class MessageIn(_ItemDoc):
+    """A chat-completions message, or a Responses-API message item (``"type": "message"``)."""
+
+    type: Literal["message"] | None = None
+    role: Annotated[str, Field(json_schema_extra={"enum": list(CHAT_ROLES)})]
+    content: Annotated[str, Field(max_length=MAX_MESSAGE_TEXT)] | list[ContentPartIn] | None = (
+        Field(
+            description="Text, content parts, or null (an assistant turn that only called tools)."
+        )
+    )
+    name: Annotated[str, Field(max_length=MAX_MESSAGE_NAME)] | None = None
+    tool_calls: list[ToolCallIn] | None = Field(default=None, description="Of an assistant turn.")
+    tool_call_id: str | None = Field(default=None, description="Of a tool result.")
+
+
+class FunctionCallIn(_ItemDoc):
+    """A Responses-API function call (also ``custom_tool_call`` with ``input``)."""
+
+    type: Literal["function_call"]
+    call_id: str | None = None
+    name: Annotated[str, Field(min_length=1, max_length=MAX_MESSAGE_NAME)]
+    arguments: Annotated[str, Field(max_length=MAX_MESSAGE_TEXT)] = ""
+
+
+class FunctionCallOutputIn(_ItemDoc):
+    """A Responses-API function call's result (also ``custom_tool_call_output``)."""
+
+    type: Literal["function_call_output"]
+    call_id: str | None = None
+    output: Annotated[str, Field(max_length=MAX_MESSAGE_TEXT)] | list[ContentPartIn]
+
+
+class ReasoningIn(_ItemDoc):
+    """A reasoning item: its summary text is stored, but not summarized."""
+
+    type: Literal["reasoning"]
+    summary: list[dict[str, JsonValue]] = Field(
+        default_factory=list, description='[{"type": "summary_text", "text": ...}]'
+    )
+
+
+class ResponseItemIn(_ItemDoc):
+    """Any other Responses-API item type (built-in tool calls and outputs, MCP, references)."""
+
+    type: Annotated[
+        str,
+        Field(
+            json_schema_extra={
+                "enum": [
+                    t
+                    for t in ITEM_TYPES
+                    if t not in ("message", "function_call", "function_call_output", "reasoning")
+                ]
+            }
+        ),
+    ]
+
+
+TranscriptItemIn = Annotated[
+    MessageIn | FunctionCallIn | FunctionCallOutputIn | ReasoningIn | ResponseItemIn,
+    SkipValidation,
+]
+"""One transcript item as documented; validated by ``summarizer.parse_transcript``, not here."""
 
 
 class SessionCreate(RequestModel):
@@ -43,14 +136,26 @@ class SessionCreate(RequestModel):
 
     A summary is stored as given (201). A transcript is summarized first: in the
     background by default (202 with a job to poll), or before answering with
-    ``?wait=true`` (201).
+    ``?wait=true`` (201). Its items are not validated here (see
+    :data:`TranscriptItemIn`): they reach the route as the JSON sent.
     """
 
     session_id: Id
     summary: SummaryIn | None = None
-    transcript: Annotated[list[MessageIn], Field(min_length=1, max_length=MAX_MESSAGES)] | None = (
-        None
-    )
+    transcript: (
+        Annotated[
+            list[TranscriptItemIn],
+            Field(
+                # At least one item, but the parser says so: the library's error, not pydantic's.
+                json_schema_extra={"minItems": 1},
+                max_length=MAX_MESSAGES,
+                description="Chat-completions messages and/or Responses-API items (what the "
+                "OpenAI Agents SDK's to_input_list() gives), oldest first. Items are read by the "
+                "library's own parser: a bad one is a 422 whose 'field' names it.",
+            ),
+        ]
+        | None
+    ) = None
     created_at: UtcDatetime | None = Field(
         default=None, description="When the session ended; default now."
     )

@@ -553,13 +553,19 @@ def test_parse_transcript_accepts_messages_and_content_parts() -> None:
                     {"type": "text", "text": "Be brief."},
                 ],
             },
-            {"role": "assistant", "content": None, "tool_calls": [{"id": "1"}]},
+            {
+                "role": "assistant",
+                "content": None,
+                "tool_calls": [{"id": "1", "function": {"name": "look", "arguments": "{}"}}],
+            },
             {"role": "developer", "content": "Be nice.", "name": "ops"},
         ]
     )
     assert [m.role for m in messages] == ["user", "user", "assistant", "system"]
     assert messages[1].content == "What is in this photo?\nBe brief."
     assert messages[2].content == ""
+    assert [(c.id, c.name) for c in messages[2].tool_calls] == [("1", "look")]
+    assert messages[1].attachments == ("image",)  # noted, not dropped silently
     assert messages[3].name == "ops"
 
 

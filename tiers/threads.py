@@ -314,14 +314,16 @@ class ThreadTier:
         if limit is not None and limit <= 0:
             return
         _, space = self._space(thread_id)
+        # Without a filter, a small limit needs no more than that many rows per namespace.
+        page = _PAGE if limit is None or where is not None else min(limit, _PAGE)
         if ns is None:
-            streams = [self._scan_ns(space, name, before) for name in self._namespaces(space)]
+            streams = [self._scan_ns(space, name, before, page) for name in self._namespaces(space)]
             merged: Iterable[StoredCheckpoint] = heapq.merge(
                 *streams, key=lambda c: c.checkpoint_id, reverse=True
             )
         else:
             _check_name(ns, "checkpoint_ns", empty=True)
-            merged = self._scan_ns(space, ns, before)
+            merged = self._scan_ns(space, ns, before, page)
         count = 0
         for ckpt in merged:
             if where is not None and not where(ckpt):
@@ -337,16 +339,19 @@ class ThreadTier:
             names.append(_unpart(key[len(keys.THREAD_HEAD_PREFIX) :]))
         return names
 
-    def _scan_ns(self, space: str, ns: str, before: str | None) -> Iterator[StoredCheckpoint]:
+    def _scan_ns(
+        self, space: str, ns: str, before: str | None, size: int
+    ) -> Iterator[StoredCheckpoint]:
         prefix = keys.thread_checkpoint_prefix(ns)
         start = None if before is None else keys.thread_checkpoint_key(ns, before)
         while True:
-            page = self._kv.scan(space, prefix=prefix, start_after=start, reverse=True, limit=_PAGE)
+            page = self._kv.scan(space, prefix=prefix, start_after=start, reverse=True, limit=size)
             for key, data in self._load(space, page):
                 yield _decode_checkpoint(data, f"{space}/{key}")
-            if len(page) < _PAGE:
+            if len(page) < size:
                 return
             start = page[-1][0]
+            size = _PAGE
 
     def threads(self) -> list[str]:
         """Ids of this tenant's threads."""

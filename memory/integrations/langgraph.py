@@ -179,7 +179,7 @@ class TiermemSaver(BaseCheckpointSaver[str]):
         *,
         serde: SerializerProtocol | None = None,
         delta: bool = True,
-        delta_every: int = 64,
+        delta_every: int = 32,
     ) -> None:
         super().__init__(serde=serde)
         core = memory.sync if isinstance(memory, AsyncMemory) else memory
@@ -260,7 +260,13 @@ class TiermemSaver(BaseCheckpointSaver[str]):
         count = 0
         for thread_id in threads:
             left = None if limit is None else limit - count
-            stream = self._threads.history(thread_id, ns, before=before_id, limit=left, where=keep)
+            stream = self._threads.history(
+                thread_id,
+                ns,
+                before=before_id,
+                limit=left,
+                where=keep if wanted or exact is not None else None,
+            )
             for stored in stream:
                 yield self._tuple(thread_id, stored, cache=False)
                 count += 1
@@ -654,10 +660,11 @@ def effect(
     """Run an external side effect from inside a LangGraph node at most once, across crashes.
 
     The effect's idempotency key is derived from the thread, the namespace,
-    the running task (LangGraph derives task ids from the checkpoint the task
-    runs from) and ``name``, so a task that runs again (its process died before
-    its writes were saved, or a retry policy repeats it) finds the effect's
-    recorded result and returns it instead of calling ``fn`` again. ``fn``
+    the running task (its super-step and path in the graph) and ``name``, so a
+    task that runs again (its process died before its writes were saved, or a
+    retry policy repeats it) finds the effect's recorded result and returns it
+    instead of calling ``fn`` again. As in tiermem's own runs, a branch (time
+    travel) that re-runs a step keeps the effects that step already recorded. ``fn``
     receives the key: pass it to the external system as its idempotency key.
 
     Before ``fn`` runs, "invoked" is stored durably; after, its result. A task
@@ -687,15 +694,19 @@ def effect(
         config = get_config()
     conf = config.get("configurable", {})
     saver = conf.get("__pregel_checkpointer")
-    task_id = conf.get("__pregel_task_id")
-    if not isinstance(saver, TiermemSaver) or not task_id:
+    if not isinstance(saver, TiermemSaver) or not conf.get("__pregel_task_id"):
         raise InvalidInputError(
             "effect() runs inside a node of a graph compiled with checkpointer=TiermemSaver(...)",
             field="config",
         )
     thread_id = str(conf["thread_id"])
-    ns = str(conf.get("checkpoint_ns", ""))
-    key = hashlib.sha256(
-        json.dumps([ns, str(task_id), name], ensure_ascii=False).encode()
-    ).hexdigest()
+    # Inside a node the namespace ends with the task's own "node:<task id>". The key uses the
+    # graph's namespace and the task's step and path, not the task id: LangGraph derives task
+    # ids from the checkpoint the task runs from, which (durability="async") may not be stored
+    # yet when a worker dies mid-task; the re-run then has a new task id but the same step and
+    # path. (In a subgraph the enclosing tasks' ids stay part of the namespace.)
+    graph_ns = str(conf.get("checkpoint_ns", "")).rpartition("|")[0]
+    md = config.get("metadata", {})
+    where = [graph_ns, md.get("langgraph_step"), list(md.get("langgraph_path", ())), name]
+    key = hashlib.sha256(json.dumps(where, ensure_ascii=False, default=str).encode()).hexdigest()
     return saver.run_effect(thread_id, key, name, fn, reconcile)

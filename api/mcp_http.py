@@ -40,7 +40,7 @@ from api.logs import logging_config
 from api.state import Principal, ServiceState
 from memory.facade import Memory
 from memory.integrations import require
-from memory.integrations.mcp import McpCaller, build_server
+from memory.integrations.mcp import CallerResolver, McpCaller, build_server
 from memory.settings import Settings
 
 require("mcp", "mcp")
@@ -85,7 +85,7 @@ class _McpAuth:
         await self.app(scope, receive, send)
 
 
-def _resolver(app: FastAPI) -> Any:
+def _resolver(app: FastAPI) -> CallerResolver:
     def caller(request: Any) -> McpCaller:
         """The caller of one tool call, from the principal its HTTP request was authenticated as."""
         if not isinstance(request, Request):

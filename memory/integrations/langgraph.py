@@ -17,11 +17,13 @@ checkpoint, its values and writes, never the whole thread; ``list`` pages newest
 first; values of any size are chunked transparently. A list channel that grew
 by appending (a chat's messages) is stored as its new tail, relative to the
 version before it, with a full copy at least every ``delta_every`` versions, so
-a long thread costs each step its change, not its length. Appends are recognised
-by element identity; an element whose attributes were reassigned in place is
-noticed and the list is stored whole; deeper in-place changes of an element
-(e.g. appending to a list inside a message) are not, as with LangGraph's own
-``DeltaChannel``: return updates from nodes instead, or pass ``delta=False``.
+a long thread costs each step its change, not its length. An append is
+recognised by comparing the stored elements' attribute values with the new
+list's (identity first, then equality); an element whose attribute was
+reassigned in place makes the list stored whole. A change deeper inside an
+element's attribute (appending to a list inside a message) is not seen, as
+with LangGraph's own ``DeltaChannel``: return updates from nodes instead, or
+pass ``delta=False``.
 
 **Concurrent writers (no forks).** Every put is checked against the head of
 its thread namespace (a compare-and-set in the store's commit). When two
@@ -100,14 +102,22 @@ def _untyped(data: bytes) -> tuple[str, bytes]:
     return kind.decode(), rest
 
 
-def _fingerprint(item: object) -> object:
-    """What identifies an element's content without copying it: its attribute values (by reference)."""
-    attrs = getattr(item, "__dict__", None)
-    if attrs is not None:
-        return tuple(attrs.values())
-    if isinstance(item, dict):
-        return tuple(item.values())
-    return None
+def _contents(items: Sequence[Any]) -> tuple[Any, ...]:
+    """What a list's elements hold, flat: each element's attribute values (or the element itself).
+
+    Comparing two of these with ``==`` is C-speed (identity first, then value
+    equality), and tells whether stored elements still hold what was stored:
+    an element whose attribute was reassigned in place compares unequal.
+    """
+    out: list[Any] = []
+    for item in items:
+        attrs = getattr(item, "__dict__", None)
+        if attrs is None:
+            out.append(item)
+        else:
+            out.append(type(item))
+            out.extend(attrs.values())
+    return tuple(out)
 
 
 @dataclass
@@ -115,31 +125,26 @@ class _ListState:
     """The last stored version of a list channel: what a later version may be a tail of."""
 
     version: str
-    items: list[Any]
-    prints: list[object]
+    length: int
+    contents: tuple[Any, ...]
     chain: list[str]
 
-    def tail_of(self, value: list[Any]) -> list[Any] | None:
-        """The items ``value`` appended to this version, or ``None`` if it is not an append."""
-        items = self.items
-        if len(value) < len(items):
+    def tail_of(self, value: list[Any]) -> tuple[list[Any], tuple[Any, ...]] | None:
+        """The items ``value`` appended to this version and its contents, or ``None``."""
+        if len(value) < self.length:
             return None
-        for old, new, mark in zip(items, value, self.prints, strict=False):
-            if old is not new:
+        head = _contents(value[: self.length])
+        try:
+            if head != self.contents:
                 return None
-            if mark is not None and not _same(mark, _fingerprint(new)):
-                return None
-        return value[len(items) :]
-
-
-def _same(a: object, b: object) -> bool:
-    if not isinstance(a, tuple) or not isinstance(b, tuple) or len(a) != len(b):
-        return False
-    return all(x is y for x, y in zip(a, b, strict=True))
+        except (TypeError, ValueError):  # elements whose == is not a bool (arrays)
+            return None
+        tail = value[self.length :]
+        return tail, head + _contents(tail)
 
 
 def _state_of(version: str, value: list[Any], chain: list[str]) -> _ListState:
-    return _ListState(version, list(value), [_fingerprint(v) for v in value], chain)
+    return _ListState(version, len(value), _contents(value), chain)
 
 
 class _Lru(OrderedDict[Any, Any]):
@@ -447,17 +452,17 @@ class TiermemSaver(BaseCheckpointSaver[str]):
                 continue
             with self._lock:
                 last = self._lists.get((thread_id, ns, channel)) if use_delta else None
-            tail = None
+            found = None
             if last is not None and len(last.chain) < self._delta_every:
-                tail = last.tail_of(value)
-            if tail is None:
+                found = last.tail_of(value)
+            if last is None or found is None:
                 blobs[(channel, version)] = Blob(_FULL + _typed(self.serde.dumps_typed(value)))
                 states[channel] = _state_of(version, value, [version]) if self._delta else None
             else:
-                assert last is not None
+                tail, contents = found
                 data = _TAIL + _typed(self.serde.dumps_typed(tail))
                 blobs[(channel, version)] = Blob(data, tuple(last.chain))
-                states[channel] = _state_of(version, value, [*last.chain, version])
+                states[channel] = _ListState(version, len(value), contents, [*last.chain, version])
         return blobs, states
 
     def put_writes(

@@ -318,7 +318,9 @@ WORKER = textwrap.dedent(
     graph = chat_graph(TiermemSaver(memory), delay=0.02)
     config = {"configurable": {"thread_id": "shared"}}
     conflicts = done = 0
-    while time.time() < float(os.environ["START_AT"]):
+    # Both processes start invoking at the same moment, however long each took to start.
+    open(os.environ["READY"] + name, "w").close()
+    while not os.path.exists(os.environ["GO"]):
         time.sleep(0.001)
     while done < count:
         try:
@@ -342,13 +344,14 @@ def test_two_processes_on_one_thread_never_fork_it(
     shared = Settings(data_dir=tmp_path / "unused", kv_url=kv_url)
     script = tmp_path / "worker.py"
     script.write_text(WORKER)
-    start_at = time.time() + 3
+    ready, go = tmp_path / "ready-", tmp_path / "go"
     procs = []
     for name in ("a", "b"):
         env = {
             **os.environ,
             "TEST_DIR": str(Path(__file__).parent),
-            "START_AT": str(start_at),
+            "READY": str(ready),
+            "GO": str(go),
             "PYTHONPATH": str(ROOT),
             "SETTINGS": shared.model_copy(
                 update={"data_dir": tmp_path / f"data-{name}"}
@@ -363,6 +366,12 @@ def test_two_processes_on_one_thread_never_fork_it(
                 text=True,
             )
         )
+    deadline = time.monotonic() + 120
+    while not all((tmp_path / f"ready-{n}").exists() for n in "ab"):
+        assert time.monotonic() < deadline, "workers did not start"
+        assert all(p.poll() is None for p in procs), procs[0].communicate()[1][-2000:]
+        time.sleep(0.01)
+    go.touch()
     outputs = [p.communicate(timeout=240) for p in procs]
     for proc, (_out, err) in zip(procs, outputs, strict=True):
         assert proc.returncode == 0, err[-2000:]

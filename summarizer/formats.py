@@ -237,6 +237,8 @@ def _content(value: object, field: str) -> tuple[str, list[str]]:
                 f"must be a content part like {{'type': 'text', 'text': ...}}, got {_type_name(part)}",
             )
         kind = part.get("type", "text")
+        if not isinstance(kind, str):
+            raise _fail(f"{where}.type", f"must be a string, got {_type_name(kind)}")
         if kind in _TEXT_PARTS:
             key = _TEXT_PARTS[kind]
             texts.append(_checked(part.get(key), f"{where}.{key}", MAX_MESSAGE_TEXT))
@@ -251,6 +253,8 @@ def _content(value: object, field: str) -> tuple[str, list[str]]:
     text = "\n".join(texts)
     if len(text) > MAX_MESSAGE_TEXT:
         raise _fail(field, f"is too long: {len(text)} characters, at most {MAX_MESSAGE_TEXT}")
+    if len(attachments) > MAX_TOOL_CALLS:
+        raise _fail(field, f"has {len(attachments)} non-text parts, at most {MAX_TOOL_CALLS}")
     return text, attachments
 
 
@@ -261,7 +265,9 @@ def _attachment(kind: str, part: Mapping[str, Any]) -> str:
         inner.get("filename") if isinstance(inner, Mapping) else None
     )
     if kind == "file" and isinstance(filename, str) and filename.strip():
-        return f"file:{filename.strip()}"[:MAX_MESSAGE_NAME]
+        label = f"file:{filename.strip()}"[:MAX_MESSAGE_NAME]
+        if label.encode("utf-8", "replace").decode() == label:  # no lone surrogate in it
+            return label
     return kind
 
 

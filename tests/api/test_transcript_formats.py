@@ -24,6 +24,8 @@ from agents import Agent, RunConfig, Runner, function_tool
 from agents.items import ModelResponse, TResponseInputItem
 from agents.models.interface import Model
 from agents.usage import Usage
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 from openai.types.responses import (
     ResponseCodeInterpreterToolCall,
     ResponseComputerToolCall,
@@ -59,9 +61,17 @@ from openai.types.responses.response_reasoning_item import Summary
 
 from memory import InvalidTranscriptError, Memory
 from memory.client import MemoryClient
-from summarizer.formats import parse_transcript, render_lines
+from summarizer.formats import (
+    CHAT_ROLES,
+    CONTENT_PART_TYPES,
+    ITEM_TYPES,
+    parse_transcript,
+    render_lines,
+)
 from tests.api.conftest import Api, new_tenant
 from tests.api.test_client import Served, served  # noqa: F401  (a real `tiermem serve`)
+from tests.summarizer.stub_server import StubLLMServer, StubReply
+from tests.summarizer.test_llm import GOOD, stub_summarizer
 from tiers.errors import SessionNotFoundError
 from tiers.models import Message
 
@@ -717,3 +727,83 @@ def test_a_stored_transcript_saves_again_unchanged(memory: Memory) -> None:
         tenant.sessions.transcript_header("u1", "s2").sha256
         == tenant.sessions.transcript_header("u1", "s1").sha256
     )
+
+
+def test_llm_summarizer_is_shown_tool_calls_not_reasoning() -> None:
+    with StubLLMServer() as stub:
+        stub.enqueue(StubReply.json(GOOD))
+        stub_summarizer(stub).summarize(agents_sdk_run(), user_id="u1", session_id="s1")
+        (request,) = stub.requests
+    prompt = request["messages"][-1]["content"]
+    assert "user: What is the weather in Paris?" in prompt
+    assert 'assistant called tool get_weather({"city":"Paris"}) -> 18C and sunny in Paris' in prompt
+    assert "assistant: We decided on Paris: sunny." in prompt
+    assert "The user wants the weather." not in prompt  # reasoning is stored, not summarized
+
+
+# --------------------------------------------------------------------------- any JSON at all
+
+_KEYS = st.sampled_from(
+    [
+        "type", "role", "content", "text", "refusal", "tool_calls", "function", "custom", "name",
+        "arguments", "input", "id", "call_id", "tool_call_id", "output", "outputs", "summary",
+        "results", "action", "approve", "approval_request_id", "server_label", "namespace",
+        "tools", "file", "filename", "logs", "stdout", "item_type", "attachments", "error",
+    ]
+)  # fmt: skip
+_WORDS = st.sampled_from(
+    [*ITEM_TYPES, *CHAT_ROLES, *CONTENT_PART_TYPES, "function", "custom", "logs", "summary_text"]
+)
+_SCALARS = st.none() | st.booleans() | st.integers() | _WORDS | st.text(max_size=8)
+_JSON = st.recursive(
+    _SCALARS,
+    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(_KEYS, inner, max_size=5),
+    max_leaves=20,
+)
+
+
+_PARTS = st.lists(
+    st.fixed_dictionaries(
+        {"type": st.sampled_from(CONTENT_PART_TYPES), "text": st.text(), "refusal": st.text()}
+    )
+    | _JSON,
+    max_size=3,
+)
+
+
+def _merged(base: st.SearchStrategy[dict[str, Any]]) -> st.SearchStrategy[dict[str, Any]]:
+    """Items that look right (``base``) with random other keys added (base wins)."""
+    return st.builds(lambda extra, good: {**extra, **good}, st.dictionaries(_KEYS, _JSON), base)
+
+
+_ITEM = (
+    _merged(
+        st.fixed_dictionaries(
+            {"role": st.sampled_from(list(CHAT_ROLES)), "content": st.none() | st.text() | _PARTS}
+        )
+    )
+    | _merged(st.fixed_dictionaries({"type": st.sampled_from(ITEM_TYPES)}))
+    | _JSON
+)
+
+
+@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.lists(_ITEM, min_size=1, max_size=4))
+def test_any_json_is_read_or_refused_naming_a_field(transcript: list[Any]) -> None:
+    """Whatever arrives, the parser answers with messages that can be stored, or a typed error."""
+    refused: InvalidTranscriptError | None = None
+    try:
+        messages = parse_transcript(transcript)
+    except InvalidTranscriptError as exc:
+        refused = exc
+    if refused is not None:
+        assert refused.field is not None
+        assert refused.field.startswith("transcript")
+        assert refused.field in str(refused)
+        return
+    assert messages
+    encoded = json.dumps(stored_json(messages), ensure_ascii=False).encode()
+    again = [Message.model_validate(item) for item in json.loads(encoded)]
+    assert again == messages
+    assert parse_transcript(stored_json(messages)) == messages  # the stored form reads back
+    render_lines(messages)  # and a summarizer can be shown it

@@ -37,7 +37,6 @@ old value.
 from __future__ import annotations
 
 import logging
-import math
 import re
 import threading
 import uuid
@@ -70,8 +69,19 @@ from tiers.errors import (
     ValueTooLargeError,
 )
 from tiers.ids import check_id
+from tiers.item_rules import (
+    check_filter,
+    check_key,
+    check_model,
+    check_namespace,
+    check_page,
+    check_pattern,
+    check_ttl,
+    check_value,
+    matches_filter,
+    matches_pattern,
+)
 from tiers.models import Record, UserFact, UtcDatetime, utcnow
-from tiers.values import canonical_json, to_json
 
 __all__ = [
     "ITEM_FACT_SOURCE",
@@ -91,17 +101,11 @@ Namespace = tuple[str, ...]
 NamespacePattern = Sequence[str | None]
 """A namespace pattern for :meth:`ItemStore.namespaces`: ``None`` matches any one label."""
 
-MAX_DEPTH = 32
-MAX_LABEL = 256
-MAX_KEY = 1024
-MAX_MODEL = 128
-MAX_LIMIT = 10_000
 ITEM_FACT_SOURCE = "item-store"
 """``source`` of the facts :meth:`ItemStore.user_facts` derives from a user's items."""
 
 _MAX_CANDIDATES = 50_000  # nearest vectors fetched at most for one search
 _PAGE = 256  # rows per scan page / items per commit when sweeping or forgetting
-_OPERATORS = frozenset({"$eq", "$ne", "$gt", "$gte", "$lt", "$lte"})
 _FACT_UNSAFE = re.compile(r"[^A-Za-z0-9._@+\-]+")
 _MIN_REFRESH = timedelta(seconds=1)  # a TTL refresh moving expiry by less is not written
 
@@ -258,7 +262,7 @@ class ItemStore:
             InvalidInputError: A bad namespace or key.
         """
         addresses = [
-            keys.item_address(_namespace_code(_check_namespace(ns, "namespace")), _check_key(k))
+            keys.item_address(_namespace_code(check_namespace(ns, "namespace")), check_key(k))
             for ns, k in refs
         ]
         now = self._clock()
@@ -297,9 +301,9 @@ class ItemStore:
         Raises:
             InvalidInputError: A bad prefix, filter, limit or offset.
         """
-        prefix = _check_namespace(prefix, "namespace_prefix", allow_empty=True)
-        _check_filter(filter)
-        _check_page(limit, offset)
+        prefix = check_namespace(prefix, "namespace_prefix", allow_empty=True)
+        check_filter(filter)
+        check_page(limit, offset)
         now = self._clock()
         found: list[tuple[str, bytes, ItemRecord]] = []
         for address, data in self._kv.scan(self._items, prefix=_namespace_code(prefix)):
@@ -333,11 +337,11 @@ class ItemStore:
             InvalidInputError: A bad prefix, vector, model, filter, limit or offset.
             BackendUnavailableError: The index or the KV store failed.
         """
-        prefix = _check_namespace(prefix, "namespace_prefix", allow_empty=True)
+        prefix = check_namespace(prefix, "namespace_prefix", allow_empty=True)
         query = self._check_vectors([vector], "query")[0]
-        model = _check_model(model)
-        _check_filter(filter)
-        _check_page(limit, offset)
+        model = check_model(model)
+        check_filter(filter)
+        check_page(limit, offset)
         wanted = offset + limit
         if wanted == 0:
             return []
@@ -400,8 +404,8 @@ class ItemStore:
         Raises:
             InvalidInputError: A bad pattern, depth, limit or offset.
         """
-        prefixes = [_check_pattern(p, "prefix") for p in prefixes]
-        suffixes = [_check_pattern(p, "suffix") for p in suffixes]
+        prefixes = [check_pattern(p, "prefix") for p in prefixes]
+        suffixes = [check_pattern(p, "suffix") for p in suffixes]
         if max_depth is not None and (
             not isinstance(max_depth, int) or isinstance(max_depth, bool) or max_depth < 1
         ):
@@ -409,7 +413,7 @@ class ItemStore:
                 f"max_depth must be a positive integer or None, got {max_depth!r}",
                 field="max_depth",
             )
-        _check_page(limit, offset)
+        check_page(limit, offset)
         # The literal labels every prefix pattern starts with narrow the scan.
         literal: list[str] = []
         if prefixes:
@@ -420,8 +424,8 @@ class ItemStore:
         candidates: list[tuple[Namespace, str]] = []
         for code, _ in self._kv.scan(self._namespaces, prefix=_namespace_code(tuple(literal))):
             namespace = _decode_namespace(code)
-            if all(_match(namespace, p, suffix=False) for p in prefixes) and all(
-                _match(namespace, p, suffix=True) for p in suffixes
+            if all(matches_pattern(namespace, p, suffix=False) for p in prefixes) and all(
+                matches_pattern(namespace, p, suffix=True) for p in suffixes
             ):
                 candidates.append((namespace, code))
         candidates.sort()
@@ -605,8 +609,8 @@ class ItemStore:
             raise InvalidInputError(
                 f"writes must be ItemWrite, got {type(write).__name__}", field="writes"
             )
-        namespace = _check_namespace(write.namespace, "namespace")
-        key = _check_key(write.key)
+        namespace = check_namespace(write.namespace, "namespace")
+        key = check_key(write.key)
         code = _namespace_code(namespace)
         address = keys.item_address(code, key)
         if write.value is None:
@@ -614,8 +618,8 @@ class ItemStore:
         value = check_value(write.value)
         vectors = self._check_vectors(write.vectors, "vectors") if write.vectors else []
         if vectors:
-            _check_model(write.model)
-        _check_ttl(write.ttl_minutes)
+            check_model(write.model)
+        check_ttl(write.ttl_minutes)
         if write.user_id is not None:
             check_id(write.user_id, "user_id")
         return _Plan(write, namespace, code, address, value, vectors)
@@ -959,28 +963,6 @@ class ItemStore:
 # -- pure helpers ----------------------------------------------------------------------------
 
 
-def check_value(value: object) -> dict[str, JsonValue]:
-    """``value`` as the JSON object it will read back as.
-
-    Raises:
-        InvalidInputError: ``value`` is not a mapping with string keys, or holds
-            something JSON cannot (NaN, infinities, lone surrogates, objects);
-            ``field`` is ``value``.
-    """
-    if not isinstance(value, Mapping):
-        raise InvalidInputError(
-            f"value must be a mapping (a JSON object), got {type(value).__name__}",
-            field="value",
-        )
-    for name in value:
-        if not isinstance(name, str):
-            raise InvalidInputError(f"value keys must be strings, got {name!r}", field="value")
-    parsed = to_json(dict(value), field="value")
-    if not isinstance(parsed, dict):  # pragma: no cover - a dict stays a dict through JSON
-        raise InvalidInputError("value must be a JSON object", field="value")
-    return parsed
-
-
 def _item(record: ItemRecord, *, score: float | None = None) -> StoredItem:
     return StoredItem(
         namespace=tuple(record.namespace),
@@ -1021,207 +1003,6 @@ def _namespace_code(namespace: Namespace) -> str:
 
 def _decode_namespace(code: str) -> Namespace:
     return tuple(unquote(part) for part in code.split("/")[:-1])
-
-
-def _check_namespace(namespace: object, field: str, *, allow_empty: bool = False) -> Namespace:
-    if isinstance(namespace, str) or not isinstance(namespace, Sequence):
-        raise InvalidInputError(
-            f"{field} must be a tuple of strings, got {type(namespace).__name__}", field=field
-        )
-    labels = tuple(namespace)
-    if not labels and not allow_empty:
-        raise InvalidInputError(f"{field} must not be empty", field=field)
-    if len(labels) > MAX_DEPTH:
-        raise InvalidInputError(
-            f"{field} has {len(labels)} labels, more than {MAX_DEPTH}", field=field
-        )
-    for label in labels:
-        if not isinstance(label, str):
-            raise InvalidInputError(
-                f"{field} labels must be strings, got {type(label).__name__}", field=field
-            )
-        if len(label) > MAX_LABEL:
-            raise InvalidInputError(
-                f"{field} label {label[:40]!r}... is {len(label)} characters, over {MAX_LABEL}",
-                field=field,
-            )
-        _check_text(label, field)
-    return labels
-
-
-def _check_key(key: object) -> str:
-    if not isinstance(key, str):
-        raise InvalidInputError(f"key must be a string, got {type(key).__name__}", field="key")
-    if len(key) > MAX_KEY:
-        raise InvalidInputError(
-            f"key is {len(key)} characters, over the limit of {MAX_KEY}", field="key"
-        )
-    _check_text(key, "key")
-    return key
-
-
-def _check_text(text: str, field: str) -> None:
-    try:
-        text.encode("utf-8")
-    except UnicodeEncodeError as exc:
-        raise InvalidInputError(
-            f"{field} {text[:40]!r} has a lone surrogate and cannot be stored", field=field
-        ) from exc
-
-
-def _check_pattern(pattern: object, field: str) -> tuple[str | None, ...]:
-    if isinstance(pattern, str) or not isinstance(pattern, Sequence):
-        raise InvalidInputError(f"{field} must be a tuple of labels", field=field)
-    for label in pattern:
-        if label is not None and not isinstance(label, str):
-            raise InvalidInputError(
-                f"{field} labels must be strings (or None for any), got {label!r}", field=field
-            )
-    return tuple(pattern)
-
-
-def _check_model(model: object) -> str:
-    if not isinstance(model, str) or not model or len(model) > MAX_MODEL:
-        raise InvalidInputError(
-            f"model must name the embedder (1-{MAX_MODEL} characters), got {model!r}",
-            field="model",
-        )
-    return model
-
-
-def _check_ttl(ttl: object) -> None:
-    if ttl is None:
-        return
-    if (
-        not isinstance(ttl, int | float)
-        or isinstance(ttl, bool)
-        or not math.isfinite(ttl)
-        or ttl <= 0
-    ):
-        raise InvalidInputError(
-            f"ttl must be a positive number of minutes or None, got {ttl!r}", field="ttl"
-        )
-    if ttl > 1e8:  # about 190 years: further is "never", and overflows datetime arithmetic
-        raise InvalidInputError(f"ttl {ttl!r} minutes is too large; use None", field="ttl")
-
-
-def _check_page(limit: object, offset: object) -> None:
-    for name, number in (("limit", limit), ("offset", offset)):
-        if not isinstance(number, int) or isinstance(number, bool) or number < 0:
-            raise InvalidInputError(
-                f"{name} must be a non-negative integer, got {number!r}", field=name
-            )
-    if limit > MAX_LIMIT:  # type: ignore[operator]
-        raise InvalidInputError(f"limit must be at most {MAX_LIMIT}", field="limit")
-
-
-def _check_filter(filter: object) -> None:
-    if filter is None:
-        return
-    if not isinstance(filter, Mapping):
-        raise InvalidInputError(
-            f"filter must be a mapping of field to value, got {type(filter).__name__}",
-            field="filter",
-        )
-    for name, wanted in filter.items():
-        if not isinstance(name, str):
-            raise InvalidInputError(f"filter keys must be strings, got {name!r}", field="filter")
-        _check_condition(wanted)
-        canonical_json(wanted, field="filter")
-
-
-def _check_condition(wanted: object) -> None:
-    if isinstance(wanted, Mapping):
-        operators = [k for k in wanted if isinstance(k, str) and k.startswith("$")]
-        unknown = [k for k in operators if k not in _OPERATORS]
-        if unknown:
-            raise InvalidInputError(
-                f"unsupported filter operator {unknown[0]!r}: use one of "
-                f"{', '.join(sorted(_OPERATORS))}",
-                field="filter",
-            )
-        if not operators:
-            for inner in wanted.values():
-                _check_condition(inner)
-
-
-def matches_filter(value: Mapping[str, Any], filter: Mapping[str, Any] | None) -> bool:
-    """Whether an item's value satisfies ``filter`` (LangGraph's store filter language).
-
-    Each ``filter`` entry names a field (``a.b`` reaches into nested objects
-    when there is no field named ``a.b``) and gives either a value the field
-    must equal (objects and arrays compared element by element) or an object
-    of operators: ``$eq``, ``$ne``, ``$gt``, ``$gte``, ``$lt``, ``$lte``.
-    Ordering operators compare numbers with numbers and strings with strings;
-    anything else does not match.
-    """
-    if not filter:
-        return True
-    return all(_compare(_field(value, name), wanted) for name, wanted in filter.items())
-
-
-def _field(value: Mapping[str, Any], name: str) -> Any:
-    if name in value:
-        return value[name]
-    current: Any = value
-    for part in name.split("."):
-        if not isinstance(current, Mapping) or part not in current:
-            return None
-        current = current[part]
-    return current
-
-
-def _compare(actual: Any, wanted: Any) -> bool:
-    if isinstance(wanted, Mapping):
-        if any(isinstance(k, str) and k.startswith("$") for k in wanted):
-            return all(_operator(actual, op, operand) for op, operand in wanted.items())
-        if not isinstance(actual, Mapping):
-            return False
-        return all(_compare(actual.get(k), v) for k, v in wanted.items())
-    if isinstance(wanted, list | tuple):
-        return (
-            isinstance(actual, list | tuple)
-            and len(actual) == len(wanted)
-            and all(_compare(a, w) for a, w in zip(actual, wanted, strict=True))
-        )
-    return _equal(actual, wanted)
-
-
-def _equal(actual: Any, wanted: Any) -> bool:
-    # JSON true is not 1: a bool matches only a bool.
-    if isinstance(actual, bool) or isinstance(wanted, bool):
-        return isinstance(actual, bool) and isinstance(wanted, bool) and actual == wanted
-    return bool(actual == wanted)
-
-
-def _number(x: Any) -> bool:
-    return isinstance(x, int | float) and not isinstance(x, bool)
-
-
-def _operator(actual: Any, op: str, operand: Any) -> bool:
-    if op == "$eq":
-        return _compare(actual, operand)
-    if op == "$ne":
-        return not _compare(actual, operand)
-    comparable = (_number(actual) and _number(operand)) or (
-        isinstance(actual, str) and isinstance(operand, str)
-    )
-    if not comparable:
-        return False
-    if op == "$gt":
-        return bool(actual > operand)
-    if op == "$gte":
-        return bool(actual >= operand)
-    if op == "$lt":
-        return bool(actual < operand)
-    return bool(actual <= operand)  # $lte; operators are checked before matching
-
-
-def _match(namespace: Namespace, pattern: Sequence[str | None], *, suffix: bool) -> bool:
-    if len(namespace) < len(pattern):
-        return False
-    part = namespace[len(namespace) - len(pattern) :] if suffix else namespace[: len(pattern)]
-    return all(p is None or p == label for p, label in zip(pattern, part, strict=True))
 
 
 def _fact_key(key: str) -> str:

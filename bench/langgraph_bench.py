@@ -16,7 +16,9 @@ The two savers run in lock step, one turn each in turn, so both see the same mac
 (fsync latency here swings between ~0.05 ms idle and ~4 ms busy). Figures:
 
 1. invokes/s and node steps/s over the first ``--window`` turns and the last ones;
-2. ``get_state`` p50/p99 at the last turn;
+2. ``get_state`` p50/p99 at the last turn: with the saver that ran the thread, and ours also
+   "cold" (a new saver each time, as in a process that never saw the thread: it decodes
+   everything from storage);
 3. bytes stored for the thread (payload bytes, and the database file after a WAL checkpoint);
 4. the ratio ours / SqliteSaver of each.
 """
@@ -197,6 +199,15 @@ def main() -> None:
             assert len(state.values["messages"]) == 4 * args.turns
             payload, file_size = system.bytes_of()
             rows.append((system.name, first, last, gets, payload, file_size))
+            if isinstance(system.saver, TiermemSaver):
+                # Cold: a new saver each time, as in a process that never saw this thread.
+                cold = []
+                for _ in range(20):
+                    fresh = graph(TiermemSaver(system.saver.memory), answers)
+                    began = time.perf_counter()
+                    fresh.get_state(config)
+                    cold.append(time.perf_counter() - began)
+                rows.append((system.name + " (cold get)", first, last, cold, payload, file_size))
         base = rows[0]
         header = (f"{'system':40} {'inv/s t1-' + str(w):>12} {'inv/s last':>11} "
                   f"{'get p50 ms':>11} {'get p99 ms':>11} {'payload MB':>11} {'file MB':>8}")  # fmt: skip

@@ -56,7 +56,7 @@ from pydantic import JsonValue
 from tiers import keys
 from tiers.backends.base import Check, Delete, DeleteSpace, KVStore, Put, Write
 from tiers.backends.common import check_text
-from tiers.errors import CorruptRecordError, InvalidInputError
+from tiers.errors import ConflictError, CorruptRecordError, InvalidInputError
 from tiers.ids import ID_PATTERN, check_id
 
 __all__ = [
@@ -504,22 +504,32 @@ class ThreadTier:
         _check_name(task_id, "task_id", empty=False)
         _check_name(task_path, "task_path", empty=True)
         _, space = self._space(thread_id)
-        existing: set[str] = set()
-        if not replace:
-            prefix = f"{keys.thread_writes_prefix(ns, checkpoint_id)}{keys.key_part(task_id)}:"
-            existing = {key for key, _ in self._kv.scan(space, prefix=prefix)}
-        commit = _Commit()
+        rows: dict[str, bytes] = {}
         for idx, channel, payload in writes:
             _check_name(channel, "channel", empty=False)
-            key = keys.thread_write_key(ns, checkpoint_id, task_id, idx)
-            if key in existing:
-                continue
             header = {"t": task_id, "i": idx, "c": channel}
             if task_path:
                 header["p"] = task_path
-            self._store(commit, space, key, _frame(header, payload))
+            rows[keys.thread_write_key(ns, checkpoint_id, task_id, idx)] = _frame(header, payload)
+        if replace:
+            self._commit_rows(space, rows, checks=False)
+            return
+        try:  # first attempt wins: usually none of these writes is recorded yet
+            self._commit_rows(space, rows, checks=True)
+        except ConflictError:
+            prefix = f"{keys.thread_writes_prefix(ns, checkpoint_id)}{keys.key_part(task_id)}:"
+            for key, _ in self._kv.scan(space, prefix=prefix):
+                rows.pop(key, None)
+            self._commit_rows(space, rows, checks=False)
+
+    def _commit_rows(self, space: str, rows: Mapping[str, bytes], *, checks: bool) -> None:
+        commit = _Commit()
+        for key, value in rows.items():
+            self._store(commit, space, key, value)
+            if checks:
+                commit.checks.append(Check(space, key, None))
         if commit.writes:
-            self._kv.commit(commit.writes)
+            self._kv.commit(commit.writes, commit.checks)
 
     # -- effects of nodes -------------------------------------------------------
 

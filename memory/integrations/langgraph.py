@@ -103,48 +103,64 @@ def _untyped(data: bytes) -> tuple[str, bytes]:
 
 
 def _contents(items: Sequence[Any]) -> tuple[Any, ...]:
-    """What a list's elements hold, flat: each element's attribute values (or the element itself).
+    """A snapshot of what a list's elements hold: each element's type and attribute values, flat.
 
-    Comparing two of these with ``==`` is C-speed (identity first, then value
-    equality), and tells whether stored elements still hold what was stored:
-    an element whose attribute was reassigned in place compares unequal.
+    Comparing two snapshots with ``==`` runs in C (identity first, then
+    equality) and tells whether elements still hold what was stored: an
+    element whose attribute was reassigned in place compares unequal.
     """
     out: list[Any] = []
     for item in items:
         attrs = getattr(item, "__dict__", None)
         if attrs is None:
-            out.append(item)
+            out.append(item.copy() if isinstance(item, dict) else item)
         else:
             out.append(type(item))
             out.extend(attrs.values())
     return tuple(out)
 
 
+def _equal(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
+    try:
+        return bool(a == b)
+    except (TypeError, ValueError):  # elements whose == is not a bool (arrays)
+        return False
+
+
 @dataclass
 class _ListState:
-    """The last stored version of a list channel: what a later version may be a tail of."""
+    """The newest stored version of a list channel, as this process stored or read it.
+
+    A later version that only appended to it is stored as the tail; a read of
+    this very version is served from ``items`` (a shallow copy) without
+    decoding, when its elements still hold what was stored.
+    """
 
     version: str
-    length: int
+    items: list[Any]
     contents: tuple[Any, ...]
     chain: list[str]
 
     def tail_of(self, value: list[Any]) -> tuple[list[Any], tuple[Any, ...]] | None:
-        """The items ``value`` appended to this version and its contents, or ``None``."""
-        if len(value) < self.length:
+        """The items ``value`` appended to this version, and the new version's snapshot."""
+        length = len(self.items)
+        if len(value) < length:
             return None
-        head = _contents(value[: self.length])
-        try:
-            if head != self.contents:
-                return None
-        except (TypeError, ValueError):  # elements whose == is not a bool (arrays)
+        head = _contents(value[:length])
+        if not _equal(head, self.contents):
             return None
-        tail = value[self.length :]
+        tail = value[length:]
         return tail, head + _contents(tail)
+
+    def intact(self) -> list[Any] | None:
+        """A copy of the stored value, or ``None`` if an element was changed in place since."""
+        if not _equal(_contents(self.items), self.contents):
+            return None
+        return list(self.items)
 
 
 def _state_of(version: str, value: list[Any], chain: list[str]) -> _ListState:
-    return _ListState(version, len(value), _contents(value), chain)
+    return _ListState(version, list(value), _contents(value), chain)
 
 
 class _Lru(OrderedDict[Any, Any]):
@@ -153,6 +169,27 @@ class _Lru(OrderedDict[Any, Any]):
         self.move_to_end(key)
         if len(self) > _MAX_TRACKED:
             self.popitem(last=False)
+
+
+class _Lists(OrderedDict[tuple[str, str, str], _ListState]):
+    """The newest list-channel states, least recently used dropped first past a budget of elements."""
+
+    def __init__(self, budget: int) -> None:
+        super().__init__()
+        self.budget = budget
+        self.size = 0
+
+    def remember(self, key: tuple[str, str, str], state: _ListState) -> None:
+        self.forget(key)
+        self[key] = state
+        self.size += len(state.items)
+        while self.size > self.budget and self:
+            self.forget(next(iter(self)))
+
+    def forget(self, key: tuple[str, str, str]) -> None:
+        old = self.pop(key, None)
+        if old is not None:
+            self.size -= len(old.items)
 
 
 def _conf(config: RunnableConfig) -> dict[str, Any]:
@@ -176,6 +213,11 @@ class TiermemSaver(BaseCheckpointSaver[str]):
         delta: Store a list channel that grew by appending as its new tail.
         delta_every: Store a list whole at least every this many versions
             (bounds what a read assembles).
+        cache_items: How many list elements the saver keeps in memory, over
+            all threads: the newest version of each list channel it stored or
+            read, so the next step stores its tail, and a read of that version
+            (the next invoke's ``get_tuple``) needs no decoding. ``0`` keeps
+            none (every list is then stored whole).
     """
 
     def __init__(
@@ -185,6 +227,7 @@ class TiermemSaver(BaseCheckpointSaver[str]):
         serde: SerializerProtocol | None = None,
         delta: bool = True,
         delta_every: int = 32,
+        cache_items: int = 200_000,
     ) -> None:
         super().__init__(serde=serde)
         core = memory.sync if isinstance(memory, AsyncMemory) else memory
@@ -195,6 +238,8 @@ class TiermemSaver(BaseCheckpointSaver[str]):
             )
         if isinstance(delta_every, bool) or not isinstance(delta_every, int) or delta_every < 1:
             raise InvalidInputError("delta_every must be an integer >= 1", field="delta_every")
+        if isinstance(cache_items, bool) or not isinstance(cache_items, int) or cache_items < 0:
+            raise InvalidInputError("cache_items must be an integer >= 0", field="cache_items")
         self.memory = core
         self._threads = core.threads
         self._delta = delta
@@ -204,8 +249,8 @@ class TiermemSaver(BaseCheckpointSaver[str]):
         self._believed: _Lru = _Lru()
         # (thread, ns, checkpoint id) a reader addressed by id: a child of it is a deliberate branch.
         self._addressed: _Lru = _Lru()
-        # (thread, ns, channel) -> _ListState of the last stored version of a list channel.
-        self._lists: _Lru = _Lru()
+        # (thread, ns, channel) -> the newest stored version of a list channel.
+        self._lists = _Lists(cache_items)
 
     # -- reads ----------------------------------------------------------------
 
@@ -282,7 +327,16 @@ class TiermemSaver(BaseCheckpointSaver[str]):
         ns, checkpoint_id = stored.ns, stored.checkpoint_id
         rest = self.serde.loads_typed(_untyped(stored.payload))
         values: dict[str, Any] = {}
-        for channel, chain in self._threads.blobs(thread_id, ns, stored.channel_versions).items():
+        wanted: dict[str, str | int | float] = {}
+        for channel, version in stored.channel_versions.items():
+            with self._lock:
+                state = self._lists.get((thread_id, ns, channel))
+            hit = state.intact() if state is not None and state.version == str(version) else None
+            if hit is None:
+                wanted[channel] = version
+            else:
+                values[channel] = hit
+        for channel, chain in self._threads.blobs(thread_id, ns, wanted).items():
             values[channel] = self._assemble(thread_id, ns, channel, chain, cache=cache)
         checkpoint = cast(
             Checkpoint,
@@ -370,41 +424,46 @@ class TiermemSaver(BaseCheckpointSaver[str]):
         )
         run_id = md.get("run_id")
         values = checkpoint["channel_values"]
-        use_delta = self._delta
-        for _ in range(_ATTEMPTS):
-            blobs, states = self._encode(thread_id, ns, values, new_versions, use_delta)
-            head_id, head = self._threads.head(thread_id, ns)
-            self._check_branch(thread_id, ns, parent, head_id)
-            try:
-                self._threads.put(
-                    thread_id,
-                    ns,
-                    record,
-                    blobs,
-                    expected_head=head,
-                    run_id=str(run_id) if run_id else None,
-                )
-            except ConflictError:
-                # The head changed between the read and the commit: decide again on the fresh
-                # head, storing values whole (maintenance may have removed what a tail builds on).
-                use_delta = False
-                continue
-            break
-        else:
-            raise ThreadConflictError(
-                f"thread {thread_id!r} (namespace {ns!r}) kept changing while checkpoint "
-                f"{checkpoint_id!r} was written; nothing was written: re-invoke",
-                thread_id=thread_id,
-                checkpoint_ns=ns,
-                parent_id=parent,
-                head_id=None,
+        run = str(run_id) if run_id else None
+        # Fast path: the writer built on the head, as a writer almost always does. The commit
+        # checks exactly that (a head rewritten by maintenance carries a token and fails it).
+        blobs, states = self._encode(thread_id, ns, values, new_versions, self._delta)
+        try:
+            self._threads.put(
+                thread_id,
+                ns,
+                record,
+                blobs,
+                expected_head=None if parent is None else parent.encode(),
+                run_id=run,
             )
+        except ConflictError:
+            # The head is elsewhere: decide on the head as read now, and store values whole
+            # (maintenance may have removed a value a tail would build on).
+            blobs, states = self._encode(thread_id, ns, values, new_versions, False)
+            for _ in range(_ATTEMPTS):
+                head_id, head = self._threads.head(thread_id, ns)
+                self._check_branch(thread_id, ns, parent, head_id)
+                try:
+                    self._threads.put(thread_id, ns, record, blobs, expected_head=head, run_id=run)
+                except ConflictError:
+                    continue
+                break
+            else:
+                raise ThreadConflictError(
+                    f"thread {thread_id!r} (namespace {ns!r}) kept changing while checkpoint "
+                    f"{checkpoint_id!r} was written; nothing was written: re-invoke",
+                    thread_id=thread_id,
+                    checkpoint_ns=ns,
+                    parent_id=parent,
+                    head_id=None,
+                )
         with self._lock:
             self._believed.remember((thread_id, ns, checkpoint_id), None)
             self._addressed.pop((thread_id, ns, parent), None)
             for channel, state in states.items():
                 if state is None:
-                    self._lists.pop((thread_id, ns, channel), None)
+                    self._lists.forget((thread_id, ns, channel))
                 else:
                     self._lists.remember((thread_id, ns, channel), state)
         return _config(thread_id, ns, checkpoint_id)
@@ -462,7 +521,7 @@ class TiermemSaver(BaseCheckpointSaver[str]):
                 tail, contents = found
                 data = _TAIL + _typed(self.serde.dumps_typed(tail))
                 blobs[(channel, version)] = Blob(data, tuple(last.chain))
-                states[channel] = _ListState(version, len(value), contents, [*last.chain, version])
+                states[channel] = _ListState(version, list(value), contents, [*last.chain, version])
         return blobs, states
 
     def put_writes(
@@ -524,9 +583,11 @@ class TiermemSaver(BaseCheckpointSaver[str]):
 
     def _forget(self, match: Callable[[tuple[str, ...]], bool]) -> None:
         with self._lock:
-            for cache in (self._believed, self._addressed, self._lists):
+            for cache in (self._believed, self._addressed):
                 for key in [k for k in cache if match(k)]:
                     del cache[key]
+            for key in [k for k in self._lists if match(k)]:
+                self._lists.forget(key)
 
     def get_next_version(self, current: str | None, channel: None) -> str:
         """A new, unique, increasing version: the counter, then a random part (branches never collide)."""

@@ -190,6 +190,26 @@ def test_an_element_changed_in_place_is_stored_whole(memory: Memory) -> None:
     assert [m.content for m in state.values["messages"]] == ["edited in place", "after"]
 
 
+def test_a_value_read_from_memory_is_what_was_stored(memory: Memory) -> None:
+    """The saver serves the newest list it stored without decoding, unless it was changed since."""
+    saver = TiermemSaver(memory)
+    graph = chat_graph(saver)
+    config = {"configurable": {"thread_id": "t-cache"}}
+    graph.invoke({"messages": [HumanMessage("stored words")]}, config)
+    first = saver.get_tuple(config)
+    assert first is not None
+    messages = first.checkpoint["channel_values"]["messages"]
+    messages[0].content = "changed after reading"  # a caller edits what it read, in place
+    messages.append(HumanMessage("appended after reading"))
+    again = saver.get_tuple(config)
+    assert again is not None
+    assert [m.content for m in again.checkpoint["channel_values"]["messages"]][:2] == [
+        "stored words",
+        "plan 0",
+    ]
+    assert len(again.checkpoint["channel_values"]["messages"]) == 4
+
+
 def test_values_over_the_store_limit_are_chunked(settings: Settings) -> None:
     with Memory.from_settings(settings.model_copy(update={"max_value_bytes": 4096})) as memory:
         graph = chat_graph(TiermemSaver(memory, delta=False))

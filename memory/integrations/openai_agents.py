@@ -69,6 +69,7 @@ finish even if the awaiting task is cancelled.
 from __future__ import annotations
 
 import json
+import math
 import threading
 from collections.abc import Awaitable, Callable, Mapping, Sequence
 from datetime import datetime
@@ -112,6 +113,8 @@ POP_STEP = "pop"
 _WRITE_ATTEMPTS = 5
 _FOLD_PAGE = 512
 _MAX_PAGE = 1024
+# Most items a session object keeps in memory to serve reads while the run head is unchanged.
+_TAIL_ITEMS = 2048
 # Room left in a stored value for the checkpoint's own fields around the items.
 _CHECKPOINT_OVERHEAD = 8 * 1024
 
@@ -163,6 +166,8 @@ class TiermemSession:
             else coerce_session_settings(session_settings)
         )
         self._handle: RunHandle | None = None
+        self._items_per_checkpoint = 1.0
+        self._tail: _Tail | None = None
         # Serialises this object's operations, whichever event loop or thread calls them.
         self._lock = threading.Lock()
 
@@ -311,42 +316,61 @@ class TiermemSession:
     def _read(self, limit: int | None) -> list[Any]:
         if limit == 0:
             return []
-        if self._head() is None:
+        info = self._head()
+        if info is None:
+            self._tail = None
             return []
+        whole = limit is None or limit < 0
+        tail = self._tail
+        if tail is not None and tail.serves(info, None if whole else limit):
+            return tail.items(None if whole else limit)
         try:
-            if limit is None or limit < 0:
-                return self._fold()
-            return self._latest(limit)
+            items = self._fold() if whole else self._latest(cast(int, limit))
         except RunNotFoundError:  # cleared or ended meanwhile
+            self._tail = None
             return []
+        complete = whole or len(items) < cast(int, limit)
+        if len(items) <= _TAIL_ITEMS:
+            # Read after the head: a write since then makes the next read miss the cache.
+            self._tail = _Tail(
+                info.incarnation, info.head_seq, [_json(item) for item in items], complete
+            )
+        return items
 
     def _latest(self, limit: int) -> list[Any]:
         """The latest ``limit`` visible items, read newest first a page of checkpoints at a time."""
         newest: list[Any] = []
         hidden = 0  # pops met, not yet matched with the items they hid
         before: int | None = None
-        page = min(limit, _MAX_PAGE)
+        # A checkpoint holds every item of one add_items call: size the page by the items
+        # per checkpoint seen last time, plus one (a guess too small costs one more page).
+        page = min(math.ceil(limit / self._items_per_checkpoint) + 1, _MAX_PAGE)
+        seen = read = 0
         while True:
             ckpts = self._memory.run_history(
                 self.run_id, newest_first=True, limit=page, before_seq=before
             )
             for ckpt in ckpts:
+                read += 1
                 if ckpt.step == POP_STEP:
                     hidden += _pops(ckpt)
                     continue
-                for item in reversed(_items(ckpt)):
+                items = _items(ckpt)
+                seen += len(items)
+                for item in reversed(items):
                     if hidden:
                         hidden -= 1
                     else:
                         newest.append(item)
                         if len(newest) == limit:
+                            self._items_per_checkpoint = max(1.0, seen / read)
                             newest.reverse()
                             return newest
             if len(ckpts) < page:
                 newest.reverse()
                 return newest
             before = ckpts[-1].seq
-            page = min(page * 2, _MAX_PAGE)  # pops hid some: read further, faster
+            page = min(page * 2, _MAX_PAGE)  # short: pops hid some, or the guess was off
 
     def _fold(self) -> list[Any]:
         """Every visible item, folding the whole log oldest first."""
@@ -383,13 +407,28 @@ class TiermemSession:
                     raise
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _append(self, batches: list[list[Any]]) -> None:
+    def _append(self, batches: list[list[tuple[Any, str]]]) -> None:
         for batch in batches:
 
-            def append(handle: RunHandle, batch: list[Any] = batch) -> None:
-                handle.append_checkpoint(ITEMS_STEP, {"items": batch})
+            def append(handle: RunHandle, batch: list[tuple[Any, str]] = batch) -> None:
+                handle.append_checkpoint(ITEMS_STEP, {"items": [item for item, _ in batch]})
+                self._advance(handle.info, [text for _, text in batch], popped=0)
 
             self._write(append)
+
+    def _advance(self, info: RunInfo, added: list[str], popped: int) -> None:
+        """Bring the cached tail to ``info`` after this object's own write, or drop it."""
+        tail = self._tail
+        if tail is None or not tail.follows(info):
+            self._tail = None
+            return
+        tail.head_seq = info.head_seq
+        if popped:
+            del tail.texts[max(0, len(tail.texts) - popped) :]
+        tail.texts += added
+        if len(tail.texts) > _TAIL_ITEMS:
+            del tail.texts[: len(tail.texts) - _TAIL_ITEMS]
+            tail.complete = False
 
     def _pop(self) -> Any:
         if self._handle is None and self._head() is None:
@@ -401,17 +440,20 @@ class TiermemSession:
             if not latest:
                 return None
             handle.append_checkpoint(POP_STEP, {"pop": 1})
+            self._advance(handle.info, [], popped=1)
             return latest[0]
 
         return self._write(pop)
 
     def _clear(self) -> None:
         self._handle = None
+        self._tail = None
         if self._head() is not None:
             self._memory.delete_run(self.run_id)
 
     def _end(self, created_at: datetime | None) -> SessionSummary | None:
         self._handle = None
+        self._tail = None
         if self._head() is None:
             return None
         items = self._fold()
@@ -423,15 +465,16 @@ class TiermemSession:
         self._memory.delete_run(self.run_id)
         return summary
 
-    def _batches(self, items: list[Any]) -> list[list[Any]]:
-        """Items in batches that each fit one stored checkpoint (usually one batch)."""
+    def _batches(self, items: list[Any]) -> list[list[tuple[Any, str]]]:
+        """Items (with their JSON) in batches that each fit one stored checkpoint (usually one)."""
         budget = self._memory.kv.max_value_bytes - _CHECKPOINT_OVERHEAD
-        batches: list[list[Any]] = [[]]
+        batches: list[list[tuple[Any, str]]] = [[]]
         size = 0
         for index, item in enumerate(items):
             try:
                 # The checkpoint stores the items as JSON; its size is what must fit.
-                length = len(json.dumps(item, ensure_ascii=False).encode())
+                text = _json(item)
+                length = len(text.encode())
             except (TypeError, ValueError) as exc:
                 raise InvalidInputError(
                     f"items[{index}] is not JSON: {exc}", field=f"items[{index}]"
@@ -445,9 +488,51 @@ class TiermemSession:
             if batches[-1] and size + length > budget:
                 batches.append([])
                 size = 0
-            batches[-1].append(item)
+            batches[-1].append((item, text))
             size += length + 1
         return batches
+
+
+class _Tail:
+    """The newest items of the session as of one run head, kept by the object that read or wrote them.
+
+    A read that finds the run's head unchanged (same incarnation, same
+    ``head_seq``) is served from here: one head read instead of a page of
+    checkpoints. Items are kept as JSON and parsed on every read, so callers
+    may change what they get without changing what the next read returns.
+    """
+
+    def __init__(
+        self, incarnation: str | None, head_seq: int, texts: list[str], complete: bool
+    ) -> None:
+        self.incarnation = incarnation
+        self.head_seq = head_seq
+        self.texts = texts
+        # Whether texts holds every visible item (else only the newest len(texts)).
+        self.complete = complete
+
+    def serves(self, info: RunInfo, limit: int | None) -> bool:
+        if info.incarnation is None or info.incarnation != self.incarnation:
+            return False
+        if info.head_seq != self.head_seq:
+            return False
+        return self.complete or (limit is not None and limit <= len(self.texts))
+
+    def follows(self, info: RunInfo) -> bool:
+        """Whether ``info`` is the head one write after this tail's."""
+        return (
+            info.incarnation is not None
+            and info.incarnation == self.incarnation
+            and info.head_seq == self.head_seq + 1
+        )
+
+    def items(self, limit: int | None) -> list[Any]:
+        texts = self.texts if limit is None else self.texts[-limit:]
+        return [json.loads(text) for text in texts]
+
+
+def _json(item: Any) -> str:
+    return json.dumps(item, ensure_ascii=False)
 
 
 def _items(ckpt: Checkpoint) -> list[Any]:

@@ -137,8 +137,8 @@ def test_session_settings_limit_is_the_default(memory: Memory) -> None:
 
 OPS = st.lists(
     st.one_of(
-        st.tuples(st.just("add"), st.integers(min_value=0, max_value=4)),
-        st.tuples(st.just("pop"), st.just(0)),
+        st.tuples(st.sampled_from(["add", "add by other"]), st.integers(min_value=0, max_value=4)),
+        st.tuples(st.sampled_from(["pop", "pop by other"]), st.just(0)),
         st.tuples(st.just("clear"), st.just(0)),
         st.tuples(st.just("get"), st.sampled_from([None, -1, 0, 1, 2, 3, 5, 8, 100])),
     ),
@@ -155,19 +155,23 @@ OPS = st.lists(
 def test_same_items_as_the_sdks_sqlite_session(memory: Memory, ops: list[tuple[str, Any]]) -> None:
     async def scenario() -> None:
         ours = session_of(memory)
+        # Another object of the same session (as another process would hold): what it
+        # writes must show in what ours reads, whatever ours has cached.
+        other = TiermemSession(memory, ours.session_id, user_id="u1")
         reference = SQLiteSession(ours.session_id)
         try:
             counter = 0
             for op, arg in ops:
-                if op == "add":
+                writer = other if op.endswith("by other") else ours
+                if op.startswith("add"):
                     batch = []
                     for _ in range(arg):
                         counter += 1
                         batch.append(user_message(f"m{counter}"))
-                    await ours.add_items(batch)
+                    await writer.add_items(batch)
                     await reference.add_items(batch)  # type: ignore[arg-type]
-                elif op == "pop":
-                    assert await ours.pop_item() == await reference.pop_item()
+                elif op.startswith("pop"):
+                    assert await writer.pop_item() == await reference.pop_item()
                 elif op == "clear":
                     await ours.clear_session()
                     await reference.clear_session()
@@ -324,12 +328,34 @@ def test_get_items_with_a_limit_reads_the_limit_not_the_session(tmp_path: Path) 
             user_message("q399"),
             assistant_message("a399", 399),
         ]
+        assert counting.rows <= 3 + 1  # at most a checkpoint per item, and one spare
+        # Nothing written since: served from what the object read (the head read, no scan).
+        counting.rows = 0
+        again = await session.get_items(3)
+        assert again == [
+            assistant_message("a398", 398),
+            user_message("q399"),
+            assistant_message("a399", 399),
+        ]
+        assert counting.rows == 0
+        again[2]["content"] = "changed by the caller"  # a copy: the next read is unchanged
+        assert (await session.get_items(1))[0] == assistant_message("a399", 399)
+        # Another object's write moves the head: read again, with the page size learned
+        # (a checkpoint holds 2 items here): 2 checkpoints, and one spare.
+        other = TiermemSession(memory, session.session_id, user_id="u1")
+        await other.add_items([user_message("q400"), assistant_message("a400", 400)])
+        counting.rows = 0
+        assert await session.get_items(3) == [
+            assistant_message("a399", 399),
+            user_message("q400"),
+            assistant_message("a400", 400),
+        ]
         assert counting.rows <= 3
         for _ in range(4):
             await session.pop_item()
         counting.rows = 0
         assert [i["content"] for i in await session.get_items(2) if i.get("role") == "user"] == [
-            "q397"
+            "q398"
         ]
         # It needs 7 checkpoints (4 pop markers, the 2 batches they hid, 1 more batch); pages
         # grow by doubling past pops, so at most twice that: nothing near the 404 stored.

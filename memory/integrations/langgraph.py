@@ -72,6 +72,7 @@ from langgraph.checkpoint.base import (  # noqa: E402
 from langgraph.checkpoint.serde.base import SerializerProtocol  # noqa: E402
 
 from memory.facade import AsyncMemory, Memory  # noqa: E402
+from memory.integrations.langgraph_store import TiermemStore  # noqa: E402
 from tiers.errors import (  # noqa: E402
     ConflictError,
     EffectOutcomeUnknownError,
@@ -81,7 +82,7 @@ from tiers.errors import (  # noqa: E402
 from tiers.task_events import NOT_DONE, NotDone  # noqa: E402
 from tiers.threads import Blob, EffectEntry, NewCheckpoint, StoredCheckpoint  # noqa: E402
 
-__all__ = ["NOT_DONE", "TiermemSaver", "effect"]
+__all__ = ["NOT_DONE", "TiermemSaver", "TiermemStore", "effect"]
 
 T = TypeVar("T")
 
@@ -721,17 +722,22 @@ def effect(
     fn: Callable[[str], T],
     *,
     reconcile: Callable[[str], T | NotDone] | None = None,
+    key: str | None = None,
     config: RunnableConfig | None = None,
 ) -> T:
     """Run an external side effect from inside a LangGraph node at most once, across crashes.
 
-    The effect's idempotency key is derived from the thread, the namespace,
-    the running task (its super-step and path in the graph) and ``name``, so a
-    task that runs again (its process died before its writes were saved, or a
-    retry policy repeats it) finds the effect's recorded result and returns it
-    instead of calling ``fn`` again. As in tiermem's own runs, a branch (time
-    travel) that re-runs a step keeps the effects that step already recorded. ``fn``
-    receives the key: pass it to the external system as its idempotency key.
+    By default the effect's idempotency key is derived from the thread, the
+    namespace, the running task (its super-step and path in the graph) and
+    ``name``, so a task that runs again (its process died before its writes
+    were saved, an interrupted node resumed, or a retry policy repeats it)
+    finds the effect's recorded result and returns it instead of calling
+    ``fn`` again. A replay from an earlier checkpoint (time travel) is a new
+    branch: LangGraph runs its tasks at later super-steps, so their effects run
+    again, as its nodes do. Pass ``key`` for an effect that must happen once
+    per thread whatever the branch (a refund of one order: ``key=f"refund:{order_id}"``):
+    the key alone then identifies it within the thread. ``fn`` receives the
+    stored key: pass it to the external system as its idempotency key.
 
     Before ``fn`` runs, "invoked" is stored durably; after, its result. A task
     that finds "invoked" without a result (the worker died mid-call) asks
@@ -747,6 +753,8 @@ def effect(
         name: The effect's name, unique within the task.
         fn: The side effect; called with the idempotency key.
         reconcile: Asks the external system whether the effect with this key happened.
+        key: The effect's identity within the thread, instead of the task's position
+            (default: derived from the task, as above). Any non-empty string.
         config: The node's config (default: the running node's, from LangGraph).
 
     Raises:
@@ -754,6 +762,8 @@ def effect(
         EffectOutcomeUnknownError: The outcome of an earlier attempt is unknown and
             there is no ``reconcile``.
     """
+    if key is not None and (not isinstance(key, str) or not key):
+        raise InvalidInputError("key must be a non-empty string or None", field="key")
     if config is None:
         from langgraph.config import get_config
 
@@ -771,8 +781,12 @@ def effect(
     # ids from the checkpoint the task runs from, which (durability="async") may not be stored
     # yet when a worker dies mid-task; the re-run then has a new task id but the same step and
     # path. (In a subgraph the enclosing tasks' ids stay part of the namespace.)
-    graph_ns = str(conf.get("checkpoint_ns", "")).rpartition("|")[0]
-    md = config.get("metadata", {})
-    where = [graph_ns, md.get("langgraph_step"), list(md.get("langgraph_path", ())), name]
-    key = hashlib.sha256(json.dumps(where, ensure_ascii=False, default=str).encode()).hexdigest()
-    return saver.run_effect(thread_id, key, name, fn, reconcile)
+    where: list[object]
+    if key is None:
+        graph_ns = str(conf.get("checkpoint_ns", "")).rpartition("|")[0]
+        md = config.get("metadata", {})
+        where = [graph_ns, md.get("langgraph_step"), list(md.get("langgraph_path", ())), name]
+    else:
+        where = ["key", key]  # never equal to a derived list of four
+    digest = hashlib.sha256(json.dumps(where, ensure_ascii=False, default=str).encode())
+    return saver.run_effect(thread_id, digest.hexdigest(), name, fn, reconcile)

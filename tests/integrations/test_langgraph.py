@@ -547,6 +547,47 @@ def test_an_effect_of_unknown_outcome_needs_reconcile(memory: Memory) -> None:
     assert len(attempts) == 2
 
 
+def test_a_replay_reruns_task_effects_but_not_keyed_ones(memory: Memory) -> None:
+    saver = TiermemSaver(memory)
+    calls: list[str] = []
+
+    class S(TypedDict, total=False):
+        order: str
+        notified: str
+        refund: str
+
+    def approve(state: S) -> S:
+        return {}
+
+    def pay(state: S) -> S:
+        def call(name: str) -> Any:
+            return lambda key: calls.append(name) or f"{name}-{len(calls)}"
+
+        order = state["order"]
+        return {
+            "notified": effect("notify", call("notify")),
+            "refund": effect("refund", call("refund"), key=f"refund:{order}"),
+        }
+
+    builder = StateGraph(S)
+    builder.add_node("approve", approve)
+    builder.add_node("pay", pay)
+    builder.add_edge(START, "approve")
+    builder.add_edge("approve", "pay")
+    builder.add_edge("pay", END)
+    graph = builder.compile(checkpointer=saver)
+    config = {"configurable": {"thread_id": "replay"}}
+    graph.invoke({"order": "ORD-7"}, config)
+    assert calls == ["notify", "refund"]
+    before_pay = next(s for s in graph.get_state_history(config) if s.next == ("pay",))
+    graph.invoke(None, before_pay.config)  # time travel: a new branch from before "pay"
+    # The branch's task runs at a later step: its own effect again; the keyed one, once.
+    assert calls == ["notify", "refund", "notify"]
+    assert graph.get_state(config).values["refund"] == "refund-2"
+    with pytest.raises(InvalidInputError, match="key"):
+        effect("x", lambda k: k, key="", config={"configurable": {}})
+
+
 def test_effect_outside_a_tiermem_graph_is_a_typed_error() -> None:
     with pytest.raises(InvalidInputError):
         effect("x", lambda key: key, config={"configurable": {"thread_id": "t"}})

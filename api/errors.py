@@ -243,7 +243,7 @@ def _extras(exc: BaseException) -> dict[str, Any]:
     if isinstance(exc, TokenBudgetExceededError):
         extras.update(needed=exc.needed, remaining=exc.remaining, budget=exc.budget)
     if isinstance(exc, LeaseHeldError):
-        extras.update(owner=exc.owner, expires_at=exc.expires_at)
+        extras.update(run_id=exc.run_id, owner=exc.owner, expires_at=exc.expires_at)
     if isinstance(exc, ApprovalPendingError):
         extras.update(run_id=exc.run_id, plan_hash=exc.plan_hash, approval_key=exc.approval_key)
     if isinstance(exc, EffectOutcomeUnknownError):

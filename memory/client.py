@@ -213,7 +213,10 @@ PROBLEM_ERRORS: Mapping[str, Builder] = {
     "stale-lease": _plain(StaleWriterError),
     "run-state": _plain(RunStateError),
     "lease-held": lambda detail, p: LeaseHeldError(
-        detail, owner=str(p.get("owner", "")), expires_at=str(p.get("expires_at", ""))
+        detail,
+        owner=str(p.get("owner", "")),
+        expires_at=str(p.get("expires_at", "")),
+        run_id=str(p.get("run_id", "")),
     ),
     "plan-mismatch": _plain(PlanMismatchError),
     "run-cancelled": _plain(RunCancelledError),
@@ -630,7 +633,9 @@ class MemoryClient:
             "external_id": external_id,
         }
         data = self._json("POST", "/v1/runs", json=body)
-        return RemoteRun(self, _run(data["run"]), int(data["lease_epoch"]))
+        return RemoteRun(
+            self, _run(data["run"]), int(data["lease_epoch"]), worker_id=data.get("worker_id")
+        )
 
     def get_run(self, run_id: str) -> RunInfo:
         """See :meth:`memory.Memory.get_run`."""
@@ -794,10 +799,13 @@ class RemoteRun:
     writes raise :class:`~tiers.errors.StaleWriterError` and write nothing.
     """
 
-    def __init__(self, client: MemoryClient, info: RunInfo, epoch: int) -> None:
+    def __init__(
+        self, client: MemoryClient, info: RunInfo, epoch: int, *, worker_id: str | None = None
+    ) -> None:
         self._client = client
         self._info = info
         self._epoch = epoch
+        self._worker_id = worker_id
 
     @property
     def run_id(self) -> str:
@@ -813,6 +821,15 @@ class RemoteRun:
     def epoch(self) -> int:
         """The lease epoch this handle holds."""
         return self._epoch
+
+    @property
+    def worker_id(self) -> str | None:
+        """The worker id the lease was taken as (the server's answer).
+
+        Pass it as ``worker_id`` to :meth:`MemoryClient.start_run`, with the same
+        API key, to retake this lease while it is live (e.g. after a restart).
+        """
+        return self._worker_id
 
     @property
     def info(self) -> RunInfo:

@@ -488,6 +488,9 @@ class Memory:
 
         With ``lease_ttl`` the lease expires unless the handle heartbeats, and
         another worker gets ``LeaseHeldError`` while it is live (unless ``steal``).
+        A caller that names no ``worker_id`` is a worker of its own for this call
+        (another thread or call of the same process included); to retake its own
+        live lease it passes ``worker_id=handle.worker_id``.
         ``external_id`` is the run's id in another system (a framework's session
         or thread id, any string): it is kept in ``RunInfo.external_id``, and
         without ``run_id`` the run's id is ``run_id_for(external_id)``.

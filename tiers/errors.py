@@ -157,18 +157,24 @@ class EmbedderError(BackendUnavailableError):
 
 
 class LeaseHeldError(ConflictError):
-    """Another worker holds a live lease on the run.
+    """Another caller holds a live lease on the run.
 
-    Wait for it to expire (the holder stopped heartbeating), or pass
-    ``steal=True`` to take it over and fence the holder out.
+    Every caller that takes a lease without naming a ``worker_id`` is a holder
+    of its own, so this also protects a run from another thread of the same
+    process and from another HTTP request. Wait for the lease to expire (the
+    holder stopped heartbeating), pass ``steal=True`` to take it over and fence
+    the holder out, or, to retake a lease of your own, pass the worker id you
+    took it with (``RunHandle.worker_id``).
 
     Attributes:
+        run_id: The run whose lease is held.
         owner: The worker holding the lease.
         expires_at: When the lease expires unless renewed (ISO 8601 text).
     """
 
-    def __init__(self, message: str, *, owner: str, expires_at: str) -> None:
+    def __init__(self, message: str, *, owner: str, expires_at: str, run_id: str = "") -> None:
         super().__init__(message)
+        self.run_id = run_id
         self.owner = owner
         self.expires_at = expires_at
 

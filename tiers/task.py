@@ -37,8 +37,13 @@ checks the head bytes it holds, so a handle whose run was taken over writes
 nothing and gets :class:`~tiers.errors.StaleWriterError`. A lease with a TTL
 (``lease_ttl``) is *live* until it expires; heartbeats and every commit renew
 it. Another worker cannot take a live lease (:class:`~tiers.errors.LeaseHeldError`)
-unless it steals it. Leases without a TTL never block a takeover (the
-embedded default, where a restarted process resumes its own run at once).
+unless it steals it. A worker is its ``worker_id``: a caller that names none
+gets a new one per call (:func:`new_worker_id`), so two threads of a process,
+or two requests to a server, are two workers; a caller retakes its own live
+lease by passing its worker id again (``RunHandle.worker_id``). An expired
+lease is anybody's (resume after a crash). Leases without a TTL never block a
+takeover (the embedded default, where a restarted process resumes its own run
+at once).
 
 **Operators do not cost a worker its work.** An operator's change to the
 head that takes no lease (``set_budget``, ``compact``, ``resolve_effect``,
@@ -85,6 +90,7 @@ run lifecycle. Records and pure helpers are in :mod:`tiers.task_events`.
 from __future__ import annotations
 
 import os
+import secrets
 import socket
 from datetime import datetime, timedelta
 from typing import Any
@@ -153,11 +159,17 @@ __all__ = [
     "canonical_json",
     "input_hash",
     "new_run_id",
+    "new_worker_id",
 ]
 
 
-def _default_worker_id() -> str:
-    return f"{socket.gethostname()}-{os.getpid()}"
+def new_worker_id() -> str:
+    """A lease holder no other caller has: ``<hostname>-<pid>-<random>``.
+
+    A default that is the same for every caller of a process (or of a server)
+    would let any of them take a live lease as "the same worker".
+    """
+    return f"{socket.gethostname()[:200]}-{os.getpid()}-{secrets.token_hex(6)}"
 
 
 def _check_takeable(info: RunInfo, for_compensation: bool) -> None:
@@ -220,11 +232,15 @@ class TaskTier(
             user_id: Owner of the run.
             run_id: The run's id; ``None`` creates a new run with :func:`new_run_id`.
             resume: Whether an existing run may be resumed.
-            worker_id: Who takes the lease (default ``<hostname>-<pid>``). The
-                same worker may retake its own live lease.
+            worker_id: Who takes the lease (1-256 characters). The same worker
+                may retake its own live lease. Default: a new holder for this
+                call (:func:`new_worker_id`), so another call, thread or
+                process never counts as the same worker; pass the returned
+                handle's :attr:`~tiers.task_handle.RunHandle.worker_id` back to
+                retake this lease while it is live.
             lease_ttl: Seconds the lease lives without a heartbeat or commit, at
                 most a year (default: the tier's; ``None`` there means no expiry).
-            steal: Take the lease even if another worker's is live.
+            steal: Take the lease even if another worker's is live (fencing it out).
             budget_tokens: Token budget of a new run, an integer >= 0 (``None``: unlimited).
             budget_cost: Cost budget of a new run, a finite number >= 0 (``None``: unlimited).
             external_id: The id the run has in another system (a framework's session
@@ -283,6 +299,9 @@ class TaskTier(
         other write raises :class:`RunStateError`. The run's status does not
         change. A compensation that crashed half-way is resumed the same way.
 
+        ``worker_id``, ``lease_ttl`` and ``steal`` are as for :meth:`start_run`:
+        without ``worker_id`` this call is a worker of its own.
+
         Raises:
             RunNotFoundError: No such run.
             LeaseHeldError: Another worker holds a live lease (and ``steal`` is false).
@@ -314,7 +333,7 @@ class TaskTier(
         for_compensation: bool = False,
         external_id: str | None = None,
     ) -> RunHandle:
-        worker = _default_worker_id() if worker_id is None else worker_id
+        worker = new_worker_id() if worker_id is None else worker_id
         if not isinstance(worker, str) or not 1 <= len(worker) <= 256:
             raise InvalidInputError("worker_id must be 1-256 characters", field="worker_id")
         ttl = _positive(lease_ttl, "lease_ttl") if lease_ttl is not None else self._lease_ttl
@@ -367,9 +386,11 @@ class TaskTier(
                     raise LeaseHeldError(
                         f"run {run_id!r} is leased by worker {owner!r} until {until} (it "
                         "heartbeats while alive): wait for the lease to expire, or pass "
-                        "steal=True to take it over and fence that worker out",
+                        "steal=True to take it over and fence that worker out (to retake "
+                        "a lease of your own, pass the worker_id you took it with)",
                         owner=owner,
                         expires_at=until,
+                        run_id=run_id,
                     )
                 epoch = current.lease_epoch + 1
                 txn = Txn(run_id, epoch, current, now)

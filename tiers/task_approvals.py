@@ -21,6 +21,7 @@ from tiers.task_events import (
     Approval,
     ApprovalRecord,
     EventKind,
+    check_decider,
     check_key,
     input_hash,
     to_json,
@@ -37,7 +38,15 @@ __all__ = ["ApprovalsMixin", "HandleApprovalsMixin"]
 class ApprovalsMixin(TierCore):
     """The operator side of approval gates (:class:`~tiers.task.TaskTier`)."""
 
-    def approve(self, run_id: str, plan_hash: str, *, by: str, note: str | None = None) -> Approval:
+    def approve(
+        self,
+        run_id: str,
+        plan_hash: str,
+        *,
+        by: str,
+        note: str | None = None,
+        by_key: str | None = None,
+    ) -> Approval:
         """Approve the plan a run waits on; the run becomes resumable and passes its gate.
 
         Approving an already approved plan again returns the same decision.
@@ -47,27 +56,47 @@ class ApprovalsMixin(TierCore):
             plan_hash: The SHA-256 of the plan being approved (from
                 :class:`ApprovalPendingError` or ``RunInfo.pending_approval``):
                 the approval is bound to exactly that plan.
-            by: Who approves (kept in the event log).
+            by: Who approves, as the caller names them (kept in the event log and the gate).
             note: Optional comment, at most :data:`~tiers.task_events.MAX_NOTE` characters.
+            by_key: Id of the credential the caller was authenticated with (a
+                service passes its API key id), kept beside ``by``; ``None``
+                from the library.
 
         Raises:
+            InvalidInputError: Bad ``run_id``, ``plan_hash``, ``by``, ``by_key`` or ``note``.
             PlanMismatchError: The run waits on another plan.
             RunStateError: No approval is pending (and this plan was not approved), or the
                 run is finished.
             RunNotFoundError: No such run.
         """
-        return self._decide(run_id, plan_hash, by, note, granted=True)
+        return self._decide(run_id, plan_hash, by, by_key, note, granted=True)
 
-    def reject(self, run_id: str, plan_hash: str, *, by: str, note: str | None = None) -> Approval:
+    def reject(
+        self,
+        run_id: str,
+        plan_hash: str,
+        *,
+        by: str,
+        note: str | None = None,
+        by_key: str | None = None,
+    ) -> Approval:
         """Reject the plan a run waits on; the resumed run's gate returns ``approved=False``.
 
         Raises:
-            PlanMismatchError, RunStateError, RunNotFoundError: As for :meth:`approve`.
+            InvalidInputError, PlanMismatchError, RunStateError, RunNotFoundError: As for
+                :meth:`approve`.
         """
-        return self._decide(run_id, plan_hash, by, note, granted=False)
+        return self._decide(run_id, plan_hash, by, by_key, note, granted=False)
 
     def _decide(
-        self, run_id: str, plan_hash: str, by: str, note: str | None, *, granted: bool
+        self,
+        run_id: str,
+        plan_hash: str,
+        by: str,
+        by_key: str | None,
+        note: str | None,
+        *,
+        granted: bool,
     ) -> Approval:
         check_id(run_id, "run_id")
         if not isinstance(plan_hash, str) or not _HEX_SHA256.fullmatch(plan_hash):
@@ -75,8 +104,7 @@ class ApprovalsMixin(TierCore):
                 "plan_hash must be a SHA-256 digest: 64 lowercase hex characters",
                 field="plan_hash",
             )
-        if not isinstance(by, str) or not 1 <= len(by.strip()) <= 256:
-            raise InvalidInputError("by must name who decides (1-256 characters)", field="by")
+        by, by_key = check_decider(by, by_key)
         if note is not None and (not isinstance(note, str) or len(note) > MAX_NOTE):
             raise InvalidInputError(
                 f"note must be a string of at most {MAX_NOTE} characters", field="note"
@@ -113,12 +141,18 @@ class ApprovalsMixin(TierCore):
                 )
             rec = decode(ApprovalRecord, data, where=f"{space}/{keys.approval_key(pending.key)}")
             new = rec.model_copy(
-                update={"status": wanted, "decided_by": by.strip(), "decided_at": now, "note": note}
+                update={
+                    "status": wanted,
+                    "decided_by": by,
+                    "decided_by_key": by_key,
+                    "decided_at": now,
+                    "note": note,
+                }
             )
             decided.append(new)
             txn = Txn(run_id, info.lease_epoch, info, now)
             kind = EventKind.APPROVAL_GRANTED if granted else EventKind.APPROVAL_REJECTED
-            txn.add_event(kind, key=pending.key, plan_hash=plan_hash, by=by.strip())
+            txn.add_event(kind, key=pending.key, plan_hash=plan_hash, by=by, by_key=by_key)
             txn.puts.append(Put(space, keys.approval_key(pending.key), encode(new)))
             txn.checks.append(Check(space, keys.approval_key(pending.key), data))
             txn.update.update(pending_approval=None, status=RunStatus.RESUMABLE)
@@ -130,6 +164,7 @@ class ApprovalsMixin(TierCore):
             approved=rec.status == "granted",
             plan_hash=rec.plan_hash,
             by=rec.decided_by,
+            by_key=rec.decided_by_key,
             at=rec.decided_at,
             note=rec.note,
         )
@@ -186,6 +221,7 @@ class HandleApprovalsMixin(HandleCore):
                 approved=rec.status == "granted",
                 plan_hash=rec.plan_hash,
                 by=rec.decided_by,
+                by_key=rec.decided_by_key,
                 at=rec.decided_at,
                 note=rec.note,
             )

@@ -34,6 +34,7 @@ from tiers.task_events import (
     EffectStart,
     EffectStatus,
     EventKind,
+    check_decider,
     check_key,
     check_name,
     input_hash,
@@ -76,6 +77,7 @@ class EffectsMixin(TierCore):
         output: object = _UNSET,
         rerun: bool = False,
         by: str = "operator",
+        by_key: str | None = None,
     ) -> EffectRecord:
         """An operator's decision on an effect whose outcome is unknown.
 
@@ -87,8 +89,14 @@ class EffectsMixin(TierCore):
         run must be settled before the run can be compensated. The decision
         clears the effect from ``RunInfo.unknown_effects`` in the same commit.
 
+        ``by`` (who decides, as the caller names them, 1-256 characters) and
+        ``by_key`` (the id of the credential the caller was authenticated with:
+        a service passes its API key id; ``None`` from the library) are kept in
+        the event and in the ledger entry (``resolved_by``, ``resolved_by_key``).
+
         Raises:
-            InvalidInputError: Neither or both given, or a non-JSON output.
+            InvalidInputError: Neither or both given, a non-JSON output, or a bad
+                ``by`` or ``by_key``.
             RunNotFoundError: No such run.
             EffectNotFoundError: The run has no effect with that key.
             RunStateError: The effect's outcome is not unknown (it is recorded or
@@ -96,6 +104,7 @@ class EffectsMixin(TierCore):
         """
         check_id(run_id, "run_id")
         key = check_key(key)
+        by, by_key = check_decider(by, by_key)
         if (output is _UNSET) == (not rerun):
             raise InvalidInputError(
                 "give exactly one of output=... (the effect happened) or rerun=True (it did not)",
@@ -117,8 +126,17 @@ class EffectsMixin(TierCore):
                 )
             txn = Txn(run_id, info.lease_epoch, info, now)
             if rerun:
-                txn.add_event(EventKind.EFFECT_NOT_DONE, key=key, source="operator", by=by)
-                new = rec.model_copy(update={"status": EffectStatus.NOT_DONE, "source": "operator"})
+                txn.add_event(
+                    EventKind.EFFECT_NOT_DONE, key=key, source="operator", by=by, by_key=by_key
+                )
+                new = rec.model_copy(
+                    update={
+                        "status": EffectStatus.NOT_DONE,
+                        "source": "operator",
+                        "resolved_by": by,
+                        "resolved_by_key": by_key,
+                    }
+                )
             else:
                 seq = txn.add_event(
                     EventKind.EFFECT_RECORDED,
@@ -126,6 +144,7 @@ class EffectsMixin(TierCore):
                     response_hash=output_digest(value),
                     source="operator",
                     by=by,
+                    by_key=by_key,
                 )
                 new = rec.model_copy(
                     update={
@@ -133,6 +152,8 @@ class EffectsMixin(TierCore):
                         "output": value,
                         "response_hash": output_digest(value),
                         "source": "operator",
+                        "resolved_by": by,
+                        "resolved_by_key": by_key,
                         "recorded_seq": seq,
                     }
                 )

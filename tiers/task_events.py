@@ -61,6 +61,8 @@ STEP_MAX = 256
 KEY_MAX = 512
 MAX_NOTE = 2000
 """Longest note an approval decision keeps (characters)."""
+DECIDER_MAX = 256
+"""Longest ``by`` (and ``by_key``) an operator action keeps (characters)."""
 _CONTROL = re.compile(r"[\x00-\x1f\x7f]")
 CHECKPOINT_ID = re.compile(r"ckpt-(\d{12})-[0-9a-f]{12}")
 
@@ -138,6 +140,10 @@ class EffectRecord(Record):
     response_hash: str | None = None
     # Who decided the output: "fn" (the call returned), "reconcile", "operator".
     source: str | None = None
+    # An operator's resolve_effect: the name it gave and the id of the credential
+    # it was authenticated with (a service's API key id; None from the library).
+    resolved_by: Annotated[str, Field(max_length=DECIDER_MAX)] | None = None
+    resolved_by_key: Annotated[str, Field(max_length=DECIDER_MAX)] | None = None
     invoked_seq: int = Field(ge=1)
     recorded_seq: int | None = None
     # Set once the "outcome unknown" event was appended, so it is appended once.
@@ -170,7 +176,9 @@ class ApprovalRecord(Record):
     plan: JsonValue = None
     status: str = "requested"  # requested | granted | rejected
     requested_at: UtcDatetime
-    decided_by: Annotated[str, Field(max_length=256)] | None = None
+    decided_by: Annotated[str, Field(max_length=DECIDER_MAX)] | None = None
+    # Id of the credential the decider was authenticated with (a service's API key id).
+    decided_by_key: Annotated[str, Field(max_length=DECIDER_MAX)] | None = None
     decided_at: UtcDatetime | None = None
     note: Annotated[str, Field(max_length=MAX_NOTE)] | None = None
 
@@ -180,7 +188,10 @@ class Approval(Record):
 
     approved: bool
     plan_hash: str
+    # Who decided, as they named themselves, and the credential they were
+    # authenticated with (an API key id over HTTP; None from the library).
     by: str | None = None
+    by_key: str | None = None
     at: UtcDatetime | None = None
     note: str | None = None
 
@@ -331,6 +342,34 @@ def check_key(key: object, field: str = "idempotency_key") -> str:
             field=field,
         )
     return value
+
+
+def check_decider(by: object, by_key: object) -> tuple[str, str | None]:
+    """Who decides an operator action, as the audit trail keeps it.
+
+    Args:
+        by: The name the caller gives (claimed, not verified): 1-256 characters.
+        by_key: The id of the credential the caller was authenticated with
+            (a service's API key id), or ``None`` when there is none (the library).
+
+    Returns:
+        ``by`` stripped and ``by_key``.
+    """
+    if not isinstance(by, str) or not 1 <= len(by.strip()) <= DECIDER_MAX:
+        raise InvalidInputError(
+            f"by must name who decides (1-{DECIDER_MAX} characters)", field="by"
+        )
+    if by_key is not None and (
+        not isinstance(by_key, str)
+        or not 1 <= len(by_key) <= DECIDER_MAX
+        or _CONTROL.search(by_key)
+    ):
+        raise InvalidInputError(
+            f"by_key must be the id of the caller's credential (1-{DECIDER_MAX} characters "
+            "without control characters) or None",
+            field="by_key",
+        )
+    return by.strip(), by_key
 
 
 def checkpoint_id(run_id: str, seq: int, key: str) -> str:

@@ -67,6 +67,8 @@ class HandleCore:
         self._info = info
         self._head = head
         self._epoch = info.lease_epoch
+        # Who took the lease this handle holds (the run's lease owner then).
+        self._worker_id = info.lease_owner
         self._lease_ttl = lease_ttl
         self._occurrences: dict[str, int] = {}
         self._active: _ActiveStep | None = None
@@ -98,6 +100,15 @@ class HandleCore:
     def epoch(self) -> int:
         """The lease epoch this handle holds (its fencing token)."""
         return self._epoch
+
+    @property
+    def worker_id(self) -> str | None:
+        """The worker id this handle's lease was taken as (``None`` for a released run attached).
+
+        Pass it as ``worker_id`` to ``start_run``/``acquire`` to retake this
+        lease while it is live; any other caller needs ``steal=True``.
+        """
+        return self._worker_id
 
     @property
     def info(self) -> RunInfo:

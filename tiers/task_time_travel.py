@@ -21,6 +21,7 @@ from tiers.task_events import (
     EventKind,
     IdempotencyEntry,
     Snapshot,
+    check_decider,
     input_hash,
     to_json_dict,
 )
@@ -153,7 +154,13 @@ class TimeTravelMixin(TierCore):
         return info
 
     def update_state(
-        self, run_id: str, checkpoint_id: str, values: dict[str, Any], *, by: str = "operator"
+        self,
+        run_id: str,
+        checkpoint_id: str,
+        values: dict[str, Any],
+        *,
+        by: str = "operator",
+        by_key: str | None = None,
     ) -> Checkpoint:
         """Append a human-edited checkpoint: the state at ``checkpoint_id`` with ``values`` set.
 
@@ -163,16 +170,22 @@ class TimeTravelMixin(TierCore):
         effects, already recorded, are not repeated). The lease is revoked (the
         running worker, if any, is fenced out) and the run becomes resumable.
 
+        ``by`` (who edits, as the caller names them, 1-256 characters) and
+        ``by_key`` (the id of the credential the caller was authenticated with:
+        a service passes its API key id; ``None`` from the library) are kept in
+        the ``StateUpdated`` event.
+
         Returns:
             The appended checkpoint (kind ``update``).
 
         Raises:
-            InvalidInputError: ``values`` is not a JSON dict, or the checkpoint is on
-                a superseded branch (fork from it instead).
+            InvalidInputError: ``values`` is not a JSON dict, the checkpoint is on
+                a superseded branch (fork from it instead), or a bad ``by`` or ``by_key``.
             RunStateError: The run is finished (fork it instead).
             RunNotFoundError, CheckpointNotFoundError: No such run or checkpoint.
             ValueTooLargeError: The resulting state snapshot exceeds the value limit.
         """
+        by, by_key = check_decider(by, by_key)
         delta = to_json_dict(values, field="values")
         target = self.get_checkpoint(run_id, checkpoint_id)
         base_values = self._values_at(run_id, target.seq)
@@ -203,6 +216,7 @@ class TimeTravelMixin(TierCore):
                 parent_id=target.checkpoint_id,
                 keys=changed,
                 by=by,
+                by_key=by_key,
             )
             ckpt = Checkpoint(
                 checkpoint_id=ckpt_id,

@@ -14,6 +14,7 @@ decided with ``effects:resolve``.
 
 from __future__ import annotations
 
+import secrets
 import time
 from typing import Annotated
 
@@ -91,17 +92,23 @@ def effect_out(rec: EffectRecord) -> EffectOut:
         **problem_responses(409),
     },
 )
-def start_run(body: RunCreate, memory: WriteMemory) -> Response:
+def start_run(body: RunCreate, memory: WriteMemory, caller: Caller) -> Response:
     """Create a run (201), or resume an existing one (200), taking its lease.
 
     Resuming increments the lease epoch: writes with an older epoch are
-    refused from then on.
+    refused from then on. A live lease (``lease_ttl``) is the holder's alone:
+    the holder is the ``worker_id`` with the caller's API key, and a request
+    without ``worker_id`` is a holder of its own, so any other request gets 409
+    ``lease-held`` (naming the run, the owner and ``expires_at``) unless it
+    sends ``steal: true``. To retake its own live lease (e.g. after a client
+    restart) a caller sends the ``worker_id`` the lease answered with.
     """
+    worker = body.worker_id if body.worker_id is not None else f"http-{secrets.token_hex(8)}"
     handle = memory.start_run(
         body.user_id,
         body.run_id,
         resume=body.resume,
-        worker_id=body.worker_id,
+        worker_id=_holder(worker, caller),
         lease_ttl=body.lease_ttl,
         steal=body.steal,
         budget_tokens=body.budget_tokens,
@@ -110,8 +117,18 @@ def start_run(body: RunCreate, memory: WriteMemory) -> Response:
     )
     code = status.HTTP_200_OK if handle.resumed else status.HTTP_201_CREATED
     return json_response(
-        RunLease(run=run_out(handle.info), lease_epoch=handle.epoch), status_code=code
+        RunLease(run=run_out(handle.info), lease_epoch=handle.epoch, worker_id=worker),
+        status_code=code,
     )
+
+
+def _holder(worker_id: str, caller: Principal) -> str:
+    """Who holds a lease: the worker id, qualified by the caller's API key.
+
+    The same worker id sent with another key is another holder, so a lease
+    cannot be retaken by claiming its holder's name.
+    """
+    return worker_id if caller.key_id is None else f"{worker_id} (api-key:{caller.key_id})"
 
 
 @router.get("", name="list_runs", response_model=RunList)
@@ -330,7 +347,9 @@ def update_run_state(
     resume, their recorded effects are not repeated); the running worker's
     lease is revoked. 409 ``run-state`` for a finished run (fork it instead).
     """
-    ckpt = memory.update_run_state(run_id, body.checkpoint_id, body.values, by=_by(body.by, caller))
+    ckpt = memory.tasks.update_state(
+        run_id, body.checkpoint_id, body.values, by=_by(body.by, caller), by_key=caller.key_id
+    )
     return json_response(checkpoint_out(ckpt), status_code=status.HTTP_201_CREATED)
 
 
@@ -410,8 +429,13 @@ def resolve_effect(
     409 ``run-state`` if the effect's outcome is not unknown.
     """
     output = body.output if "output" in body.model_fields_set else UNSET
-    rec = memory.resolve_effect(
-        run_id, body.idempotency_key, output=output, rerun=body.rerun, by=_by(body.by, caller)
+    rec = memory.tasks.resolve_effect(
+        run_id,
+        body.idempotency_key,
+        output=output,
+        rerun=body.rerun,
+        by=_by(body.by, caller),
+        by_key=caller.key_id,
     )
     return json_response(effect_out(rec))
 
@@ -481,7 +505,11 @@ def cancel_run(run_id: RunIdPath, memory: WriteMemory) -> Response:
 
 
 def _by(by: str | None, caller: Principal) -> str:
-    """Who decides: as given, else the caller's API key."""
+    """Who decides, as the caller names them; else the caller's API key.
+
+    The name is a claim: every decision also records ``by_key``, the id of the
+    key the request was authenticated with (``None`` with auth off).
+    """
     if by is not None:
         return by
     return f"api-key:{caller.key_id}" if caller.key_id else "api"
@@ -497,7 +525,9 @@ def approve_run(
 
     409 ``plan-mismatch`` if ``plan_hash`` is not the plan the run waits on.
     """
-    approval = memory.approve_run(run_id, body.plan_hash, by=_by(body.by, caller), note=body.note)
+    approval = memory.tasks.approve(
+        run_id, body.plan_hash, by=_by(body.by, caller), note=body.note, by_key=caller.key_id
+    )
     return json_response(ApprovalOut.model_validate(approval, from_attributes=True))
 
 
@@ -508,7 +538,9 @@ def reject_run(
     run_id: RunIdPath, body: ApprovalDecision, memory: WriteMemory, caller: Caller
 ) -> Response:
     """Reject the plan a paused run waits on; its worker sees the rejection at the gate."""
-    approval = memory.reject_run(run_id, body.plan_hash, by=_by(body.by, caller), note=body.note)
+    approval = memory.tasks.reject(
+        run_id, body.plan_hash, by=_by(body.by, caller), note=body.note, by_key=caller.key_id
+    )
     return json_response(ApprovalOut.model_validate(approval, from_attributes=True))
 
 

@@ -43,13 +43,21 @@ class RunCreate(RequestModel):
     run_id: Id | None = Field(default=None, description="Default: a new id.")
     resume: bool = Field(default=True, description="Whether an existing run may be resumed.")
     worker_id: (
-        Annotated[str, Field(min_length=1, max_length=256, pattern=NO_CONTROL_NON_BLANK)] | None
-    ) = Field(default=None, description="Who holds the lease (shown to other workers).")
+        Annotated[str, Field(min_length=1, max_length=200, pattern=NO_CONTROL_NON_BLANK)] | None
+    ) = Field(
+        default=None,
+        description="Who takes the lease; with the caller's API key it names the holder (shown "
+        "to other workers as lease_owner). The same worker id and key may retake a live lease of "
+        "its own. Default: a new worker id for this request, so no other request holds the same "
+        "lease; the answer's worker_id is the one to send back.",
+    )
     lease_ttl: Annotated[float, Field(gt=0, le=86_400)] | None = Field(
         default=None,
         description="Seconds the lease lasts unless renewed with :heartbeat; default: no expiry.",
     )
-    steal: bool = Field(default=False, description="Take a live lease from another worker.")
+    steal: bool = Field(
+        default=False, description="Take a live lease from another worker (fencing it out)."
+    )
     budget_tokens: Annotated[int, Field(ge=0, le=2**62)] | None = None
     budget_cost: Annotated[float, Field(ge=0, le=1e12)] | None = None
     external_id: Annotated[str, Field(min_length=1, max_length=MAX_EXTERNAL_ID)] | None = Field(
@@ -112,6 +120,11 @@ class RunLease(ResponseModel):
 
     run: RunOut
     lease_epoch: int
+    worker_id: str = Field(
+        description="The worker id the lease was taken as: send it again (with the same API "
+        "key) to retake this lease while it is live, e.g. after a restart. Any other caller "
+        "gets 409 lease-held until the lease expires, unless it steals."
+    )
 
 
 class RunList(ResponseModel):
@@ -193,7 +206,9 @@ class ApprovalDecision(RequestModel):
         "deciding on a plan that changed)."
     )
     by: Annotated[str, Field(min_length=1, max_length=256, pattern=NON_BLANK)] | None = Field(
-        default=None, description="Who decides; default: the API key's id."
+        default=None,
+        description="Who decides (a claim; the decision also records the API key's id as "
+        "by_key); default: the API key's id.",
     )
     note: Annotated[str, Field(max_length=MAX_NOTE)] | None = None
 
@@ -203,7 +218,12 @@ class ApprovalOut(ResponseModel):
 
     approved: bool
     plan_hash: str
-    by: str | None
+    by: str | None = Field(description="Who decided, as the deciding request named them.")
+    by_key: str | None = Field(
+        default=None,
+        description="Id of the API key the decision was authenticated with, recorded by the "
+        "server whatever by claims (null with auth off, or when decided through the library).",
+    )
     at: datetime | None
     note: str | None
 
@@ -248,7 +268,11 @@ class StateUpdate(RequestModel):
 
     checkpoint_id: Annotated[str, Field(min_length=1, max_length=64)]
     values: dict[str, JsonValue] = Field(description="State keys to set (a shallow merge).")
-    by: Decider | None = Field(default=None, description="Who edits; default: the API key's id.")
+    by: Decider | None = Field(
+        default=None,
+        description="Who edits (a claim; the event also records the API key's id as by_key); "
+        "default: the API key's id.",
+    )
 
 
 class EffectBegin(RequestModel):
@@ -312,7 +336,11 @@ class EffectResolve(RequestModel):
     rerun: bool = Field(
         default=False, description="true: the effect did not happen; the resumed run performs it."
     )
-    by: Decider | None = Field(default=None, description="Who decides; default: the API key's id.")
+    by: Decider | None = Field(
+        default=None,
+        description="Who decides (a claim; the ledger also records the API key's id as "
+        "resolved_by_key); default: the API key's id.",
+    )
 
 
 class EffectOut(ResponseModel):
@@ -331,6 +359,14 @@ class EffectOut(ResponseModel):
     output: JsonValue
     response_hash: str | None
     source: str | None = Field(description="Who settled it: fn, reconcile or operator.")
+    resolved_by: str | None = Field(
+        default=None, description="An operator's effects:resolve: who decided, as they claimed."
+    )
+    resolved_by_key: str | None = Field(
+        default=None,
+        description="An operator's effects:resolve: id of the API key the decision was "
+        "authenticated with (null with auth off, or when resolved through the library).",
+    )
     invoked_seq: int
     recorded_seq: int | None
     flagged_unknown: bool

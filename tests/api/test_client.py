@@ -23,6 +23,7 @@ from memory import (
     FactNotFoundError,
     InputMismatchError,
     InvalidInputError,
+    LeaseHeldError,
     Memory,
     RunHandle,
     RunNotFoundError,
@@ -60,6 +61,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         **os.environ,
         "TIERMEM_DATA_DIR": str(work / "data"),
         "TIERMEM_DURABLE": "false",
+        "TIERMEM_ALLOW_VOLATILE": "true",
         "LITELLM_LOCAL_MODEL_COST_MAP": "True",
     }
     env.pop("TIERMEM_KV_URL", None)
@@ -196,6 +198,19 @@ def test_runs_and_fencing(client: MemoryClient) -> None:
     assert [r.run_id for r in client.list_runs(status=RunStatus.CANCELLED)] == [other.run_id]
     with pytest.raises(RunNotFoundError):
         client.get_run("no-such-run")
+
+
+def test_a_live_lease_is_the_client_handles_alone(client: MemoryClient) -> None:
+    run = client.start_run("carol", "leased-9", lease_ttl=60)
+    with pytest.raises(LeaseHeldError) as held:
+        client.start_run("carol", "leased-9", lease_ttl=60)  # the same client, another call
+    assert run.worker_id is not None
+    assert (held.value.run_id, held.value.owner) == ("leased-9", run.info.lease_owner)
+    assert held.value.expires_at
+    run.append_checkpoint("still-mine", 1)
+    again = client.start_run("carol", "leased-9", worker_id=run.worker_id, lease_ttl=60)
+    assert (again.epoch, again.worker_id) == (2, run.worker_id)
+    assert client.start_run("carol", "leased-9", steal=True).epoch == 3
 
 
 def test_effects_approvals_and_time_travel_through_the_client(client: MemoryClient) -> None:

@@ -502,14 +502,16 @@ def test_leases_with_a_ttl_are_renewed_by_heartbeat(api: Api, headers: dict[str,
     c = api.client
     body = {"user_id": "u1", "run_id": "leased", "worker_id": "w1", "lease_ttl": 30}
     first = c.post("/v1/runs", json=body, headers=headers).json()
-    assert first["run"]["lease_owner"] == "w1"
+    key_id = headers["Authorization"].removeprefix("Bearer tmk_")[:12]
+    owner = f"w1 (api-key:{key_id})"  # the worker id, qualified by the caller's key
+    assert (first["run"]["lease_owner"], first["worker_id"]) == (owner, "w1")
     expires = first["run"]["lease_expires_at"]
     beat = c.post("/v1/runs/leased:heartbeat", json={"lease_epoch": 1}, headers=headers)
     assert beat.status_code == 200
     assert beat.json()["lease_expires_at"] > expires
     held = c.post("/v1/runs", json={**body, "worker_id": "w2"}, headers=headers)
     assert held.status_code == 409
-    assert (held.json()["type"], held.json()["owner"]) == ("urn:tiermem:problem:lease-held", "w1")
+    assert (held.json()["type"], held.json()["owner"]) == ("urn:tiermem:problem:lease-held", owner)
     stolen = c.post("/v1/runs", json={**body, "worker_id": "w2", "steal": True}, headers=headers)
     assert stolen.json()["lease_epoch"] == 2
     stale = c.post("/v1/runs/leased:heartbeat", json={"lease_epoch": 1}, headers=headers)

@@ -3,6 +3,7 @@ the resumable listing, and the status codes and limits the OpenAPI document prom
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Any
 
 import pytest
@@ -197,6 +198,49 @@ def test_time_travel_and_the_resumable_listing_over_http(api: Api) -> None:
     assert c.get("/v1/runs:resumable", headers=headers).json() == {"runs": []}
 
 
+def test_a_live_lease_protects_a_run_from_every_other_http_caller(api: Api) -> None:
+    tenant = new_tenant()
+    alice, bob = api.key(tenant), api.key(tenant)
+    c = api.client
+    body = {"user_id": "u1", "run_id": "lease-1", "lease_ttl": 30}
+    first = c.post("/v1/runs", json=body, headers=alice)
+    assert first.status_code == 201, first.json()
+    lease = first.json()
+    for headers in (alice, bob):  # without a worker id every request is a caller of its own
+        held = c.post("/v1/runs", json=body, headers=headers)
+        assert held.status_code == 409, held.json()
+        problem = held.json()
+        assert (problem["type"], problem["run_id"], problem["owner"]) == (
+            PROBLEM + "lease-held",
+            "lease-1",
+            lease["run"]["lease_owner"],
+        )
+        assert datetime.fromisoformat(problem["expires_at"]) == datetime.fromisoformat(
+            lease["run"]["lease_expires_at"]
+        )
+        assert "steal" in problem["detail"]
+    beat = c.post("/v1/runs/lease-1:heartbeat", json={"lease_epoch": 1}, headers=alice)
+    assert beat.status_code == 200, beat.json()  # still the first caller's lease
+
+    # The first caller retakes its own lease with the worker id it was given.
+    mine = c.post("/v1/runs", json={**body, "worker_id": lease["worker_id"]}, headers=alice)
+    assert (mine.status_code, mine.json()["lease_epoch"]) == (200, 2)
+    # The same worker id claimed with another key is another caller.
+    theirs = c.post("/v1/runs", json={**body, "worker_id": lease["worker_id"]}, headers=bob)
+    assert (theirs.status_code, theirs.json()["type"]) == (409, PROBLEM + "lease-held")
+    named = {**body, "run_id": "lease-2", "worker_id": "w1"}
+    assert c.post("/v1/runs", json=named, headers=alice).status_code == 201
+    assert c.post("/v1/runs", json=named, headers=bob).status_code == 409
+    again = c.post("/v1/runs", json=named, headers=alice)
+    assert (again.status_code, again.json()["lease_epoch"]) == (200, 2)
+    assert again.json()["worker_id"] == "w1"
+    # Taking a live lease from another caller is explicit.
+    stolen = c.post("/v1/runs", json={**body, "steal": True}, headers=bob)
+    assert (stolen.status_code, stolen.json()["lease_epoch"]) == (200, 3)
+    stale = c.post("/v1/runs/lease-1:heartbeat", json={"lease_epoch": 2}, headers=alice)
+    assert stale.json()["type"] == PROBLEM + "stale-lease"
+
+
 def test_resuming_a_fork_answers_200_like_any_resume(api: Api, headers: dict[str, str]) -> None:
     w = Worker(api, headers, "parent-1")
     ckpt = w.post("/checkpoints", step="a", output=1).json()
@@ -273,3 +317,72 @@ def test_the_event_log_is_the_audit_trail_over_http(api: Api) -> None:
     assert (missing.status_code, missing.json()["type"]) == (404, PROBLEM + "run-not-found")
     bad = w.c.get("/v1/runs/audit-1/events", params={"after_seq": -1}, headers=headers)
     assert bad.status_code == 422
+
+
+def _key_id(headers: dict[str, str]) -> str:
+    """The public id of the key in ``headers`` (``tmk_<key_id>_<secret>``)."""
+    return headers["Authorization"].removeprefix("Bearer tmk_")[:12]
+
+
+def test_decisions_record_the_authenticated_key_beside_the_claimed_name(api: Api) -> None:
+    tenant = new_tenant()
+    worker_key, operator = api.key(tenant), api.key(tenant)
+    op_id = _key_id(operator)
+    assert op_id != _key_id(worker_key)
+    c = api.client
+    claimed = {"by": "admin"}
+
+    # Approve and reject: the decision, the gate's answer to the worker and the event log.
+    gate = Worker(api, worker_key, "gate-a")
+    pending = gate.post("/approvals", plan={"refund": 1}, key="g").json()
+    r = c.post(
+        "/v1/runs/gate-a:approve",
+        json={"plan_hash": pending["plan_hash"], **claimed},
+        headers=operator,
+    )
+    assert r.status_code == 200, r.json()
+    assert (r.json()["by"], r.json()["by_key"]) == ("admin", op_id)
+    seen = gate.post("/approvals", plan={"refund": 1}, key="g").json()
+    assert (seen["by"], seen["by_key"]) == ("admin", op_id)
+    (granted,) = [e for e in gate.get("/events").json()["events"] if e["kind"] == "ApprovalGranted"]
+    assert (granted["data"]["by"], granted["data"]["by_key"]) == ("admin", op_id)
+    gate_r = Worker(api, worker_key, "gate-r")
+    pending = gate_r.post("/approvals", plan=[], key="g").json()
+    r = c.post("/v1/runs/gate-r:reject", json={"plan_hash": pending["plan_hash"]}, headers=operator)
+    assert (r.json()["approved"], r.json()["by"], r.json()["by_key"]) == (
+        False,
+        f"api-key:{op_id}",  # no claimed name: the key's id stands for it
+        op_id,
+    )
+
+    # Resolving an effect of unknown outcome: the ledger entry and the event.
+    Worker(api, worker_key, "eff-1").post("/effects:begin", name="ship", idempotency_key="p")
+    blocked = Worker(api, worker_key, "eff-1").post(
+        "/effects:begin", name="ship", idempotency_key="p"
+    )
+    assert blocked.status_code == 409
+    r = c.post(
+        "/v1/runs/eff-1/effects:resolve",
+        json={"idempotency_key": "p", "rerun": True, **claimed},
+        headers=operator,
+    )
+    assert r.status_code == 200, r.json()
+    assert (r.json()["resolved_by"], r.json()["resolved_by_key"]) == ("admin", op_id)
+    (ledger,) = c.get("/v1/runs/eff-1/effects", headers=worker_key).json()["effects"]
+    assert (ledger["resolved_by"], ledger["resolved_by_key"]) == ("admin", op_id)
+    events = c.get("/v1/runs/eff-1/events", headers=worker_key).json()["events"]
+    (not_done,) = [e for e in events if e["kind"] == "EffectNotDone"]
+    assert (not_done["data"]["by"], not_done["data"]["by_key"]) == ("admin", op_id)
+
+    # Editing state.
+    edit = Worker(api, worker_key, "edit-1")
+    ckpt = edit.post("/checkpoints", step="s", output=1, state={"x": 1}).json()
+    r = c.post(
+        "/v1/runs/edit-1:update-state",
+        json={"checkpoint_id": ckpt["checkpoint_id"], "values": {"x": 2}, **claimed},
+        headers=operator,
+    )
+    assert r.status_code == 201, r.json()
+    events = edit.get("/events").json()["events"]
+    (updated,) = [e for e in events if e["kind"] == "StateUpdated"]
+    assert (updated["data"]["by"], updated["data"]["by_key"]) == ("admin", op_id)

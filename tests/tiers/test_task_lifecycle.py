@@ -157,6 +157,42 @@ def test_live_lease_blocks_other_workers_until_it_expires(tasks: TaskTier, clock
     assert tasks.get_run("r1").status is RunStatus.RUNNING
 
 
+def test_without_a_worker_id_each_call_holds_its_own_lease(tasks: TaskTier, clock: Clock) -> None:
+    """Two threads (or two calls) of one process are two callers: neither takes the other's run."""
+    first = tasks.start_run("u", "r1", lease_ttl=10)
+    refused: list[BaseException] = []
+
+    def other_thread() -> None:
+        try:
+            tasks.start_run("u", "r1", lease_ttl=10)
+        except BaseException as exc:
+            refused.append(exc)
+
+    thread = threading.Thread(target=other_thread)
+    thread.start()
+    thread.join()
+    assert [type(e) for e in refused] == [LeaseHeldError]
+    with pytest.raises(LeaseHeldError) as held:
+        tasks.start_run("u", "r1")
+    assert (held.value.run_id, held.value.owner) == ("r1", first.worker_id)
+    assert held.value.expires_at == (clock.now + timedelta(seconds=10)).isoformat()
+    with pytest.raises(LeaseHeldError):
+        tasks.acquire("r1")
+    assert first.step("one", lambda: 1) == 1  # still the first caller's run
+    assert tasks.get_run("r1").lease_owner == first.worker_id
+
+    # The holder retakes its own live lease by naming itself; anyone else steals explicitly.
+    again = tasks.start_run("u", "r1", worker_id=first.worker_id, lease_ttl=10)
+    assert (again.epoch, again.worker_id) == (2, first.worker_id)
+    stolen = tasks.acquire("r1", steal=True, lease_ttl=10)
+    assert stolen.epoch == 3
+    assert stolen.worker_id not in (None, first.worker_id)
+    # Resume after a crash: an expired lease is anybody's.
+    clock.advance(11)
+    resumed = tasks.start_run("u", "r1")
+    assert (resumed.epoch, resumed.step("one", lambda: 2)) == (4, 1)
+
+
 def test_heartbeat_thread_does_not_disturb_steps(tasks: TaskTier) -> None:
     run = tasks.start_run("u", "r1", lease_ttl=30)
     stop = threading.Event()
@@ -249,6 +285,46 @@ def test_rejected_plan_is_reported_to_the_run(tasks: TaskTier) -> None:
         tasks.approve("r1", pending.value.plan_hash, by="bob")
     decision = run.await_approval(["delete", "everything"])
     assert (decision.approved, decision.by) == (False, "bob")
+
+
+def test_who_decided_is_recorded_with_the_key_it_was_authenticated_by(tasks: TaskTier) -> None:
+    """The library records ``by`` as given and no key; a service passes the caller's key."""
+    run = tasks.start_run("u", "r1")
+    run.step("s", lambda: 1)
+    with pytest.raises(ApprovalPendingError) as pending:
+        run.await_approval("plan")
+    approval = tasks.approve("r1", pending.value.plan_hash, by="alice")
+    assert (approval.by, approval.by_key) == ("alice", None)
+    assert run.await_approval("plan").by_key is None
+    with pytest.raises(ApprovalPendingError) as pending:
+        run.await_approval("plan 2", key="second")
+    keyed = tasks.reject("r1", pending.value.plan_hash, by="admin", by_key="0123456789ab")
+    assert (keyed.by, keyed.by_key) == ("admin", "0123456789ab")
+    assert run.await_approval("plan 2", key="second").by_key == "0123456789ab"
+    decided = [e.data for e in tasks.events("r1") if e.kind.startswith("Approval")]
+    assert [(d.get("by"), d.get("by_key")) for d in decided[1:]] == [
+        ("alice", None),
+        (None, None),  # the second request
+        ("admin", "0123456789ab"),
+    ]
+
+    class Crash(BaseException):
+        pass
+
+    def crash() -> object:
+        raise Crash
+
+    with pytest.raises(Crash):
+        run.effect("ship", crash, idempotency_key="p")
+    rec = tasks.resolve_effect("r1", "p", rerun=True, by="ops", by_key="0123456789ab")
+    assert (rec.resolved_by, rec.resolved_by_key) == ("ops", "0123456789ab")
+    (first,) = tasks.history("r1")
+    tasks.update_state("r1", first.checkpoint_id, {"x": 1}, by="carol")
+    (edited,) = [e.data for e in tasks.events("r1") if e.kind is EventKind.STATE_UPDATED]
+    assert (edited["by"], edited["by_key"]) == ("carol", None)
+    with pytest.raises(InvalidInputError) as bad:
+        tasks.approve("r1", "0" * 64, by="x", by_key="")
+    assert bad.value.field == "by_key"
 
 
 # -- time travel -----------------------------------------------------------------------

@@ -18,7 +18,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from api.errors import JobNotFoundError, OverloadedError
@@ -142,6 +142,23 @@ class JobRegistry:
         """Jobs queued or running."""
         with self._lock:
             return self._pending
+
+    def forget(self, tenant: str, user_id: str, session_id: str | None = None) -> None:
+        """Drop the summaries kept with the user's jobs (or one session's); statuses stay.
+
+        For erasure: a forgotten user's or deleted session's summary must not
+        be served from here either. A job still running cannot bring one back
+        (its save fails once the transcript is gone).
+        """
+        with self._lock:
+            for entry in self._entries.values():
+                job = entry.job
+                if (
+                    job.result is not None
+                    and (job.tenant, job.user_id) == (tenant, user_id)
+                    and session_id in (None, job.session_id)
+                ):
+                    entry.job = replace(job, result=None)
 
     def close(self) -> None:
         """Refuse new jobs and wait for every queued one to finish (graceful shutdown)."""

@@ -22,6 +22,7 @@ from tiers.backends import open_kv_store
 from tiers.backends.base import Embedder, KVStore, VectorIndex
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
+from tiers.erasure import scrub
 from tiers.errors import InvalidInputError
 from tiers.ids import check_id
 from tiers.items import ItemStore
@@ -68,6 +69,9 @@ class Memory:
             deletes them.
         snapshot_every: The task tier snapshots a run's state every this many
             events, which bounds the cost of resuming a long run.
+        scrub_deleted: After :meth:`forget_user` and :meth:`delete_session`, have
+            the KV store drop the deleted data from its files too (SQLite:
+            truncate the WAL; Redis: rewrite the AOF), not only from every read.
     """
 
     def __init__(
@@ -82,6 +86,7 @@ class Memory:
         background_indexing: bool = True,
         run_retention: timedelta = DEFAULT_RETENTION,
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        scrub_deleted: bool = True,
     ) -> None:
         self.kv = kv
         self.index = index
@@ -93,8 +98,15 @@ class Memory:
             kv, tenant=self.tenant, retention=run_retention, snapshot_every=snapshot_every
         )
         self.background_indexing = background_indexing
+        self.scrub_deleted = scrub_deleted
         self.sessions = SessionTier(
-            kv, index, embedder, tenant=self.tenant, background=background_indexing
+            kv,
+            index,
+            embedder,
+            tenant=self.tenant,
+            background=background_indexing,
+            # What a session taught goes with its transcript (deleted or replaced).
+            on_transcript_removed=self._withdraw_session_facts,
         )
         self.users = UserTier(kv, tenant=self.tenant)
         # Checkpoint DAGs of graph frameworks (the LangGraph checkpointer's storage).
@@ -127,6 +139,7 @@ class Memory:
                     background_indexing=self.background_indexing,
                     run_retention=self.tasks.retention,
                     snapshot_every=self.tasks.snapshot_every,
+                    scrub_deleted=self.scrub_deleted,
                 )
                 view._owns_stores = False
                 self._tenants[tenant] = view
@@ -197,6 +210,7 @@ class Memory:
             background_indexing=settings.background_indexing,
             run_retention=timedelta(days=settings.run_retention_days),
             snapshot_every=settings.snapshot_every,
+            scrub_deleted=settings.scrub_deleted,
         )
 
     # -- session tier -------------------------------------------------------
@@ -299,10 +313,11 @@ class Memory:
         been learned in the future, and must not outrank a later explicit
         :meth:`set_fact`).
 
-        The summary is saved only if the transcript it was made from is still
-        the session's: one replaced meanwhile (a concurrent :meth:`end_session`)
-        raises ``ConflictError`` rather than storing a summary of the wrong
-        transcript.
+        The facts and the summary are saved only if the transcript they were
+        made from is still the session's, checked in their own commits: one
+        replaced or deleted meanwhile (a concurrent :meth:`end_session`,
+        :meth:`delete_session` or :meth:`forget_user`) raises ``ConflictError``
+        and nothing derived from it is stored.
 
         Raises:
             SessionNotFoundError: No transcript is stored for the session.
@@ -317,16 +332,16 @@ class Memory:
         summary = result.summary
         if summary.usage is None and result.usage is not None:
             summary = summary.model_copy(update={"usage": result.usage})
-        for fact in result.facts:
-            self.users.set_fact(
-                user_id,
-                fact.key,
-                fact.value,
-                source=f"session:{session_id}",
-                confidence=fact.confidence,
-                evidence=fact.evidence,
-                updated_at=summary.created_at,  # clamped to now by the user tier
-            )
+        # Written only while the transcript is still the one summarized, checked in the
+        # facts' own commit: a delete or replacement meanwhile (forget_user, delete_session,
+        # end_session again) wins, and nothing of the old content comes back.
+        self.users.set_learned_facts(
+            user_id,
+            result.facts,
+            source=_session_source(session_id),
+            updated_at=summary.created_at,  # clamped to now by the user tier
+            guard=lambda: self.sessions.transcript_checks(header),
+        )
         return self.sessions.save_session(summary, transcript=header)
 
     def pending_summaries(self, user_id: str) -> list[str]:
@@ -342,8 +357,17 @@ class Memory:
         return self.sessions.list_sessions(user_id, limit=limit)
 
     def delete_session(self, user_id: str, session_id: str) -> bool:
-        """Delete one session from the KV store and the vector index."""
-        return self.sessions.delete_session(user_id, session_id)
+        """Delete one session from the KV store and the vector index, and what it taught.
+
+        Facts learned from the session (source ``session:<id>``) are withdrawn,
+        history included; a summary of it still in flight is never saved. With
+        ``scrub_deleted`` the KV store then drops the deleted data from its files.
+        Returns whether the session had a summary or a transcript.
+        """
+        existed = self.sessions.delete_session(user_id, session_id)
+        if self.scrub_deleted:
+            scrub(self.kv)
+        return existed
 
     def recall_relevant(
         self, user_id: str, query: str, top_k: int = DEFAULT_TOP_K
@@ -464,10 +488,37 @@ class Memory:
         return self.users.delete_fact(user_id, key)
 
     def forget_user(self, user_id: str) -> None:
-        """Delete everything stored about a user: facts, fact history, sessions and owned items."""
-        self.users.delete_user(user_id)
+        """Delete everything stored about a user, and keep work in flight from bringing it back.
+
+        Gone when this returns: sessions (summaries, transcripts, vectors),
+        facts with their history, items the user owns (e.g. under a LangGraph
+        store's ``user_namespace``), the user's runs (checkpoints, events,
+        effect ledgers, approvals) and the user's entry in the tenant's user
+        index. Transcripts go first: a summary still being made from one
+        can then store neither its summary nor its facts (both are committed
+        only while their transcript is stored), and a worker still running
+        one of the runs gets ``RunNotFoundError`` on its next write. With
+        ``scrub_deleted`` the KV store then drops the deleted data from its
+        files (see the README for what each backend guarantees). Graph
+        threads (``memory.threads``) are not owned by users: delete them by
+        thread id.
+
+        Raises:
+            InvalidInputError: A bad id.
+        """
+        check_id(user_id, "user_id")
         self.sessions.delete_user_sessions(user_id)
+        self.users.delete_user(user_id)
         self.items.delete_user(user_id)
+        for run in self.tasks.list_runs(user_id=user_id):
+            self.tasks.delete_run(run.run_id)
+        self.users.unlist_user(user_id)
+        if self.scrub_deleted:
+            scrub(self.kv)
+
+    def _withdraw_session_facts(self, user_id: str, session_id: str) -> None:
+        """The session's transcript was deleted or replaced: so is what was learned from it."""
+        self.users.forget_source(user_id, _session_source(session_id))
 
     # -- task tier ----------------------------------------------------------
 
@@ -735,6 +786,11 @@ class Memory:
         tb: TracebackType | None,
     ) -> None:
         self.close()
+
+
+def _session_source(session_id: str) -> str:
+    """The ``source`` of facts learned from a session."""
+    return f"session:{session_id}"
 
 
 def _settings(**values: Any) -> Settings:

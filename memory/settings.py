@@ -89,6 +89,13 @@ class Settings(BaseSettings):
         description="Snapshot a run's state every this many events, so resuming a long run "
         "reads one snapshot and a short tail.",
     )
+    scrub_deleted: bool = Field(
+        default=True,
+        description="After forgetting a user or deleting a session, have the KV store drop the "
+        "deleted data from its files too: SQLite truncates its WAL (deleted rows are zeroed "
+        "anyway), Redis rewrites its AOF (BGREWRITEAOF). Turn off to rewrite on your own "
+        "schedule (a large Redis).",
+    )
 
     # -- HTTP service (``tiermem serve``, ``api.create_app``) --------------------------------
     auth_enabled: bool = Field(

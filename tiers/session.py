@@ -167,6 +167,10 @@ class SessionTier:
         cache_users: At most this many users' recall data are kept in memory.
         cache_bytes: And about this much memory (vectors, term counts, texts).
         weights: How dense, keyword and recency signals are fused.
+        on_transcript_removed: Called with ``(user_id, session_id)`` after a
+            commit that deleted or replaced a session's stored transcript
+            (or deleted the session), so what was derived from the content
+            elsewhere (facts learned from it) can go too.
 
     Raises:
         InvalidInputError: A bad tenant, or an embedder that does not match the index.
@@ -183,8 +187,10 @@ class SessionTier:
         cache_users: int = 256,
         cache_bytes: int = 128 << 20,
         weights: FusionWeights | None = None,
+        on_transcript_removed: Callable[[str, str], None] | None = None,
     ) -> None:
         self._kv = kv
+        self._on_transcript_removed = on_transcript_removed
         self._index = index
         self._embedder = embedder
         self._tenant = check_id(tenant, "tenant")
@@ -226,6 +232,13 @@ class SessionTier:
     ) -> SessionSummary:
         """Save a summary; saving the same (user, session) again replaces it.
 
+        Replacing a summary (with a different one, no ``transcript`` given)
+        replaces the session: its stored transcript, which the new summary
+        does not describe, is deleted in the same commit, so neither recall
+        nor resummarizing can bring the replaced content back. A session with
+        a stored transcript and no summary yet keeps the transcript (the
+        summary is taken as its summary).
+
         The summary is durable in the KV store when this returns. Its vectors
         (summary and, if a transcript is stored, transcript windows) are
         written right after, or by the worker with ``background=True``; if the
@@ -255,22 +268,18 @@ class SessionTier:
             return self.save_sessions([summary])[0]
         (data,) = self._encode([summary])
         user_id, session_id = summary.user_id, summary.session_id
-        space = keys.transcripts_space(self._tenant, user_id)
+        if (transcript.user_id, transcript.session_id) != (user_id, session_id):
+            raise InvalidInputError(
+                f"the transcript header is of session {transcript.session_id!r} of user "
+                f"{transcript.user_id!r}, not of the summary's",
+                field="transcript",
+            )
         self._indexer.repair_if_needed()
         for attempt in range(cas.ATTEMPTS):
-            (raw,) = self._kv.get_many(space, [header_key(session_id)])
-            current = read_header(raw, where=f"{space}/{session_id}")
-            if current is None or (current.sha256, current.created_at) != (
-                transcript.sha256,
-                transcript.created_at,
-            ):
-                raise ConflictError(
-                    f"the transcript of session {session_id!r} of user {user_id!r} was replaced "
-                    "or deleted while it was being summarized: summarize it again"
-                )
+            checks = self.transcript_checks(transcript)
             writes = self._summary_writes([((user_id, session_id), data)])
             try:
-                self._kv.commit(writes, [Check(space, header_key(session_id), raw)])
+                self._kv.commit(writes, checks)
             except ConflictError:
                 cas.backoff(attempt)
                 continue
@@ -278,13 +287,41 @@ class SessionTier:
             return summary
         raise ConflictError(f"session {session_id!r} of user {user_id!r} kept changing: retry")
 
+    def transcript_checks(self, transcript: TranscriptHeader) -> list[Check]:
+        """Checks that hold while ``transcript`` is still its session's stored transcript.
+
+        For writes derived from a transcript (its summary, the facts found in
+        it): committed with them, the write fails if the transcript was
+        replaced or deleted meanwhile, so erasing or replacing a session
+        always wins over a summary still in flight.
+
+        Raises:
+            ConflictError: The transcript was replaced or deleted already:
+                summarize the session again (if it still exists).
+            BackendUnavailableError: The KV store failed.
+        """
+        user_id, session_id = transcript.user_id, transcript.session_id
+        space = keys.transcripts_space(self._tenant, user_id)
+        (raw,) = self._kv.get_many(space, [header_key(session_id)])
+        current = read_header(raw, where=f"{space}/{session_id}")
+        if current is None or (current.sha256, current.created_at) != (
+            transcript.sha256,
+            transcript.created_at,
+        ):
+            raise ConflictError(
+                f"the transcript of session {session_id!r} of user {user_id!r} was replaced "
+                "or deleted while it was being summarized: summarize it again"
+            )
+        return [Check(space, header_key(session_id), raw)]
+
     def save_sessions(self, summaries: Iterable[SessionSummary]) -> list[SessionSummary]:
         """Save many summaries: embedded in batches, one index upsert per batch.
 
         Each summary is saved atomically; batches are committed in order, so a
         failure part-way leaves the earlier batches saved (and all of them
         valid). Within one call, a later summary for the same (user, session)
-        replaces an earlier one.
+        replaces an earlier one. A summary replacing a different stored one
+        deletes the session's transcript with it (see :meth:`save_session`).
 
         Returns:
             The summaries as stored, in input order.
@@ -294,6 +331,7 @@ class SessionTier:
                 ``schema_version`` other than :data:`~tiers.models.SCHEMA_VERSION`;
                 nothing was saved.
             ValueTooLargeError: A summary is over the KV store's value limit; nothing was saved.
+            ConflictError: Other writers kept changing these sessions; retry.
             BackendUnavailableError: The KV store failed.
         """
         items = list(summaries)
@@ -305,10 +343,61 @@ class SessionTier:
         pending = list(latest.items())
         for start in range(0, len(pending), BATCH):
             chunk = pending[start : start + BATCH]
-            self._kv.commit(self._summary_writes(chunk))
+            replaced = self._commit_summaries(chunk)
             # Acknowledged from here on: everything below only brings the index in line.
             self._index_later([ref for ref, _ in chunk])
+            for user_id, session_id in replaced:
+                self._transcript_removed(user_id, session_id)
         return items
+
+    def _commit_summaries(self, chunk: Sequence[tuple[Ref, bytes]]) -> list[Ref]:
+        """Commit one chunk of summaries given without a transcript header.
+
+        A summary saved over a *different* stored summary replaces the session:
+        its stored transcript, which the new summary does not describe, is
+        deleted in the same commit (else recall would still match the old
+        words and :meth:`unsummarized_sessions`/resummarize would bring the
+        old content back). A session with a transcript but no summary yet
+        keeps it: the summary completes it.
+
+        Returns:
+            The sessions whose transcript was deleted.
+        """
+        by_user: dict[str, list[tuple[str, bytes]]] = {}
+        for (user_id, session_id), data in chunk:
+            by_user.setdefault(user_id, []).append((session_id, data))
+        for attempt in range(cas.ATTEMPTS):
+            checks: list[Check] = []
+            drops: list[Write] = []
+            replaced: list[Ref] = []
+            for user_id, saved in by_user.items():
+                sessions = keys.sessions_space(self._tenant, user_id)
+                transcripts = keys.transcripts_space(self._tenant, user_id)
+                session_ids = [session_id for session_id, _ in saved]
+                stored = self._kv.get_many(sessions, session_ids)
+                headers = self._kv.get_many(transcripts, [header_key(s) for s in session_ids])
+                for (session_id, data), old, raw in zip(saved, stored, headers, strict=True):
+                    checks.append(Check(sessions, session_id, old))
+                    if old is None or old == data or raw is None:
+                        continue  # new, unchanged, or no transcript to drop
+                    checks.append(Check(transcripts, header_key(session_id), raw))
+                    header = read_header(raw, where=f"{transcripts}/{session_id}")
+                    if header is not None:
+                        drops.extend(delete_writes(transcripts, header))
+                    else:
+                        drops.append(Delete(transcripts, header_key(session_id)))
+                    replaced.append((user_id, session_id))
+            try:
+                self._kv.commit([*self._summary_writes(chunk), *drops], checks)
+            except ConflictError:
+                cas.backoff(attempt)
+                continue
+            return replaced
+        raise ConflictError("the sessions kept changing while being saved: retry")
+
+    def _transcript_removed(self, user_id: str, session_id: str) -> None:
+        if self._on_transcript_removed is not None:
+            self._on_transcript_removed(user_id, session_id)
 
     def _encode(self, items: Sequence[object]) -> list[bytes]:
         """The stored bytes of each summary, after checking every one (nothing is written)."""
@@ -435,6 +524,11 @@ class SessionTier:
                 continue
             if summary is not None:
                 self._index_later([(user_id, session_id)])
+            if old_header is not None and (
+                previous is None
+                or (previous.sha256, previous.created_at) != (header.sha256, header.created_at)
+            ):
+                self._transcript_removed(user_id, session_id)
             return header
         raise ConflictError(
             f"transcript of session {session_id!r} of user {user_id!r} kept changing while "
@@ -476,6 +570,8 @@ class SessionTier:
                 cas.backoff(attempt)
                 continue
             self._index_later([(user_id, session_id)])
+            # Also when nothing was left: a retry after a crash still withdraws what it taught.
+            self._transcript_removed(user_id, session_id)
             return existing is not None or raw_header is not None
         raise ConflictError(f"session {session_id!r} of user {user_id!r} kept changing: retry")
 
@@ -504,7 +600,9 @@ class SessionTier:
         writes: list[Write] = [
             DeleteSpace(space),
             DeleteSpace(transcripts),
-            Put(self._revisions, user_id, token),
+            # Gone rather than replaced: no record keyed by the user stays (a missing
+            # revision still differs from every cached one).
+            Delete(self._revisions, user_id),
         ]
         writes.extend(
             Put(self._outbox, keys.session_outbox_key(user_id, sid), token)

@@ -398,8 +398,10 @@ class SessionIndexer:
                         VectorItem(
                             id=base if n == 0 else chunk_id,
                             embedding=next(vectors),
-                            # Only the summary's vector carries a document: a readable hit.
-                            document=plan.summary.render() if n == 0 else "",
+                            # No text in the index: recall reads summaries from the KV store,
+                            # and a vector index's own log (embedded Chroma's queue table, a
+                            # server's WAL) would keep a deleted user's words out of reach.
+                            document="",
                             metadata={**metadata, "window": n},
                         )
                     )

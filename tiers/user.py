@@ -13,7 +13,7 @@ import copy
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 
 from pydantic import JsonValue, ValidationError
@@ -28,10 +28,13 @@ from tiers.errors import (
     ValueTooLargeError,
 )
 from tiers.ids import check_id
-from tiers.models import UserFact, utcnow
+from tiers.models import FactCandidate, UserFact, utcnow
 from tiers.values import canonical_json, check_datetime
 
 _TOMBSTONE_SOURCE = "deleted"
+
+Guard = Callable[[], Sequence[Check]]
+"""Checks a commit must also pass, computed afresh before each attempt (see :meth:`UserTier.set_learned_facts`)."""
 
 
 class DecodedFacts:
@@ -217,20 +220,72 @@ class UserTier:
         ]
         return self._write(user_id, built) if built else []
 
-    def _write(self, user_id: str, facts: list[UserFact]) -> list[UserFact]:
+    def set_learned_facts(
+        self,
+        user_id: str,
+        candidates: Sequence[FactCandidate],
+        *,
+        source: str,
+        updated_at: datetime | None = None,
+        guard: Guard | None = None,
+    ) -> list[UserFact]:
+        """Store the facts a summarizer found, in one atomic commit, only while ``guard`` holds.
+
+        Each fact keeps its own history and resolves by recency like
+        :meth:`set_fact`; a key proposed twice keeps its last candidate.
+
+        Args:
+            user_id: The user.
+            candidates: The proposed facts (key, value, confidence, evidence).
+            source: Provenance of every fact, e.g. ``"session:<session_id>"``.
+            updated_at: When the facts became true (clamped to now); default now.
+            guard: Called before every commit attempt. It returns checks the
+                commit must pass as well (e.g. that the transcript the facts
+                came from is still stored), or raises when the source is gone.
+                So a deletion committed before the facts always wins: they
+                are never written after it.
+
+        Returns:
+            The facts now current, one per distinct key.
+
+        Raises:
+            InvalidInputError: A bad id, key or value; nothing was written.
+            ValueTooLargeError: A fact is over the store's size limit; nothing was written.
+            ConflictError: ``guard`` says the source is gone (raised by it); nothing was written.
+        """
+        check_id(user_id, "user_id")
+        now = utcnow()
+        latest: dict[str, UserFact] = {}
+        for candidate in candidates:
+            latest[candidate.key] = self._build(
+                user_id,
+                candidate.key,
+                candidate.value,
+                source=source,
+                confidence=candidate.confidence,
+                evidence=candidate.evidence,
+                updated_at=updated_at,
+                now=now,
+                field=f"facts.{candidate.key}",
+            )
+        return self._write(user_id, list(latest.values()), guard=guard) if latest else []
+
+    def _write(
+        self, user_id: str, facts: list[UserFact], *, guard: Guard | None = None
+    ) -> list[UserFact]:
         """Store ``facts`` (distinct keys of one user) in one compare-and-set commit.
 
         Conflicts resolve by recency: a fact older than the stored one goes to
         the history only. A stored fact dated in the future (written before
         dates were clamped) is replaced by any write, so it cannot outrank
-        every later one.
+        every later one. ``guard`` (re-run before each attempt) adds checks.
         """
         space = keys.facts_space(self._tenant, user_id)
         for attempt in range(cas.ATTEMPTS):
             stored = self._kv.get_many(space, [fact.key for fact in facts])
             now = utcnow()
             writes: list[Write] = []
-            checks: list[Check] = []
+            checks: list[Check] = list(guard()) if guard is not None else []
             results: list[UserFact] = []
             for fact, current_bytes in zip(facts, stored, strict=True):
                 checks.append(Check(space, fact.key, current_bytes))
@@ -312,8 +367,14 @@ class UserTier:
             if data is None:
                 return False
             current = decode(UserFact, data, where=f"{space}/{key}")
+            # The tombstone keeps no evidence: withdrawing the fact's source must find it all.
             tombstone = current.model_copy(
-                update={"value": None, "source": _TOMBSTONE_SOURCE, "updated_at": utcnow()}
+                update={
+                    "value": None,
+                    "source": _TOMBSTONE_SOURCE,
+                    "evidence": "",
+                    "updated_at": utcnow(),
+                }
             )
             try:
                 self._kv.commit(
@@ -335,6 +396,73 @@ class UserTier:
                 DeleteSpace(keys.fact_history_space(self._tenant, user_id)),
             ]
         )
+
+    def unlist_user(self, user_id: str) -> None:
+        """Drop the user from the tenant's index of users (once everything of theirs is deleted)."""
+        check_id(user_id, "user_id")
+        self._kv.commit([Delete(keys.users_space(self._tenant), user_id)])
+
+    def forget_source(self, user_id: str, source: str) -> int:
+        """Withdraw every version of the user's facts that came from ``source``, history included.
+
+        For content that is gone (a deleted or replaced session transcript):
+        nothing learned from it is kept, not even as history, since its
+        evidence quotes it. A current fact from ``source`` gives way to its
+        newest earlier version from another source, as if ``source`` had
+        never been; if there is none, or that version is a deletion, the fact
+        is gone. One atomic commit, checked against every record it read.
+
+        Returns:
+            How many versions (current or past) were removed.
+
+        Raises:
+            InvalidInputError: A bad id.
+            ConflictError: The user's facts kept changing through every attempt; retry.
+        """
+        check_id(user_id, "user_id")
+        facts = keys.facts_space(self._tenant, user_id)
+        history = keys.fact_history_space(self._tenant, user_id)
+        for attempt in range(cas.ATTEMPTS):
+            current = self._kv.scan(facts)
+            past = [
+                (key, data, decode(UserFact, data, where=f"{history}/{key}"))
+                for key, data in self._kv.scan(history)
+            ]
+            writes: list[Write] = []
+            checks: list[Check] = []
+            removed = 0
+            for key, data, version in past:
+                if version.source == source:
+                    writes.append(Delete(history, key))
+                    checks.append(Check(history, key, data))
+                    removed += 1
+            for key, data in current:
+                fact = self._decoded.decode(data, where=f"{facts}/{key}")
+                if fact.source != source:
+                    continue
+                removed += 1
+                checks.append(Check(facts, key, data))
+                earlier = sorted(
+                    (entry for entry in past if entry[2].key == key and entry[2].source != source),
+                    key=lambda entry: entry[2].updated_at,
+                )
+                if earlier and earlier[-1][2].source != _TOMBSTONE_SOURCE:
+                    history_key, version_data, _ = earlier[-1]
+                    # Back to current; kept once (a history never holds the current version).
+                    writes.append(Put(facts, key, version_data))
+                    writes.append(Delete(history, history_key))
+                    checks.append(Check(history, history_key, version_data))
+                else:
+                    writes.append(Delete(facts, key))
+            if not writes:
+                return 0
+            try:
+                self._kv.commit(writes, checks)
+            except ConflictError:
+                cas.backoff(attempt)
+                continue
+            return removed
+        raise ConflictError(f"the facts of user {user_id!r} are changing too fast; retry")
 
     def _history_put(self, fact: UserFact) -> Put:
         micros = int(fact.updated_at.timestamp() * 1_000_000)

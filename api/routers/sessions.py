@@ -192,9 +192,14 @@ def get_session(user_id: UserIdPath, session_id: SessionIdPath, memory: ReadMemo
     response_class=Response,
     responses=problem_responses(404),
 )
-def delete_session(user_id: UserIdPath, session_id: SessionIdPath, memory: WriteMemory) -> None:
-    """Delete a session from the store and the index; 404 if there was none."""
-    if not memory.delete_session(user_id, session_id):
+def delete_session(
+    user_id: UserIdPath, session_id: SessionIdPath, memory: WriteMemory, service: ServiceDep
+) -> None:
+    """Delete a session from the store and the index, with the facts learned from it; 404 if
+    there was none. A summary of it still being made is not saved."""
+    existed = memory.delete_session(user_id, session_id)
+    service.jobs.forget(memory.tenant, user_id, session_id)
+    if not existed:
         raise SessionNotFoundError(f"user {user_id!r} has no session {session_id!r}")
 
 

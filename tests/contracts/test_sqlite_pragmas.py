@@ -14,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from tiers.backends.base import DeleteSpace, Put
 from tiers.backends.sqlite_kv import SqliteKVStore
 
 SYNCHRONOUS = {0: "OFF", 1: "NORMAL", 2: "FULL", 3: "EXTRA"}
@@ -47,3 +48,21 @@ def test_the_writer_runs_wal_with_the_promised_synchronous_level(
     with sqlite3.connect(tmp_path / "kv.sqlite3") as conn:
         assert pragma(conn, "journal_mode") == "wal"
     conn.close()
+
+
+def test_deleted_rows_are_zeroed_and_scrub_empties_the_wal(tmp_path: Path) -> None:
+    """Erasure down to the file: ``secure_delete`` on the writer, and a WAL truncated by scrub."""
+    path = tmp_path / "kv.sqlite3"
+    secret = b"okapi-in-the-pages-7f3a"
+    store = SqliteKVStore(path)
+    try:
+        assert int(pragma(store._writer, "secure_delete")) == 1  # type: ignore[call-overload]
+        store.commit([Put("s", f"k{n}", secret + bytes(2000)) for n in range(20)])
+        store.commit([DeleteSpace("s")])
+        assert store.scrub() is True
+        wal = path.with_name(path.name + "-wal")
+        assert not wal.exists() or wal.stat().st_size == 0
+        assert secret not in path.read_bytes()
+        assert store.get_many("s", ["k0"]) == [None]
+    finally:
+        store.close()

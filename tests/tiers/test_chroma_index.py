@@ -130,7 +130,14 @@ def test_embeddings_are_fetched_by_id_without_a_filter(tmp_path: Path) -> None:
         ix.close()
 
 
-def test_an_empty_document_is_stored_as_none_and_read_back_empty(index: ChromaVectorIndex) -> None:
+def test_an_empty_document_reads_back_empty_and_replaces_an_old_one(
+    index: ChromaVectorIndex,
+) -> None:
+    index.upsert([VectorItem("w", unit(0, 0, 0, 1), "", {"user_id": "u"})])
+    (hit,) = index.query(unit(0, 0, 0, 1), where={"user_id": "u"}, top_k=1)
+    assert (hit.id, hit.document) == ("w", "")
+    # A text written once does not outlive its replacement (Chroma keeps it on a None).
+    index.upsert([VectorItem("w", unit(0, 0, 0, 1), "a user's words", {"user_id": "u"})])
     index.upsert([VectorItem("w", unit(0, 0, 0, 1), "", {"user_id": "u"})])
     (hit,) = index.query(unit(0, 0, 0, 1), where={"user_id": "u"}, top_k=1)
     assert (hit.id, hit.document) == ("w", "")

@@ -182,10 +182,11 @@ def test_re_saving_replaces_and_never_duplicates(
     assert [s.session_id for s in tier.list_sessions("alice")] == ["dark-mode"]
     (hit,) = tier.recall_relevant("alice", "theme", top_k=5)
     assert hit.summary == revised
-    # The indexed document is the new rendering, not the old one.
-    (vector,) = embedder.embed([revised.render()])
+    # The indexed vector is the new version's, not the old one's; the index holds no text.
+    (vector,) = embedder.embed([session_windows(revised, None)[0]])
     (raw,) = index.query(vector, where={"user_id": "alice"}, top_k=1)
-    assert raw.document == revised.render()
+    assert raw.distance < 1e-4
+    assert raw.document == ""
 
 
 def test_batch_save_with_duplicates_keeps_the_last(
@@ -366,8 +367,8 @@ def test_concurrent_re_saves_leave_the_newest_version_indexed(
     stored = tier.get_session("alice", "autoscaling")
     (vector,) = embedder.embed([session_windows(stored, None)[0]])
     (hit,) = index.query(vector, where={"user_id": "alice"}, top_k=5)
-    assert hit.document == stored.render()  # the index holds what the KV holds
-    assert hit.distance < 1e-4
+    assert hit.distance < 1e-4  # the index holds what the KV holds
+    assert hit.document == ""  # and no text: the KV store is the one place to erase it
     assert kv.scan(keys.session_outbox_space("default")) == []
 
 
@@ -471,15 +472,15 @@ def _assert_converged(kv: KVStore, index: ChromaVectorIndex, embedder: MiniLMEmb
         expected = embedder.embed([texts[vid] for vid in found])
         for row, vector in zip(matrix, expected, strict=True):
             assert float(row @ np.asarray(vector, dtype=np.float32)) > 0.9999
-        for sid, summary in stored.items():
+        for sid in stored:
             hits = index.query(
                 embedder.embed([texts[vector_id(user, sid)]])[0],
                 where={"user_id": user, "session_id": sid},
                 top_k=10,
             )
             documents = {hit.id: hit.document for hit in hits}
-            assert documents.pop(vector_id(user, sid)) == summary.render()
-            assert set(documents.values()) <= {""}  # window vectors carry no document
+            assert vector_id(user, sid) in documents
+            assert set(documents.values()) <= {""}  # no vector carries text
     return window_vectors
 
 

@@ -253,6 +253,41 @@ def test_window_vectors_follow_the_transcript_and_go_with_the_session(
     assert kv.scan(keys.session_outbox_space("default")) == []
 
 
+def test_a_different_summary_replaces_the_session_and_takes_its_transcript(
+    kv: KVStore, index: ChromaVectorIndex, embedder: MiniLMEmbedder, no_network: None
+) -> None:
+    removed: list[tuple[str, str]] = []
+    tier = SessionTier(
+        kv, index, embedder, on_transcript_removed=lambda u, s: removed.append((u, s))
+    )
+    tier.save_transcript("alice", "kitchen", KITCHEN)
+    tier.save_session(KITCHEN_SUMMARY)  # completes the pending session: the transcript stays
+    tier.save_session(KITCHEN_SUMMARY)  # the very same summary again replaces nothing
+    assert tier.get_transcript("alice", "kitchen") == KITCHEN
+    assert tier.recall_relevant("alice", "Ignatius Vorhees", top_k=1)[0].keyword > 0
+    assert removed == []
+
+    newer = KITCHEN_SUMMARY.model_copy(update={"task_description": "Choose the bathroom tiles"})
+    tier.save_sessions([newer])
+    assert removed == [("alice", "kitchen")]
+    # Nothing of the replaced transcript is left: not stored, not pending, not recalled.
+    assert kv.scan(keys.transcripts_space("default", "alice")) == []
+    with pytest.raises(SessionNotFoundError):
+        tier.get_transcript("alice", "kitchen")
+    assert tier.unsummarized_sessions("alice") == []
+    (hit,) = tier.recall_relevant("alice", "Ignatius Vorhees", top_k=1)
+    assert (hit.summary, hit.keyword) == (newer, 0.0)
+    assert session_vector_ids(index, "alice", "kitchen") == expected_ids("alice", newer, None)
+
+    # A transcript replaced or deleted is reported too; the same one saved again is not.
+    header = tier.save_transcript("alice", "retreat", RETREAT, created_at=at(20))
+    tier.save_transcript("alice", "retreat", RETREAT, created_at=header.created_at)
+    assert removed == [("alice", "kitchen")]
+    tier.save_transcript("alice", "retreat", RETREAT[:2], created_at=at(20))
+    tier.delete_session("alice", "retreat")
+    assert removed == [("alice", "kitchen"), ("alice", "retreat"), ("alice", "retreat")]
+
+
 def test_users_and_tenants_stay_isolated_with_transcripts(
     tier: SessionTier, kv: KVStore, index: ChromaVectorIndex, embedder: MiniLMEmbedder
 ) -> None:

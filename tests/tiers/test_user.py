@@ -8,10 +8,10 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tiers import keys
-from tiers.backends.base import KVStore, Put
+from tiers.backends.base import Check, Delete, KVStore, Put
 from tiers.codec import encode
-from tiers.errors import FactNotFoundError, InvalidInputError, ValueTooLargeError
-from tiers.models import UserFact
+from tiers.errors import ConflictError, FactNotFoundError, InvalidInputError, ValueTooLargeError
+from tiers.models import FactCandidate, UserFact
 from tiers.user import UserTier
 
 
@@ -216,3 +216,58 @@ def test_naive_updated_at_is_utc_and_non_datetimes_are_refused(users: UserTier) 
             users.set_fact("alice", "k", "w", updated_at=bad)  # type: ignore[arg-type]
         assert info.value.field == "updated_at"
     assert users.get_fact("alice", "k").value == "v"
+
+
+# -- facts learned from a source: written only while it exists, withdrawn with it -------------
+
+
+def test_learned_facts_are_written_only_while_their_source_holds(
+    users: UserTier, kv: KVStore
+) -> None:
+    space, key = "default:transcripts", "s1"  # stands for the transcript the facts came from
+    kv.commit([Put(space, key, b"header")])
+
+    def guard() -> list[Check]:
+        (raw,) = kv.get_many(space, [key])
+        if raw is None:
+            raise ConflictError("the transcript is gone")
+        return [Check(space, key, raw)]
+
+    learned = [
+        FactCandidate(key="tea", value="green", confidence=0.7, evidence="I like green tea"),
+        FactCandidate(key="tea", value="black", confidence=0.6, evidence="Actually black tea"),
+        FactCandidate(key="city", value="Lyon"),
+    ]
+    stored = users.set_learned_facts("alice", learned, source="session:s1", guard=guard)
+    assert [(f.key, f.value) for f in stored] == [("tea", "black"), ("city", "Lyon")]
+    assert users.get_fact("alice", "tea").evidence == "Actually black tea"
+    kv.commit([Delete(space, key)])
+    with pytest.raises(ConflictError, match="gone"):
+        users.set_learned_facts("bob", learned, source="session:s1", guard=guard)
+    assert users.get_facts("bob") == []
+
+
+def test_forget_source_withdraws_every_version_and_restores_the_one_before(
+    users: UserTier,
+) -> None:
+    users.set_fact("alice", "city", "Lyon", source="api")
+    users.set_fact("alice", "city", "Paris", source="session:s1", evidence="I moved to Paris")
+    users.set_fact("alice", "tea", "green", source="session:s1", evidence="I like green tea")
+    users.set_fact("alice", "tea", "black", source="session:s2")
+    users.set_fact("alice", "pet", "cat", source="session:s1", evidence="my cat Tom")
+    users.delete_fact("alice", "pet")
+    users.set_fact("alice", "dog", "Rex", source="session:s1")
+    users.set_fact("bob", "city", "Rome", source="session:s1")
+
+    assert users.forget_source("alice", "session:s1") == 4  # Paris, green, cat, Rex
+    assert users.forget_source("alice", "session:s1") == 0
+    # Paris came from s1: Lyon, the value before it, is current again (and once, not twice).
+    assert [(f.value, f.source) for f in users.fact_history("alice", "city")] == [("Lyon", "api")]
+    # s2's later value stays; s1's earlier one leaves the history.
+    assert [f.value for f in users.fact_history("alice", "tea")] == ["black"]
+    # Deleted before, still deleted; its tombstone keeps no evidence of s1.
+    history = users.fact_history("alice", "pet")
+    assert [(f.value, f.source, f.evidence) for f in history] == [(None, "deleted", "")]
+    with pytest.raises(FactNotFoundError):
+        users.get_fact("alice", "dog")
+    assert users.get_fact("bob", "city").value == "Rome"

@@ -160,6 +160,29 @@ class Flushable(Protocol):
         ...
 
 
+@runtime_checkable
+class Scrubbable(Protocol):
+    """A store whose files may keep deleted data for a while, and that can be told to drop it.
+
+    Deleting a key removes it from every read at once; the bytes may still
+    sit in a write-ahead or append-only file until the backend compacts it.
+    """
+
+    def scrub(self) -> bool:
+        """Drop deleted data from the store's files now, as far as the backend allows.
+
+        Returns:
+            True when done (or, for a server that does it in the background,
+            started after every delete acknowledged before this call); False
+            when the backend could not (busy, not permitted, not configured to
+            keep files): deleted data may stay on disk until it compacts on its own.
+
+        Raises:
+            BackendUnavailableError: The store is closed or failed.
+        """
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class VectorItem:
     """One document of a vector index."""

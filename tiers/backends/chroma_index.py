@@ -252,8 +252,9 @@ class ChromaVectorIndex:
                 self._collection.upsert(
                     ids=[item.id for item in chunk],
                     embeddings=vectors[start : start + self._max_batch],
-                    # No document means nothing for Chroma's full-text index to maintain.
-                    documents=[item.document or None for item in chunk],
+                    # Always a string: Chroma's upsert keeps an item's old document when
+                    # given None, and a replaced or erased text must not stay behind.
+                    documents=[item.document for item in chunk],
                     metadatas=[dict(item.metadata) or None for item in chunk],
                 )
 

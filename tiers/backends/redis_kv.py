@@ -19,6 +19,7 @@ Durability is the server's: run it with ``appendonly yes`` and
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
@@ -255,6 +256,48 @@ class RedisKVStore:
         """See :meth:`KVStore.ping`."""
         with self._translate("ping"):
             self._client.ping()
+
+    def scrub(self, *, wait: float = 5.0) -> bool:
+        """Have the server rewrite its files, so deleted keys leave them (see ``Scrubbable``).
+
+        A deleted key is gone from memory at once, but Redis keeps every
+        write in its append-only file until the file is rewritten, and in an
+        RDB snapshot until the next one. This starts ``BGREWRITEAOF`` (AOF
+        on) or, with AOF off and RDB snapshots configured, ``BGSAVE``; both
+        write the data as of now, after every delete acknowledged so far. A
+        rewrite already running began before those deletes: it is waited for
+        (up to ``wait`` seconds) and a new one started. Replicas and backups
+        are the operator's.
+
+        Returns:
+            True when a rewrite was started or scheduled; False when the
+            server refused (command renamed or not allowed, as on many
+            managed services), stayed busy, or keeps no files to rewrite.
+
+        Raises:
+            BackendUnavailableError: Redis cannot be reached.
+        """
+        deadline = time.monotonic() + wait
+        with self._translate("scrub"):
+            aof = bool(self._client.info("persistence").get("aof_enabled"))
+            if not aof:
+                try:
+                    schedule: Any = self._client.config_get("save")
+                except redis.ResponseError:
+                    return False
+                if not any(value for value in dict(schedule).values()):
+                    return False  # no snapshots: no file to rewrite (nor one to create)
+            while True:
+                try:
+                    if aof:
+                        self._client.bgrewriteaof()
+                    else:
+                        self._client.bgsave(schedule=True)
+                    return True
+                except redis.ResponseError as exc:
+                    if "in progress" not in str(exc) or time.monotonic() >= deadline:
+                        return False
+                time.sleep(0.05)
 
     def close(self) -> None:
         """See :meth:`KVStore.close`.

@@ -5,6 +5,8 @@ commit is fsync'd before it is acknowledged. Writes go through one connection
 under a lock (SQLite has one writer anyway); reads use a connection per thread,
 which WAL lets run beside the writer. A reader connection is closed when its
 thread has ended (noticed when another thread opens one) or when the store is.
+Deleting zeroes the deleted rows in the file (``secure_delete``), and
+:meth:`SqliteKVStore.scrub` truncates the WAL, so erased data leaves the disk.
 
 **Group commit.** Concurrent :meth:`SqliteKVStore.commit` calls share fsyncs: a
 caller queues its transaction, and one caller at a time (the leader) applies
@@ -92,6 +94,8 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
 )
 
 _BUSY_TIMEOUT_S = 30.0
+# Longest scrub() waits for readers of other processes before giving up (commits wait too).
+_SCRUB_BUSY_MS = 2000
 _GET_ONE = "SELECT value FROM kv WHERE space = ? AND key = ?"
 # Longest a group-commit leader waits for the callers of the last batches.
 _MAX_GATHER_S = 0.002
@@ -207,6 +211,8 @@ class SqliteKVStore:
             writer = self._connect()
             _enable_wal(writer)
             writer.execute(f"PRAGMA synchronous={self._synchronous}")
+            # Deleted rows and freed pages are overwritten with zeros, not left in the file.
+            writer.execute("PRAGMA secure_delete=ON")
             _migrate(writer, self.path)
         except (sqlite3.Error, OSError) as exc:
             if writer is not None:
@@ -534,6 +540,39 @@ class SqliteKVStore:
                 if self._closed:
                     return
                 # A failed fsync is retried next period; flush() callers see it too.
+
+    def scrub(self) -> bool:
+        """Drop deleted data from the database's files now (see ``Scrubbable``).
+
+        The writer runs with ``secure_delete``: a deleted row is zeroed in
+        its page, and a freed page is zeroed, as part of the delete. Older
+        copies of those pages can still sit in the WAL file until SQLite
+        writes over them; this checkpoints the WAL into the database and
+        truncates it to zero bytes. Commits wait meanwhile.
+
+        Returns:
+            False if a reader (another process) kept the checkpoint from
+            finishing within :data:`_SCRUB_BUSY_MS`.
+
+        Raises:
+            BackendUnavailableError: The store is closed or the checkpoint failed.
+        """
+        self._ensure_open()
+        with self._write_lock:
+            if self._closed:
+                raise self._closed_error()
+            conn = self._writer
+            try:
+                conn.execute(f"PRAGMA busy_timeout={_SCRUB_BUSY_MS}")
+                try:
+                    (busy, _, _) = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
+                finally:
+                    conn.execute(f"PRAGMA busy_timeout={int(_BUSY_TIMEOUT_S * 1000)}")
+            except sqlite3.Error as exc:
+                raise BackendUnavailableError(
+                    f"SQLite checkpoint failed on {self.path}: {exc}"
+                ) from exc
+        return int(busy) == 0
 
     def ping(self) -> None:
         """See :meth:`KVStore.ping`."""

@@ -1,6 +1,8 @@
 # Thin aliases for ./run, which the README and .ci/run call.
-.PHONY: demo test
+.PHONY: demo test fast
 demo:
 	./run demo
 test:
 	./run test
+fast:
+	./run fast

@@ -31,11 +31,16 @@ def serve(
     """Run the HTTP service (settings from TIERMEM_* environment variables)."""
     # Imported here: uvicorn and the app cost a second of start-up the other commands skip.
     from api.server import serve as serve_app
+    from tiers.errors import TierError
 
     settings = settings_from_env()
     if no_auth:
         settings = settings.model_copy(update={"auth_enabled": False})
-    serve_app(settings, host=host, port=port)
+    try:
+        serve_app(settings, host=host, port=port)
+    except TierError as exc:  # a held data dir, a volatile store: refused before binding
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
 
 
 class McpTransport(StrEnum):

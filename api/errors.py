@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import math
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -165,26 +166,36 @@ ERROR_MAP: Mapping[type[BaseException], ProblemSpec] = {
     CorruptRecordError: ProblemSpec(
         500, "corrupt-record", "Corrupt stored record", public_detail=False
     ),
+    # A backend's failure names its host, port or file: the operator reads it in the log.
     BackendUnavailableError: ProblemSpec(
-        503, "backend-unavailable", "Storage unavailable", retry_after=1
+        503, "backend-unavailable", "Storage unavailable", retry_after=1, public_detail=False
     ),
     EmbedderError: ProblemSpec(
-        503, "embedder-unavailable", "Embedding model unavailable", retry_after=5
+        503,
+        "embedder-unavailable",
+        "Embedding model unavailable",
+        retry_after=5,
+        public_detail=False,
     ),
     # summarizer
     SummarizerError: ProblemSpec(500, "summarizer-error", "Summarizer error", public_detail=False),
     InvalidTranscriptError: ProblemSpec(422, "invalid-transcript", "Invalid transcript"),
+    # The model's errors may name its endpoint or echo its output: details go to the log.
     SummaryGenerationError: ProblemSpec(
-        502, "summary-generation-failed", "Summary generation failed"
+        502, "summary-generation-failed", "Summary generation failed", public_detail=False
     ),
     SummarizerUnavailableError: ProblemSpec(
-        503, "summarizer-unavailable", "Summarizer unavailable", retry_after=5
+        503, "summarizer-unavailable", "Summarizer unavailable", retry_after=5, public_detail=False
     ),
     SummarizerTimeoutError: ProblemSpec(
-        503, "summarizer-timeout", "Summarizer timed out", retry_after=5
+        503, "summarizer-timeout", "Summarizer timed out", retry_after=5, public_detail=False
     ),
     SummarizerRateLimitError: ProblemSpec(
-        429, "summarizer-rate-limited", "Summarizer rate limited", retry_after=10
+        429,
+        "summarizer-rate-limited",
+        "Summarizer rate limited",
+        retry_after=10,
+        public_detail=False,
     ),
     # memory
     ScopeError: ProblemSpec(422, "scope-error", "Scope error"),
@@ -263,12 +274,81 @@ def _retry_after(exc: BaseException, spec: ProblemSpec) -> float | None:
     return spec.retry_after
 
 
+# The library's errors name the fix in Python terms; over HTTP the fix is a route or a body
+# member. Each entry rewrites one such phrase ({run_id} is filled from the error when it
+# names its run); tests/api/test_error_hygiene.py checks no Python advice is left in answers.
+_HTTP_ADVICE: tuple[tuple[re.Pattern[str], str], ...] = tuple(
+    (re.compile(pattern), replacement)
+    for pattern, replacement in (
+        (r"\bpass steal=True\b", 'send "steal": true to POST /v1/runs'),
+        (r"\bpass resume=True\b", 'send "resume": true to POST /v1/runs'),
+        (r"\bpass the worker_id you took it with\b", 'send the "worker_id" you took it with'),
+        (
+            r"Pass reconcile= to probe the external system by this idempotency key, mark it "
+            r"safe_to_retry if it is idempotent, or decide with ",
+            "Probe the external system by this idempotency key (or begin the effect with "
+            '"safe_to_retry": true if it is idempotent) and decide with ',
+        ),
+        (
+            r"TaskTier\.resolve_effect\(run_id, key, output=\.\.\. \| rerun=True\)",
+            'POST /v1/runs/{run_id}/effects:resolve with the key and "output" (it happened) '
+            'or "rerun": true (it did not)',
+        ),
+        (
+            r"output=\.\.\. \(the effect happened\) or rerun=True \(it did not\)",
+            '"output" (the effect happened) or "rerun": true (it did not)',
+        ),
+        (r"TaskTier\.approve/reject", "POST /v1/runs/{run_id}:approve or :reject"),
+        (
+            r"raise the budget with TaskTier\.set_budget, or finish the run",
+            "finish the run (POST /v1/runs/{run_id}:complete) and start another with a larger "
+            "budget",
+        ),
+        (
+            r", or acquire it with for_compensation=True to undo its effects",
+            " (a worker using the Python library can acquire it to compensate its effects)",
+        ),
+    )
+)
+
+
+_RUN_PATH = re.compile(r"^/v1/runs/([^/:]+)")
+
+
+def http_detail(exc: BaseException, instance: str | None = None) -> str:
+    """The error's message with the library's advice replaced by the HTTP route's.
+
+    Args:
+        exc: The error.
+        instance: The request's path, where the run id is when the error does not name it.
+    """
+    text = str(exc)
+    run_id = getattr(exc, "run_id", None)
+    if not (isinstance(run_id, str) and run_id) and instance is not None:
+        found = _RUN_PATH.match(instance)
+        run_id = found.group(1) if found else None
+    for pattern, replacement in _HTTP_ADVICE:
+        if pattern.search(text):
+            fix = (
+                replacement.replace("{run_id}", run_id) if isinstance(run_id, str) else replacement
+            )
+            text = pattern.sub(fix.replace("\\", "\\\\"), text)
+    return text
+
+
 def problem_for(
     exc: BaseException, *, instance: str | None = None, request_id: str | None = None
 ) -> Problem:
-    """The problem body of an error (also used for failed background jobs)."""
+    """The problem body of an error (also used for failed background jobs).
+
+    A server-side fault's message (a backend's host, port or file, a model's
+    endpoint) is not shown: the body says where to look, the log has it.
+    """
     spec = spec_for(exc)
-    detail = str(exc) if spec.public_detail and str(exc) else _hidden_detail(spec, request_id)
+    if spec.public_detail and str(exc):
+        detail = http_detail(exc, instance)
+    else:
+        detail = _hidden_detail(spec, request_id)
     return Problem(
         type=spec.type,
         title=spec.title,
@@ -282,7 +362,11 @@ def problem_for(
 
 def _hidden_detail(spec: ProblemSpec, request_id: str | None) -> str:
     where = f" (request id {request_id})" if request_id else ""
-    return f"{spec.title.lower()} on the server{where}; the operator can find it in the logs"
+    retry = "; retry later" if spec.retry_after is not None else ""
+    return (
+        f"{spec.title.lower()} on the server{where}{retry}; the details are in the "
+        "server's log for the operator"
+    )
 
 
 def problem_response(problem: Problem, *, headers: Mapping[str, str] | None = None) -> Response:
@@ -313,7 +397,7 @@ def _headers_for(status: int, retry_after: float | None) -> dict[str, str]:
 async def _typed_error(request: Request, exc: Exception) -> Response:
     spec = spec_for(exc)
     request_id = request_id_of(request)
-    if spec.status >= 500:
+    if spec.status >= 500 or not spec.public_detail:
         logger.error("%s: %s", type(exc).__name__, exc, exc_info=spec is INTERNAL)
     problem = problem_for(exc, instance=request.url.path, request_id=request_id)
     return problem_response(problem, headers=_headers_for(spec.status, _retry_after(exc, spec)))
@@ -333,8 +417,35 @@ async def _unexpected_error(request: Request, exc: Exception) -> Response:
     return problem_response(problem)
 
 
+def _unreadable_body(cause: BaseException) -> str:
+    """What made a request body unreadable as JSON (FastAPI answers a bare 400 for these)."""
+    if isinstance(cause, UnicodeDecodeError):
+        return f"the body is not UTF-8 (invalid byte at offset {cause.start}): send JSON in UTF-8"
+    if isinstance(cause, RecursionError):
+        return "the body's JSON is nested too deeply to be read"
+    if isinstance(cause, ValueError):  # e.g. an integer of more digits than Python reads
+        return f"the body's JSON cannot be read: {str(cause)[:200]}"
+    return "the body could not be read as JSON"
+
+
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, StarletteHTTPException)
+    if exc.status_code == 400 and exc.__cause__ is not None:
+        # FastAPI's "error parsing the body": name what was wrong with it, and where.
+        message = _unreadable_body(exc.__cause__)
+        problem = Problem(
+            type=_MALFORMED.type,
+            title=_MALFORMED.title,
+            status=400,
+            detail=message,
+            instance=request.url.path,
+            request_id=request_id_of(request),
+            field="body",
+            errors=[
+                FieldError(field="body", location="body", message=message, type="json_invalid")
+            ],
+        )
+        return problem_response(problem)
     spec = _HTTP_SPECS.get(exc.status_code) or ProblemSpec(
         exc.status_code, "http-error", "HTTP error"
     )

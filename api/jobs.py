@@ -8,16 +8,22 @@ asking for the same id gets :class:`~api.errors.JobNotFoundError`.
 This registry is per process and is not durable: a crash loses the queued
 jobs (the client sees the job vanish and posts the transcript again, which is
 safe because saving a session is idempotent by ``(user_id, session_id)``).
+
+Shutdown waits for queued jobs for a bounded time only (:meth:`JobRegistry.close`).
+The worker threads are daemon threads, so one stuck in a slow model call does not
+hold the process past that bound either; what was not summarized by then keeps
+its stored transcript and is listed as pending.
 """
 
 from __future__ import annotations
 
+import logging
+import queue
 import secrets
 import threading
 import time
 from collections import deque
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from datetime import datetime
 
@@ -26,6 +32,8 @@ from api.schemas.sessions import JobStatus
 from tiers.models import SessionSummary, utcnow
 
 __all__ = ["Job", "JobRegistry"]
+
+logger = logging.getLogger("tiermem.api")
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +75,13 @@ class JobRegistry:
         retention_seconds: float,
         on_failure: Callable[[BaseException], None] | None = None,
     ) -> None:
-        self._executor = ThreadPoolExecutor(max_workers=workers, thread_name_prefix="tiermem-job")
+        # Jobs to run, and None to stop a worker; the workers start with the first job.
+        self._queue: queue.SimpleQueue[tuple[_Entry, Callable[[], SessionSummary]] | None] = (
+            queue.SimpleQueue()
+        )
+        self._workers = workers
+        self._threads: list[threading.Thread] = []
+        self._abandoned = False  # set when close() gave up waiting: queued jobs are dropped
         self._max_pending = max_pending
         self._retention = retention_seconds
         self._on_failure = on_failure
@@ -110,7 +124,13 @@ class JobRegistry:
             entry = _Entry(job)
             self._entries[job.job_id] = entry
             self._pending += 1
-        self._executor.submit(self._run, entry, work)
+            if len(self._threads) < self._workers and len(self._threads) < self._pending:
+                thread = threading.Thread(
+                    target=self._work, name=f"tiermem-job-{len(self._threads)}", daemon=True
+                )
+                self._threads.append(thread)
+                thread.start()
+            self._queue.put((entry, work))
         return job
 
     def get(self, tenant: str, job_id: str) -> Job:
@@ -160,17 +180,61 @@ class JobRegistry:
                 ):
                     entry.job = replace(job, result=None)
 
-    def close(self) -> None:
-        """Refuse new jobs and wait for every queued one to finish (graceful shutdown)."""
+    def close(self, timeout: float | None = None) -> int:
+        """Refuse new jobs and wait up to ``timeout`` seconds for the queued ones (graceful shutdown).
+
+        Jobs not started by then are dropped and one still running is left to
+        its daemon thread: either way its transcript is stored and the session
+        stays pending (``pending_summaries``, ``tiermem resummarize``).
+
+        Args:
+            timeout: Seconds to wait; ``None`` waits for every job.
+
+        Returns:
+            How many jobs were still queued or running when it stopped waiting.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             self._closed = True
-        self._executor.shutdown(wait=True)
+            waiting = [e for e in self._entries.values() if not e.done.is_set()]
+        for entry in waiting:
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not entry.done.wait(left):
+                break
+        with self._lock:
+            self._abandoned = True
+            unfinished = self._pending
+            threads = list(self._threads)
+        for _ in threads:
+            self._queue.put(None)
+        if unfinished:
+            logger.warning(
+                "shutdown: %d summary job(s) not finished within %s s; their transcripts are "
+                "stored and pending (tiermem resummarize, or POST .../sessions/{id}:resummarize)",
+                unfinished,
+                timeout,
+            )
+        return unfinished
+
+    def _work(self) -> None:
+        while True:
+            item = self._queue.get()
+            if item is None:
+                return
+            entry, work = item
+            if self._abandoned:
+                continue  # shutting down: the transcript stays stored and pending
+            self._run(entry, work)
 
     def _run(self, entry: _Entry, work: Callable[[], SessionSummary]) -> None:
         self._update(entry, status=JobStatus.RUNNING)
         try:
             result = work()
         except Exception as exc:  # reported through the job, never lost in the pool
+            # The job's answer may hide a backend's message (host, port, file): log it here.
+            logger.warning(
+                "summary job %s failed: %s: %s", entry.job.job_id, type(exc).__name__, exc
+            )
             self._update(entry, status=JobStatus.FAILED, error=exc, finished=True)
             if self._on_failure is not None:
                 self._on_failure(exc)

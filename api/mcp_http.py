@@ -37,6 +37,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 from api.app import create_app
 from api.deps import authenticate
 from api.logs import logging_config
+from api.server import open_memory, uvicorn_options
 from api.state import Principal, ServiceState
 from memory.facade import Memory
 from memory.integrations import require
@@ -153,13 +154,12 @@ def serve_mcp(
     config = logging_config(settings.log_level)
     logging.config.dictConfig(config)
     host = host or settings.api_host
-    uvicorn.run(
-        create_mcp_app(settings, host=host, freeze_gc=True),
-        host=host,
-        port=settings.api_port if port is None else port,
-        log_config=config,
-        access_log=False,  # tiermem.access logs each request, with its id and route
-        server_header=False,
-        proxy_headers=False,
-        timeout_graceful_shutdown=int(settings.shutdown_timeout_seconds),
-    )
+    # Opened before the port is bound: a held data dir or a volatile store stops the command.
+    with open_memory(settings) as memory:
+        uvicorn.run(
+            create_mcp_app(settings, memory=memory, host=host, freeze_gc=True),
+            host=host,
+            port=settings.api_port if port is None else port,
+            log_config=config,
+            **uvicorn_options(settings),
+        )

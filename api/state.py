@@ -251,11 +251,15 @@ class ServiceState:
                 logger.info("run sweep deleted %d finished runs", deleted)
 
     def close(self) -> None:
-        """Stop sweeping, finish queued jobs and reads, then close the stores if this app opened them."""
+        """Stop sweeping, finish queued jobs and reads, then close the stores if this app opened them.
+
+        Queued summary jobs get ``shutdown_timeout_seconds`` to finish; the rest
+        keep their stored transcripts and stay pending.
+        """
         self._stop_sweeping.set()
         if self._sweeper is not None:
             self._sweeper.join()
-        self.jobs.close()
+        self.jobs.close(timeout=self.settings.shutdown_timeout_seconds)
         self.reads.close()
         if self._owns_memory:
             self.memory.close()

@@ -19,8 +19,8 @@ from pydantic import ValidationError
 from memory.apikeys import ApiKeyError, ApiKeyRegistry
 from memory.settings import Settings
 from summarizer.errors import SummarizerError
-from tiers.backends import open_kv_store
-from tiers.errors import TierError
+from tiers.backends import open_kv_store, redact_url, require_durable
+from tiers.errors import DataDirLockedError, TierError
 
 if TYPE_CHECKING:
     from memory.facade import Memory
@@ -39,11 +39,11 @@ def demo(
 
 
 def info() -> None:
-    """Print the settings in effect (from TIERMEM_* environment variables)."""
-    from memory.settings import Settings
-
-    settings = Settings()
+    """Print the settings in effect (from TIERMEM_* environment variables; secrets masked)."""
+    settings = settings_from_env()
     for name, value in settings.model_dump().items():
+        if isinstance(value, str):
+            value = redact_url(value)
         typer.echo(f"{name} = {value}")
 
 
@@ -102,7 +102,7 @@ def reindex(tenant: TenantOption = "default", user: UsersOption = None) -> None:
     """
     from tiers.session import ReindexProgress
 
-    with _memory(tenant) as memory:
+    with _memory(tenant, "reindex") as memory:
         bar: Any = None
 
         def progress(step: ReindexProgress) -> None:
@@ -122,7 +122,7 @@ def reindex(tenant: TenantOption = "default", user: UsersOption = None) -> None:
 
 def resummarize(tenant: TenantOption = "default", user: UsersOption = None) -> None:
     """Summarize every session whose transcript is stored but has no summary (a failed summary)."""
-    with _memory(tenant) as memory:
+    with _memory(tenant, "resummarize") as memory:
         users = user or memory.sessions.user_ids()
         pending = [(u, sid) for u in users for sid in memory.pending_summaries(u)]
         failed = 0
@@ -142,7 +142,7 @@ def sweep(
     tenant: Annotated[str, typer.Option(help="The tenant whose runs to sweep.")] = "default",
 ) -> None:
     """Delete task runs that finished over TIERMEM_RUN_RETENTION_DAYS ago (default 7)."""
-    with _memory(tenant) as memory:
+    with _memory(tenant, "sweep") as memory:
         deleted = memory.sweep_runs()
     typer.echo(f"deleted {len(deleted)} finished runs of tenant {tenant}")
 
@@ -178,8 +178,18 @@ def settings_from_env() -> Settings:
         raise typer.BadParameter(f"TIERMEM_{str(first['loc'][0]).upper()}: {first['msg']}") from exc
 
 
+# What to do instead when a maintenance command finds the data dir held by a live server.
+_BESIDE_A_SERVER = {
+    "reindex": "stop the server, run `tiermem reindex`, then start the server again",
+    "resummarize": "stop the server first, or ask it per session: "
+    "POST /v1/users/{user_id}/sessions/{session_id}:resummarize",
+    "sweep": "a running server sweeps itself every "
+    "TIERMEM_RUN_SWEEP_INTERVAL_SECONDS; or stop it first",
+}
+
+
 @contextmanager
-def _memory(tenant: str) -> Iterator[Memory]:
+def _memory(tenant: str, command: str) -> Iterator[Memory]:
     """The configured stores, as one tenant's view; errors become a clear message and exit 1."""
     from memory.facade import Memory
 
@@ -187,6 +197,13 @@ def _memory(tenant: str) -> Iterator[Memory]:
     try:
         with Memory.from_settings(settings) as memory:
             yield memory.for_tenant(tenant)
+    except DataDirLockedError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        typer.echo(
+            f"`tiermem {command}` needs the data dir to itself: {_BESIDE_A_SERVER[command]}",
+            err=True,
+        )
+        raise typer.Exit(1) from exc
     except TierError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
@@ -194,7 +211,12 @@ def _memory(tenant: str) -> Iterator[Memory]:
 
 @contextmanager
 def _registry() -> Iterator[ApiKeyRegistry]:
-    """The key registry on the configured KV store only (no index or model is opened)."""
+    """The key registry on the configured KV store only (no index or model is opened).
+
+    It does not take the data dir's lock: key commands are meant to run beside a
+    live server (SQLite serialises writers of several processes; the server reads
+    keys from the store, trusting a verified one for ``auth_cache_seconds``).
+    """
     settings = settings_from_env()
     try:
         kv = open_kv_store(
@@ -204,6 +226,12 @@ def _registry() -> Iterator[ApiKeyRegistry]:
         )
     except TierError as exc:
         raise typer.BadParameter(str(exc)) from exc
+    try:
+        require_durable(kv, allow_volatile=settings.allow_volatile)
+    except TierError as exc:
+        kv.close()
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
     try:
         yield ApiKeyRegistry(kv)
     except (ApiKeyError, TierError) as exc:

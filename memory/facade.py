@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -18,9 +19,10 @@ from memory.context import ContinuationContext, assemble_context, check_budget
 from memory.settings import Settings
 from summarizer import ExtractiveSummarizer, LiteLLMSummarizer, Summarizer, parse_transcript
 from summarizer.embeddings import LiteLLMEmbedder
-from tiers.backends import open_kv_store
+from tiers.backends import open_kv_store, require_durable
 from tiers.backends.base import Embedder, KVStore, VectorIndex
 from tiers.backends.chroma_index import ChromaVectorIndex
+from tiers.backends.dirlock import DataDirLock
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.erasure import scrub
 from tiers.errors import InvalidInputError
@@ -45,6 +47,8 @@ from tiers.values import check_datetime
 T = TypeVar("T")
 
 DEFAULT_TOP_K = 5
+
+logger = logging.getLogger("tiermem.memory")
 
 
 class Memory:
@@ -116,6 +120,11 @@ class Memory:
         self._owns_stores = True
         self._tenants: dict[str, Memory] = {}
         self._tenants_lock = threading.Lock()
+        # Whether the operator accepted a KV store that may lose acknowledged writes
+        # (from_settings' allow_volatile); the service's /readyz reports such a store.
+        self.allow_volatile = False
+        # The data dir's lock (from_settings, when an embedded store lives there).
+        self._dir_lock: DataDirLock | None = None
 
     def for_tenant(self, tenant: str) -> Memory:
         """A view of the same stores under another tenant's namespace.
@@ -142,12 +151,15 @@ class Memory:
                     scrub_deleted=self.scrub_deleted,
                 )
                 view._owns_stores = False
+                view.allow_volatile = self.allow_volatile
                 self._tenants[tenant] = view
             return view
 
     @classmethod
     def open(cls, data_dir: str | os.PathLike[str] = ".tiermem", **overrides: Any) -> Memory:
         """Open the embedded default (SQLite + embedded Chroma + local embedder) in ``data_dir``.
+
+        One process per data dir: see :meth:`from_settings`.
 
         Args:
             data_dir: Folder of the stores; created if missing.
@@ -163,9 +175,20 @@ class Memory:
     def from_settings(cls, settings: Settings | None = None) -> Memory:
         """Open the stores and models that ``settings`` (default: from the environment) name.
 
+        When an embedded store lives in ``data_dir`` (the default SQLite file or
+        the embedded Chroma index), the dir is locked until :meth:`close`: one
+        process per embedded data dir (the OS drops the lock if the process dies).
+        A KV store that may lose acknowledged writes is refused unless
+        ``settings.allow_volatile`` (then a warning is logged).
+
         Raises:
             InvalidInputError: A setting (from the environment when ``settings``
                 is ``None``) is invalid; ``field`` names it.
+            DataDirLockedError: Another process (or an open instance in this
+                one) has the data dir open; the error names it and the pid.
+            VolatileStoreError: The KV store is volatile (Redis without
+                ``appendonly yes`` + ``appendfsync always``, SQLite with
+                ``durable=false``) and ``allow_volatile`` is not set.
         """
         if settings is None:
             settings = _settings()
@@ -173,6 +196,19 @@ class Memory:
             raise InvalidInputError(
                 f"settings must be a Settings, got {type(settings).__name__}", field="settings"
             )
+        embedded = settings.kv_url is None or settings.vector_url is None
+        lock = DataDirLock(settings.data_dir) if embedded else None
+        try:
+            memory = cls._open_stores(settings)
+        except BaseException:
+            if lock is not None:
+                lock.release()
+            raise
+        memory._dir_lock = lock
+        return memory
+
+    @classmethod
+    def _open_stores(cls, settings: Settings) -> Memory:
         kv_url = settings.kv_url or str(settings.data_dir / "tiermem.sqlite3")
         kv = open_kv_store(
             kv_url,
@@ -180,6 +216,21 @@ class Memory:
             durable=settings.durable,
             flush_interval=settings.flush_interval,
         )
+        try:
+            reason = require_durable(kv, allow_volatile=settings.allow_volatile)
+            memory = cls._with_kv(settings, kv)
+        except BaseException:
+            kv.close()
+            raise
+        if reason is not None:
+            logger.warning(
+                "KV store may lose acknowledged writes (allow_volatile is on): %s", reason
+            )
+        memory.allow_volatile = settings.allow_volatile
+        return memory
+
+    @classmethod
+    def _with_kv(cls, settings: Settings, kv: KVStore) -> Memory:
         embedder: Embedder
         if settings.embedding_model:
             embedder = LiteLLMEmbedder(settings.embedding_model)
@@ -767,10 +818,14 @@ class Memory:
         """
         if not self._owns_stores:
             return
-        for memory in self._with_views():
-            memory.sessions.close()
-        self.index.close()
-        self.kv.close()
+        try:
+            for memory in self._with_views():
+                memory.sessions.close()
+            self.index.close()
+            self.kv.close()
+        finally:
+            if self._dir_lock is not None:
+                self._dir_lock.release()
 
     def _with_views(self) -> list[Memory]:
         with self._tenants_lock:

@@ -75,6 +75,13 @@ class Settings(BaseSettings):
         "acknowledged before fsync and made durable within this many seconds, and always "
         "before a run's external effect is invoked.",
     )
+    allow_volatile: bool = Field(
+        default=False,
+        description="Start on a KV store that may lose acknowledged writes (Redis without "
+        "appendonly yes + appendfsync always, or one that refuses CONFIG GET; SQLite with "
+        "durable=false). Without it such a store is refused; with it a warning is logged and "
+        "/readyz reports volatile with the reason.",
+    )
     context_max_tokens: int = Field(default=2000, gt=0)
     run_retention_days: float = Field(
         default=7.0,
@@ -136,7 +143,20 @@ class Settings(BaseSettings):
         default=3600.0, gt=0, description="How long a finished background job's status is kept."
     )
     shutdown_timeout_seconds: float = Field(
-        default=30.0, gt=0, description="Graceful shutdown: time allowed for in-flight requests."
+        default=30.0,
+        gt=0,
+        description="Graceful shutdown: time allowed for in-flight requests, then again for "
+        "queued background summaries (a transcript not summarized by then stays stored and "
+        "pending: `tiermem resummarize`).",
+    )
+    header_timeout_seconds: float = Field(
+        default=10.0,
+        gt=0,
+        description="A connection must send a request's whole head (request line and headers) "
+        "within this time after it connects or starts the request, or it is closed (408).",
+    )
+    keep_alive_timeout_seconds: float = Field(
+        default=5.0, gt=0, description="An idle keep-alive connection is closed after this time."
     )
     service_embedder_threads: int = Field(
         default=1,

@@ -7,7 +7,7 @@ import shutil
 import socket
 import subprocess
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
@@ -29,9 +29,21 @@ def free_port() -> int:
 
 
 class RedisServer:
-    """A real redis-server process on a free loopback port."""
+    """A real redis-server process on a free loopback port.
 
-    def __init__(self, workdir: Path, *, appendfsync: str = "everysec") -> None:
+    Durable by default (``appendonly yes``, ``appendfsync always``): tiermem refuses
+    any other configuration unless ``allow_volatile`` is set. ``extra`` adds
+    command-line options (e.g. ``--rename-command CONFIG ""``).
+    """
+
+    def __init__(
+        self,
+        workdir: Path,
+        *,
+        appendfsync: str = "always",
+        appendonly: str = "yes",
+        extra: Sequence[str] = (),
+    ) -> None:
         binary = shutil.which("redis-server")
         if binary is None:
             pytest.fail("redis-server is not installed: run the README's test command")
@@ -50,11 +62,12 @@ class RedisServer:
                 "--save",
                 "",
                 "--appendonly",
-                "yes",
+                appendonly,
                 "--appendfsync",
                 appendfsync,
                 "--protected-mode",
                 "no",
+                *extra,
             ],
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,

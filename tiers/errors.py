@@ -30,7 +30,9 @@ Hierarchy::
     │   └── CompensationError        a compensation is missing or failed; escalate
     ├── CorruptRecordError           a stored record failed validation
     └── BackendUnavailableError      the store could not be reached
-        └── EmbedderError            the embedding model is missing, corrupt or failed
+        ├── EmbedderError            the embedding model is missing, corrupt or failed
+        ├── DataDirLockedError       another process (or instance) has the embedded data dir open
+        └── VolatileStoreError       the KV store would acknowledge commits it may lose
 """
 
 from __future__ import annotations
@@ -246,3 +248,37 @@ class BudgetExceededError(RunStateError):
 
 class CompensationError(RunStateError):
     """A compensation could not run (none registered, or it raised): a human must take over."""
+
+
+class DataDirLockedError(BackendUnavailableError):
+    """Another process, or another open instance in this one, has the embedded data dir open.
+
+    One process per embedded data dir: two would each keep their own embedded
+    index state and diverge. Stop the other process (or close the other
+    instance), or go through the service that has the dir open.
+
+    Attributes:
+        data_dir: The data dir.
+        pid: The holder's process id, when it could be read (else ``None``).
+    """
+
+    def __init__(self, message: str, *, data_dir: str, pid: int | None) -> None:
+        super().__init__(message)
+        self.data_dir = data_dir
+        self.pid = pid
+
+
+class VolatileStoreError(BackendUnavailableError):
+    """The KV store would acknowledge commits that a crash or power cut can lose.
+
+    E.g. Redis without ``appendonly yes`` and ``appendfsync always``, or SQLite
+    with ``durable=false``. Make the store durable, or opt in explicitly with
+    the ``allow_volatile`` setting (``TIERMEM_ALLOW_VOLATILE=true``).
+
+    Attributes:
+        reason: What makes the store volatile.
+    """
+
+    def __init__(self, message: str, *, reason: str) -> None:
+        super().__init__(message)
+        self.reason = reason

@@ -11,6 +11,7 @@ from api.errors import problem_response, problem_responses, request_id_of
 from api.responses import json_response
 from api.schemas.health import Health, Readiness
 from api.schemas.problems import Problem
+from tiers.backends import kv_volatility
 
 router = APIRouter(tags=["operations"])
 logger = logging.getLogger("tiermem.api")
@@ -27,7 +28,11 @@ def readyz(request: Request, service: ServiceDep) -> Response:
     """Readiness: the KV store and the vector index answer, and the embedder can embed.
 
     A local embedding model must load; a hosted one must answer (an answer counts
-    for 30 seconds, so probes do not each pay for a request).
+    for 30 seconds, so probes do not each pay for a request). The KV store must
+    be durable (asked on every probe: Redis may have been restarted with another
+    configuration); one that may lose acknowledged writes is ready only if the
+    operator allowed it (``allow_volatile``), and then ``status`` is ``degraded``
+    with ``volatile: true`` and the reason.
     """
     memory = service.memory
     checks: dict[str, str] = {}
@@ -40,9 +45,29 @@ def readyz(request: Request, service: ServiceDep) -> Response:
             checks[name] = type(exc).__name__  # details go to the log, not to anonymous callers
         else:
             checks[name] = "ok"
-    if all(v == "ok" for v in checks.values()):
-        return json_response(Readiness(status="ok", checks=checks))
-    failed = sorted(k for k, v in checks.items() if v != "ok")
+    reason: str | None = None
+    allowed = service.settings.allow_volatile or memory.allow_volatile
+    if checks["kv"] == "ok":
+        try:
+            reason = kv_volatility(memory.kv)
+        except Exception as exc:
+            logger.warning("readiness check durability failed: %s", exc)
+            checks["durability"] = type(exc).__name__
+        else:
+            if reason is None:
+                checks["durability"] = "ok"
+            elif allowed:
+                checks["durability"] = "volatile (allowed)"
+            else:
+                logger.error("the KV store may lose acknowledged writes: %s", reason)
+                checks["durability"] = "volatile"
+    failed = sorted(k for k, v in checks.items() if v not in ("ok", "volatile (allowed)"))
+    if not failed:
+        status = "ok" if reason is None else "degraded"
+        readiness = Readiness(
+            status=status, checks=checks, volatile=reason is not None, volatile_reason=reason
+        )
+        return json_response(readiness)
     problem = Problem(
         type="urn:tiermem:problem:not-ready",
         title="Not ready",
@@ -51,6 +76,8 @@ def readyz(request: Request, service: ServiceDep) -> Response:
         instance=request.url.path,
         request_id=request_id_of(request),
         checks=checks,
+        volatile=reason is not None,
+        volatile_reason=reason,
     )
     return problem_response(problem, headers={"Retry-After": "1"})
 

@@ -14,7 +14,14 @@ class Health(ResponseModel):
 
 
 class Readiness(ResponseModel):
-    """Readiness: every dependency answered (each check is 'ok' or what failed)."""
+    """Readiness: every dependency answered (each check is 'ok' or what failed).
 
-    status: Literal["ok"]
+    ``degraded`` serves, but without a guarantee users rely on: ``volatile``
+    means the KV store may lose acknowledged writes and the operator allowed it
+    (``allow_volatile``); ``volatile_reason`` says why.
+    """
+
+    status: Literal["ok", "degraded"]
     checks: dict[str, str]
+    volatile: bool = False
+    volatile_reason: str | None = None

@@ -28,7 +28,9 @@ def memory(
         server: RedisServer = request.getfixturevalue("redis_server")
         kv_url = server.url
     data = tmp_path_factory.mktemp(f"api-{request.param}")
-    mem = Memory.from_settings(Settings(data_dir=data, kv_url=kv_url, durable=False))
+    mem = Memory.from_settings(
+        Settings(data_dir=data, kv_url=kv_url, durable=False, allow_volatile=True)
+    )
     yield mem
     mem.close()
 

@@ -52,7 +52,9 @@ class LiveServer:
     """The app under uvicorn in a background thread (lifespan included)."""
 
     def __init__(self, data_dir: Path) -> None:
-        self.app = create_app(Settings(data_dir=data_dir, durable=False, access_log=False))
+        self.app = create_app(
+            Settings(data_dir=data_dir, durable=False, allow_volatile=True, access_log=False)
+        )
         self.port = free_port()
         self.base_url = f"http://127.0.0.1:{self.port}"
         config = uvicorn.Config(self.app, host="127.0.0.1", port=self.port, log_level="warning")

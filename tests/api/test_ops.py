@@ -27,11 +27,13 @@ def test_lifespan_opens_and_closes_its_own_stores(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     kv_url = request.getfixturevalue("redis_url") if backend == "redis" else None
-    settings = Settings(data_dir=tmp_path, kv_url=kv_url, durable=False, auth_enabled=False)
+    settings = Settings(data_dir=tmp_path, kv_url=kv_url, auth_enabled=False)
     with start_app(settings) as api:
         assert api.client.get("/readyz").json() == {
             "status": "ok",
-            "checks": {"kv": "ok", "index": "ok", "embedder": "ok"},
+            "checks": {"kv": "ok", "index": "ok", "embedder": "ok", "durability": "ok"},
+            "volatile": False,
+            "volatile_reason": None,
         }
         assert api.client.put("/v1/users/u1/facts/k", json={"value": 1}).status_code == 200
         opened = api.service.memory
@@ -45,7 +47,7 @@ def test_lifespan_opens_and_closes_its_own_stores(
 def _memory_with_hosted_embedder(data: Path, **embedder_kwargs: object) -> Memory:
     embedder = LiteLLMEmbedder("openai/text-embedding-3-small", dimension=8, **embedder_kwargs)
     return Memory(
-        kv=SqliteKVStore(data / "kv.sqlite3", durable=False),
+        kv=SqliteKVStore(data / "kv.sqlite3"),
         index=ChromaVectorIndex(data / "chroma", embedder=embedder),
         embedder=embedder,
     )
@@ -68,7 +70,12 @@ def test_readiness_asks_a_hosted_embedder(tmp_path: Path) -> None:
         ready = api.client.get("/readyz")
         assert ready.status_code == 503
         assert ready.headers["Retry-After"] == "1"
-        assert ready.json()["checks"] == {"kv": "ok", "index": "ok", "embedder": "EmbedderError"}
+        assert ready.json()["checks"] == {
+            "kv": "ok",
+            "index": "ok",
+            "embedder": "EmbedderError",
+            "durability": "ok",
+        }
     silent.close()
 
 
@@ -157,6 +164,7 @@ def test_the_service_sweeps_finished_runs_of_every_tenant(tmp_path: Path) -> Non
     settings = Settings(
         data_dir=tmp_path,
         durable=False,
+        allow_volatile=True,
         run_retention_days=1e-9,  # about 0.1 ms
         run_sweep_interval_seconds=0.05,
     )

@@ -74,7 +74,7 @@ def seed(data_dir: Path, tenant: str) -> dict[str, str]:
     Returns:
         Run id -> the plan hash its gate waits on.
     """
-    with Memory.open(data_dir, durable=False) as root:
+    with Memory.open(data_dir, durable=False, allow_volatile=True) as root:
         memory = root.for_tenant(tenant)
         memory.set_fact("alice", "team", f"platform-{tenant}")
         memory.save_session(
@@ -100,6 +100,7 @@ def server_env(data_dir: Path, **extra: str) -> dict[str, str]:
     env.update(
         TIERMEM_DATA_DIR=str(data_dir),
         TIERMEM_DURABLE="false",
+        TIERMEM_ALLOW_VOLATILE="true",
         LITELLM_LOCAL_MODEL_COST_MAP="True",
         **extra,
     )
@@ -545,7 +546,7 @@ def test_http_refuses_missing_bad_and_foreign_keys_and_read_only_writes(
 
 
 def test_tool_errors_name_the_field_and_the_caller_decides(tmp_path: Path) -> None:
-    with Memory.open(tmp_path / "data", durable=False) as memory:
+    with Memory.open(tmp_path / "data", durable=False, allow_volatile=True) as memory:
         acme = memory.for_tenant("acme")
         hashes = {}
         for view in (memory, acme):  # the same run id in two tenants
@@ -586,7 +587,7 @@ def test_build_server_needs_exactly_one_source_of_callers(tmp_path: Path) -> Non
     with pytest.raises(InvalidInputError) as neither:
         build_server()
     assert neither.value.field == "memory"
-    with Memory.open(tmp_path / "data", durable=False) as memory:
+    with Memory.open(tmp_path / "data", durable=False, allow_volatile=True) as memory:
         with pytest.raises(InvalidInputError) as both:
             build_server(memory, resolve=lambda request: McpCaller(memory))
         assert both.value.field == "resolve"

@@ -336,7 +336,7 @@ def test_run_operations_through_the_facade(memory: Memory) -> None:
 def test_bounded_durability_is_opt_in_and_flushes_on_demand(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="durable=false"):
         Settings(data_dir=tmp_path, flush_interval=0.05)
-    with Memory.open(tmp_path, durable=False, flush_interval=60) as memory:
+    with Memory.open(tmp_path, durable=False, flush_interval=60, allow_volatile=True) as memory:
         run = memory.start_run("u1", "r1")
         run.step("plan", lambda: {"ok": True})
         assert memory.kv.unflushed > 0  # type: ignore[attr-defined]

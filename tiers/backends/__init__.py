@@ -7,10 +7,71 @@ implementation, so tier code never branches on the backend.
 from __future__ import annotations
 
 from pathlib import Path
-from urllib.parse import urlsplit
+from typing import Protocol, runtime_checkable
+from urllib.parse import urlsplit, urlunsplit
 
 from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, KVStore
-from tiers.errors import InvalidInputError
+from tiers.errors import InvalidInputError, VolatileStoreError
+
+
+@runtime_checkable
+class ReportsDurability(Protocol):
+    """A store that can tell whether it would acknowledge a commit it may lose."""
+
+    def volatility(self) -> str | None:
+        """Why an acknowledged commit could be lost, or ``None`` if every one is durable."""
+        ...
+
+
+def kv_volatility(kv: KVStore) -> str | None:
+    """Why ``kv`` could lose an acknowledged commit; ``None`` if durable (or it cannot say).
+
+    Raises:
+        BackendUnavailableError: The store could not be asked.
+    """
+    return kv.volatility() if isinstance(kv, ReportsDurability) else None
+
+
+def require_durable(kv: KVStore, *, allow_volatile: bool) -> str | None:
+    """Refuse a volatile KV store unless the operator opted in; return why it is volatile.
+
+    Args:
+        kv: The store.
+        allow_volatile: The operator's explicit opt-in (``TIERMEM_ALLOW_VOLATILE``).
+
+    Returns:
+        The reason the store is volatile (allowed), or ``None`` when it is durable.
+
+    Raises:
+        VolatileStoreError: The store is volatile and ``allow_volatile`` is false.
+        BackendUnavailableError: The store could not be asked.
+    """
+    reason = kv_volatility(kv)
+    if reason is not None and not allow_volatile:
+        raise VolatileStoreError(
+            f"refusing a KV store that may lose acknowledged writes: {reason}. Make it "
+            "durable, or accept the loss explicitly with allow_volatile "
+            "(TIERMEM_ALLOW_VOLATILE=true; /readyz then reports it)",
+            reason=reason,
+        )
+    return reason
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any password (and a user name beside it) replaced by ``***``.
+
+    For every URL that is printed or logged: ``redis://:secret@host:6379/0``
+    becomes ``redis://***@host:6379/0``. Anything that is not a URL with
+    credentials comes back unchanged.
+    """
+    try:
+        parts = urlsplit(url)
+    except ValueError:
+        return url
+    if "@" not in parts.netloc:
+        return url
+    host = parts.netloc.rsplit("@", 1)[1]
+    return urlunsplit(parts._replace(netloc=f"***@{host}"))
 
 
 def open_kv_store(

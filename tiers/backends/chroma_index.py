@@ -35,6 +35,7 @@ from chromadb.errors import (
     InvalidDimensionException,
 )
 
+from tiers.backends import redact_url
 from tiers.backends.base import Embedder, VectorHit, VectorItem
 from tiers.errors import BackendUnavailableError, InvalidInputError
 
@@ -121,7 +122,7 @@ class ChromaVectorIndex:
                 parts = urlsplit(target)
                 if not parts.hostname:
                     raise InvalidInputError(
-                        f"no host in Chroma URL {target!r}", field="path_or_url"
+                        f"no host in Chroma URL {redact_url(target)!r}", field="path_or_url"
                     )
                 ssl = parts.scheme == "https"
                 self._client: Any = chromadb.HttpClient(
@@ -138,7 +139,9 @@ class ChromaVectorIndex:
             raise
         except (ChromaError, ValueError, OSError) as exc:
             # chromadb reports an unreachable server as a bare ValueError.
-            raise BackendUnavailableError(f"cannot open Chroma at {target}: {exc}") from exc
+            raise BackendUnavailableError(
+                f"cannot open Chroma at {redact_url(target)}: {exc}"
+            ) from exc
         try:
             self._collection = self._open_collection(collection)
             self._max_batch = min(batch_size, int(self._client.get_max_batch_size()))

@@ -28,6 +28,7 @@ import redis
 from redis.backoff import NoBackoff
 from redis.retry import Retry
 
+from tiers.backends import redact_url
 from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, Delete, Put, Write
 from tiers.backends.common import (
     check_checks,
@@ -144,7 +145,9 @@ class RedisKVStore:
                 retry=Retry(NoBackoff(), 0),
             )
         except ValueError as exc:
-            raise InvalidInputError(f"invalid Redis URL {url!r}: {exc}", field="url") from exc
+            raise InvalidInputError(
+                f"invalid Redis URL {redact_url(url)!r}: {exc}", field="url"
+            ) from exc
         self._commit_script = self._client.register_script(_COMMIT)
         self._scan_script = self._client.register_script(_SCAN)
 
@@ -251,6 +254,52 @@ class RedisKVStore:
                 f"check failed on {space!r}/{bytes(key).decode()!r}: the value changed; "
                 "re-read and retry"
             )
+
+    def volatility(self) -> str | None:
+        """Why an acknowledged commit could be lost, or ``None`` if Redis fsyncs each one.
+
+        Reads ``appendonly`` and ``appendfsync`` with ``CONFIG GET``. A server
+        that refuses ``CONFIG`` (renamed, disabled, or not allowed to this
+        user, as on many managed services) cannot be verified: that is
+        reported as volatile too, so the operator has to opt in knowingly.
+
+        Raises:
+            BackendUnavailableError: Redis cannot be reached.
+        """
+        self._ensure_open()
+        try:
+            appendonly = self._config_value("appendonly")
+            appendfsync = self._config_value("appendfsync")
+        except redis.ResponseError as exc:
+            refusal = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+            return (
+                "the Redis server refused CONFIG GET (renamed, disabled or not allowed: "
+                f"{refusal}), so its durability cannot be verified; it is durable only with "
+                "appendonly yes and appendfsync always"
+            )
+        except redis.RedisError as exc:
+            raise BackendUnavailableError(f"Redis durability check failed: {exc}") from exc
+        if appendonly != "yes":
+            return (
+                f"Redis runs with appendonly {appendonly or '?'}: every write acknowledged "
+                "since its last snapshot is lost when Redis crashes (durable needs appendonly "
+                "yes and appendfsync always)"
+            )
+        if appendfsync != "always":
+            return (
+                f"Redis runs with appendfsync {appendfsync or '?'}: a write is acknowledged "
+                "before it is fsync'd, so a crash of the Redis host loses the last ones "
+                "(durable needs appendfsync always)"
+            )
+        return None
+
+    def _config_value(self, name: str) -> str:
+        reply: Any = self._client.config_get(name)
+        for key, value in dict(reply).items():
+            key = key.decode() if isinstance(key, bytes) else str(key)
+            if key == name:
+                return value.decode() if isinstance(value, bytes) else str(value)
+        return ""
 
     def ping(self) -> None:
         """See :meth:`KVStore.ping`."""

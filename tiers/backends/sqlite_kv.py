@@ -541,6 +541,21 @@ class SqliteKVStore:
                     return
                 # A failed fsync is retried next period; flush() callers see it too.
 
+    def volatility(self) -> str | None:
+        """Why an acknowledged commit could be lost, or ``None`` if each is fsync'd first."""
+        if self.durable:
+            return None
+        when = (
+            f"within {self.flush_interval:g} s"
+            if self.flush_interval is not None
+            else "only at WAL checkpoints"
+        )
+        return (
+            "SQLite runs with durable=false (synchronous=NORMAL): a commit is acknowledged "
+            f"before it is fsync'd (made durable {when}), so a power cut or OS crash can lose "
+            "the last acknowledged commits"
+        )
+
     def scrub(self) -> bool:
         """Drop deleted data from the database's files now (see ``Scrubbable``).
 

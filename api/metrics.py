@@ -18,6 +18,7 @@ from prometheus_client import (
 )
 
 from tiers.models import SummaryUsage
+from tiers.retention import SweepReport
 
 _LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
@@ -35,6 +36,7 @@ class Metrics:
         summarizer_failures: Failed summarizations, by error class.
         summarizer_tokens: Model tokens spent on summaries, by kind (prompt/completion).
         summarizer_cost: US dollars spent on summaries (where litellm knows the price).
+        retention_deleted: Records the retention sweeps deleted, by kind.
     """
 
     def __init__(self) -> None:
@@ -88,6 +90,13 @@ class Metrics:
             "US dollars spent on summaries (models with a known price).",
             registry=r,
         )
+        self.retention_deleted = Counter(
+            "tiermem_retention_deleted",
+            "Records deleted by retention sweeps, by kind (finished_runs, idle_runs, sessions, "
+            "transcripts, facts).",
+            ["kind"],
+            registry=r,
+        )
         self._jobs_pending = Gauge(
             "tiermem_session_jobs_pending", "Background summaries queued or running.", registry=r
         )
@@ -117,6 +126,11 @@ class Metrics:
         """Count one failed summarization."""
         self.summaries.labels(outcome="failed").inc()
         self.summarizer_failures.labels(error=type(exc).__name__).inc()
+
+    def swept(self, report: SweepReport) -> None:
+        """Count what one tenant's retention sweep deleted."""
+        for kind in ("finished_runs", "idle_runs", "sessions", "transcripts", "facts"):
+            self.retention_deleted.labels(kind=kind).inc(getattr(report, kind))
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""

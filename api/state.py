@@ -219,16 +219,27 @@ class ServiceState:
 
     # -- retention -----------------------------------------------------------------------------
 
-    def sweep_runs(self) -> int:
-        """Delete finished runs past their retention in every tenant this service knows.
+    def sweep(self) -> int:
+        """Sweep every tenant this service knows (:meth:`memory.Memory.sweep`), counting what went.
 
-        Those are the service's own tenant and every tenant with an API key.
+        Those are the service's own tenant and every tenant with an API key;
+        each is swept with its own retention. A tenant whose sweep fails is
+        logged and the others are still swept.
 
         Returns:
-            How many runs were deleted.
+            How many records were deleted.
         """
         tenants = {self.memory.tenant, *(key.tenant for key in self.keys.list_keys())}
-        return sum(len(self.view(tenant).sweep_runs()) for tenant in sorted(tenants))
+        deleted = 0
+        for tenant in sorted(tenants):
+            try:
+                report = self.view(tenant).sweep()
+            except Exception as exc:  # a store outage, a damaged record: the next period retries
+                logger.warning("retention sweep of tenant %s failed: %s", tenant, exc)
+                continue
+            self.metrics.swept(report)
+            deleted += report.deleted
+        return deleted
 
     def start_sweeping(self) -> None:
         """Sweep every ``run_sweep_interval_seconds`` in a daemon thread (0: never)."""
@@ -236,19 +247,16 @@ class ServiceState:
         if interval <= 0 or self._sweeper is not None:
             return
         self._sweeper = threading.Thread(
-            target=self._sweep_loop, args=(interval,), name="tiermem-run-sweep", daemon=True
+            target=self._sweep_loop, args=(interval,), name="tiermem-sweep", daemon=True
         )
         self._sweeper.start()
 
     def _sweep_loop(self, interval: float) -> None:
         while not self._stop_sweeping.wait(interval):
             try:
-                deleted = self.sweep_runs()
-            except Exception as exc:  # a store outage: try again next period
-                logger.warning("run sweep failed: %s", exc)
-                continue
-            if deleted:
-                logger.info("run sweep deleted %d finished runs", deleted)
+                self.sweep()
+            except Exception as exc:  # the key registry unreadable: try again next period
+                logger.warning("retention sweep failed: %s", exc)
 
     def close(self) -> None:
         """Stop sweeping, finish queued jobs and reads, then close the stores if this app opened them.

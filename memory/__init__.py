@@ -74,6 +74,7 @@ from tiers.models import (
     SummaryUsage,
     UserFact,
 )
+from tiers.retention import RetentionPolicy, SweepReport
 from tiers.session import RecalledSession
 from tiers.task import RunHandle
 from tiers.task_events import NOT_DONE, Approval, Charged
@@ -113,6 +114,7 @@ __all__ = [
     "PromptContext",
     "ReadOnlyScopeError",
     "RecalledSession",
+    "RetentionPolicy",
     "RunCancelledError",
     "RunHandle",
     "RunInfo",
@@ -132,6 +134,7 @@ __all__ = [
     "SummarizerUnavailableError",
     "SummaryGenerationError",
     "SummaryUsage",
+    "SweepReport",
     "SystemContext",
     "TierError",
     "TokenBudgetExceededError",

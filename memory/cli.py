@@ -1,4 +1,4 @@
-"""The ``tiermem`` command line of the library: demo, info, keys, reindex, resummarize, sweep.
+"""The ``tiermem`` command line of the library: demo, info, keys, reindex, resummarize, sweep, retention.
 
 :func:`build_app` makes the Typer app of these commands. The installed
 ``tiermem`` script is :mod:`api.cli`, at the top layer, which adds ``serve``
@@ -24,6 +24,8 @@ from tiers.errors import DataDirLockedError, TierError
 
 if TYPE_CHECKING:
     from memory.facade import Memory
+    from tiers.backends.base import KVStore
+    from tiers.retention import RetentionPolicy
 
 
 def demo(
@@ -139,12 +141,92 @@ def resummarize(tenant: TenantOption = "default", user: UsersOption = None) -> N
 
 
 def sweep(
-    tenant: Annotated[str, typer.Option(help="The tenant whose runs to sweep.")] = "default",
+    tenant: Annotated[str, typer.Option(help="The tenant to sweep.")] = "default",
 ) -> None:
-    """Delete task runs that finished over TIERMEM_RUN_RETENTION_DAYS ago (default 7)."""
+    """Delete what is past its retention: finished runs (TIERMEM_RUN_RETENTION_DAYS, default 7),
+    and sessions, transcripts, facts and idle runs past the tenant's retention (`retention show`).
+    """
     with _memory(tenant, "sweep") as memory:
-        deleted = memory.sweep_runs()
-    typer.echo(f"deleted {len(deleted)} finished runs of tenant {tenant}")
+        report = memory.sweep()
+    typer.echo(f"deleted {report.finished_runs} finished runs of tenant {tenant}")
+    typer.echo(
+        f"retention: deleted {report.idle_runs} idle runs, {report.sessions} sessions, "
+        f"{report.transcripts} transcripts, {report.facts} fact versions"
+    )
+
+
+def _ttl_option(kind: str, meaning: str) -> Any:
+    return typer.Option(
+        f"--{kind.replace('_', '-')}",
+        help=f"{meaning}: a duration (90d, 12h, 2w, 30m, 45s), 'off' (kept forever) or "
+        "'default' (follow TIERMEM_RETENTION_*_DAYS).",
+    )
+
+
+def retention_show(
+    tenant: Annotated[str, typer.Option(help="The tenant.")] = "default",
+) -> None:
+    """Print the tenant's retention, one kind a line: kind, TTL, and where it comes from."""
+    with _kv() as (kv, settings):
+        policy = _effective(kv, tenant, settings)
+    _print_policy(policy)
+
+
+def retention_set(
+    tenant: Annotated[str, typer.Option(help="The tenant.")] = "default",
+    sessions: Annotated[
+        str | None, _ttl_option("sessions", "Whole sessions, from when they ended")
+    ] = None,
+    transcripts: Annotated[
+        str | None,
+        _ttl_option("transcripts", "Raw transcripts (the summary stays), from the session's end"),
+    ] = None,
+    facts: Annotated[
+        str | None, _ttl_option("facts", "User facts with their history, from the last update")
+    ] = None,
+    idle_runs: Annotated[
+        str | None, _ttl_option("idle_runs", "Unfinished runs untouched and with no live lease")
+    ] = None,
+) -> None:
+    """Set the tenant's own retention of the kinds given (the others are unchanged).
+
+    Stored with the tenant's data; the next sweep applies it (a running server
+    sweeps every TIERMEM_RUN_SWEEP_INTERVAL_SECONDS). Safe beside a running server.
+    """
+    from tiers.retention import set_overrides
+
+    given = {
+        kind: value
+        for kind, value in (
+            ("sessions", sessions),
+            ("transcripts", transcripts),
+            ("facts", facts),
+            ("idle_runs", idle_runs),
+        )
+        if value is not None
+    }
+    if not given:
+        raise typer.BadParameter(
+            "give at least one of --sessions, --transcripts, --facts, --idle-runs"
+        )
+    with _kv() as (kv, settings):
+        set_overrides(kv, tenant, given)
+        policy = _effective(kv, tenant, settings)
+    _print_policy(policy)
+
+
+def _effective(kv: KVStore, tenant: str, settings: Settings) -> RetentionPolicy:
+    from tiers.retention import effective_policy, read_overrides
+
+    return effective_policy(settings.retention_policy(), read_overrides(kv, tenant))
+
+
+def _print_policy(policy: RetentionPolicy) -> None:
+    from tiers.retention import KINDS, format_ttl
+
+    for kind in KINDS:
+        source = "tenant" if kind in policy.tenant_set else "default"
+        typer.echo(f"{kind}\t{format_ttl(policy.ttl(kind))}\t{source}")
 
 
 def build_app() -> typer.Typer:
@@ -162,6 +244,13 @@ def build_app() -> typer.Typer:
     app.command()(reindex)
     app.command()(resummarize)
     app.command()(sweep)
+    retention_app = typer.Typer(
+        help="Show and set a tenant's retention of sessions, transcripts, facts and idle runs.",
+        no_args_is_help=True,
+    )
+    retention_app.command("show")(retention_show)
+    retention_app.command("set")(retention_set)
+    app.add_typer(retention_app, name="retention")
     return app
 
 
@@ -207,6 +296,28 @@ def _memory(tenant: str, command: str) -> Iterator[Memory]:
     except TierError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(1) from exc
+
+
+@contextmanager
+def _kv() -> Iterator[tuple[KVStore, Settings]]:
+    """The configured KV store only, without the data dir's lock (safe beside a live server)."""
+    settings = settings_from_env()
+    try:
+        kv = open_kv_store(
+            settings.kv_location(),
+            max_value_bytes=settings.max_value_bytes,
+            durable=settings.durable,
+        )
+    except TierError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    try:
+        require_durable(kv, allow_volatile=settings.allow_volatile)
+        yield kv, settings
+    except TierError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    finally:
+        kv.close()
 
 
 @contextmanager

@@ -37,6 +37,14 @@ from tiers.models import (
     UserFact,
     utcnow,
 )
+from tiers.retention import (
+    RetentionPolicy,
+    SweepReport,
+    effective_policy,
+    read_overrides,
+    set_overrides,
+    sweep_expired,
+)
 from tiers.session import RecalledSession, SessionTier, check_top_k
 from tiers.task import DEFAULT_RETENTION, DEFAULT_SNAPSHOT_EVERY, UNSET, RunHandle, TaskTier
 from tiers.task_events import Approval, EffectRecord, Event
@@ -76,6 +84,9 @@ class Memory:
         scrub_deleted: After :meth:`forget_user` and :meth:`delete_session`, have
             the KV store drop the deleted data from its files too (SQLite:
             truncate the WAL; Redis: rewrite the AOF), not only from every read.
+        retention: The deployment's default retention of sessions, transcripts,
+            facts and idle runs (default: everything kept); each tenant may
+            override it (:meth:`set_retention`), and :meth:`sweep` applies it.
     """
 
     def __init__(
@@ -91,7 +102,14 @@ class Memory:
         run_retention: timedelta = DEFAULT_RETENTION,
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
         scrub_deleted: bool = True,
+        retention: RetentionPolicy | None = None,
     ) -> None:
+        if retention is not None and not isinstance(retention, RetentionPolicy):
+            raise InvalidInputError(
+                f"retention must be a RetentionPolicy, got {type(retention).__name__}",
+                field="retention",
+            )
+        self.retention_default = retention or RetentionPolicy()
         self.kv = kv
         self.index = index
         self.embedder = embedder
@@ -149,6 +167,7 @@ class Memory:
                     run_retention=self.tasks.retention,
                     snapshot_every=self.tasks.snapshot_every,
                     scrub_deleted=self.scrub_deleted,
+                    retention=self.retention_default,
                 )
                 view._owns_stores = False
                 view.allow_volatile = self.allow_volatile
@@ -262,6 +281,7 @@ class Memory:
             run_retention=timedelta(days=settings.run_retention_days),
             snapshot_every=settings.snapshot_every,
             scrub_deleted=settings.scrub_deleted,
+            retention=settings.retention_policy(),
         )
 
     # -- session tier -------------------------------------------------------
@@ -654,6 +674,78 @@ class Memory:
         if now is not None:
             now = check_datetime(now, "now")
         return self.tasks.sweep(now=now)
+
+    # -- retention ----------------------------------------------------------
+
+    def retention(self) -> RetentionPolicy:
+        """The retention in effect for this tenant: the default with the tenant's own overrides.
+
+        ``tenant_set`` names the kinds the tenant set itself; a TTL of ``None``
+        means that kind is kept forever.
+        """
+        return effective_policy(self.retention_default, read_overrides(self.kv, self.tenant))
+
+    def set_retention(self, **ttls: timedelta | str | None) -> RetentionPolicy:
+        """Set this tenant's retention of some kinds (stored in the KV store; the others are unchanged).
+
+        Applied by the next :meth:`sweep` (the service sweeps every
+        ``run_sweep_interval_seconds``). A TTL shortened later applies to
+        everything stored already.
+
+        Args:
+            **ttls: ``sessions``, ``transcripts``, ``facts`` and/or
+                ``idle_runs``, each a :class:`~datetime.timedelta` or text
+                such as ``"90d"``, ``"12h"``, ``"2w"``; ``None`` or ``"off"``
+                to keep that kind forever whatever the default; ``"default"``
+                to follow the deployment's default again.
+
+        Returns:
+            The retention now in effect for this tenant.
+
+        Raises:
+            InvalidInputError: An unknown kind or a bad TTL (``field`` names it);
+                nothing was changed.
+        """
+        set_overrides(self.kv, self.tenant, ttls)
+        return self.retention()
+
+    def sweep(self, *, now: datetime | None = None) -> SweepReport:
+        """Delete what this tenant's retention says is expired, and finished runs past ``run_retention``.
+
+        Sessions, transcripts, facts and idle runs past their TTL
+        (:meth:`retention`) are deleted through the same paths as
+        :meth:`delete_session` and :meth:`delete_run`: vectors and keyword
+        search included, facts learned from a deleted session withdrawn, a
+        worker of a deleted run refused on its next write. Users, sessions
+        and runs are read a page at a time; anything written or touched
+        while the sweep runs is left for the next one. With ``scrub_deleted``
+        the KV store then drops the deleted data from its files. One log line
+        (logger ``tiermem.memory``) says what was deleted. ``tiermem sweep``
+        and the HTTP service (every ``run_sweep_interval_seconds``) call this.
+
+        Args:
+            now: The time to measure ages from (default: now).
+
+        Returns:
+            How many of each kind were deleted.
+
+        Raises:
+            InvalidInputError: ``now`` is not a datetime.
+        """
+        at = utcnow() if now is None else check_datetime(now, "now")
+        report = sweep_expired(
+            kv=self.kv,
+            tasks=self.tasks,
+            sessions=self.sessions,
+            users=self.users,
+            policy=self.retention(),
+            now=at,
+        )
+        if report.deleted:
+            logger.info("retention sweep %s", report.describe())
+            if self.scrub_deleted:
+                scrub(self.kv)
+        return report
 
     def run_state_at(self, run_id: str, checkpoint_id: str) -> dict[str, JsonValue]:
         """A run's state values as of one of its checkpoints (time travel; see ``TaskTier.state_at``)."""
@@ -1075,6 +1167,18 @@ class AsyncMemory:
     async def sweep_runs(self, *, now: datetime | None = None) -> list[str]:
         """See :meth:`Memory.sweep_runs`."""
         return await self._call(self.sync.sweep_runs, now=now)
+
+    async def retention(self) -> RetentionPolicy:
+        """See :meth:`Memory.retention`."""
+        return await self._call(self.sync.retention)
+
+    async def set_retention(self, **ttls: timedelta | str | None) -> RetentionPolicy:
+        """See :meth:`Memory.set_retention`."""
+        return await self._call(self.sync.set_retention, **ttls)
+
+    async def sweep(self, *, now: datetime | None = None) -> SweepReport:
+        """See :meth:`Memory.sweep`."""
+        return await self._call(self.sync.sweep, now=now)
 
     async def run_state_at(self, run_id: str, checkpoint_id: str) -> dict[str, JsonValue]:
         """See :meth:`Memory.run_state_at`."""

@@ -6,13 +6,17 @@ at import time; everything below takes explicit constructor arguments.
 
 from __future__ import annotations
 
+from datetime import timedelta
 from pathlib import Path
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 from pydantic import Field, SecretStr, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES
+
+if TYPE_CHECKING:
+    from tiers.retention import RetentionPolicy
 
 
 class Settings(BaseSettings):
@@ -90,6 +94,35 @@ class Settings(BaseSettings):
         description="Finished task runs are deleted by `tiermem sweep` (and the HTTP service's "
         "periodic sweep) this many days after they ended.",
     )
+    retention_sessions_days: float | None = Field(
+        default=None,
+        gt=0,
+        le=36_500,
+        description="Retention default: sessions (summary, transcript, vectors, facts learned "
+        "from them) are deleted by the sweep this many days after they ended (unset: kept "
+        "forever). A tenant may override it (`tiermem retention set`).",
+    )
+    retention_transcripts_days: float | None = Field(
+        default=None,
+        gt=0,
+        le=36_500,
+        description="Retention default: raw transcripts are deleted this many days after their "
+        "session ended, the summary kept (unset: kept as long as the session).",
+    )
+    retention_facts_days: float | None = Field(
+        default=None,
+        gt=0,
+        le=36_500,
+        description="Retention default: user facts are deleted with their history this many "
+        "days after their last update (unset: kept forever).",
+    )
+    retention_idle_runs_days: float | None = Field(
+        default=None,
+        gt=0,
+        le=36_500,
+        description="Retention default: task runs never finished, untouched this many days and "
+        "with no live lease are deleted (unset: kept forever).",
+    )
     snapshot_every: int = Field(
         default=64,
         ge=1,
@@ -136,8 +169,9 @@ class Settings(BaseSettings):
     run_sweep_interval_seconds: float = Field(
         default=3600.0,
         ge=0,
-        description="How often the service deletes finished runs past run_retention_days, in "
-        "its own tenant and every tenant with an API key (0: never; run `tiermem sweep`).",
+        description="How often the service sweeps, in its own tenant and every tenant with an "
+        "API key: finished runs past run_retention_days, and what each tenant's retention "
+        "says is expired (0: never; run `tiermem sweep`).",
     )
     job_retention_seconds: float = Field(
         default=3600.0, gt=0, description="How long a finished background job's status is kept."
@@ -177,6 +211,20 @@ class Settings(BaseSettings):
                 "(TIERMEM_DURABLE=false), or unset it to fsync every commit"
             )
         return self
+
+    def retention_policy(self) -> RetentionPolicy:
+        """The default retention these settings name (``retention_*_days``; unset: kept forever)."""
+        from tiers.retention import RetentionPolicy
+
+        def days(value: float | None) -> timedelta | None:
+            return None if value is None else timedelta(days=value)
+
+        return RetentionPolicy(
+            sessions=days(self.retention_sessions_days),
+            transcripts=days(self.retention_transcripts_days),
+            facts=days(self.retention_facts_days),
+            idle_runs=days(self.retention_idle_runs_days),
+        )
 
     def kv_location(self) -> str:
         """The KV store's URL or path: ``kv_url``, else the SQLite file in ``data_dir``."""

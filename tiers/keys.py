@@ -184,6 +184,14 @@ def item_vector_id(tenant: str, address: str, n: int) -> str:
     return f"{tenant}|item|{digest}#{n}"
 
 
+def tenant_config_space(tenant: str) -> str:
+    """A tenant's own settings, stored with its data: key ``retention`` -> its retention overrides."""
+    return f"{tenant}:config"
+
+
+RETENTION_KEY = "retention"
+
+
 def api_keys_space() -> str:
     """API keys of every tenant: key key_id -> the key's record (a SHA-256 of the secret, never the secret).
 

@@ -61,6 +61,7 @@ from tiers.codec import decode, encode
 from tiers.errors import (
     BackendUnavailableError,
     ConflictError,
+    CorruptRecordError,
     InvalidInputError,
     SessionNotFoundError,
     ValueTooLargeError,
@@ -548,11 +549,25 @@ class SessionTier:
         """
         check_id(user_id, "user_id")
         check_id(session_id, "session_id")
+        return self._delete_session(user_id, session_id)
+
+    def _delete_session(
+        self,
+        user_id: str,
+        session_id: str,
+        *,
+        expected: tuple[bytes | None, bytes | None] | None = None,
+    ) -> bool:
+        """:meth:`delete_session`; with ``expected`` (summary bytes, transcript header bytes),
+        only while the session still holds exactly those (else nothing is done: ``False``).
+        """
         space = keys.sessions_space(self._tenant, user_id)
         transcripts = keys.transcripts_space(self._tenant, user_id)
         for attempt in range(cas.ATTEMPTS):
             (existing,) = self._kv.get_many(space, [session_id])
             (raw_header,) = self._kv.get_many(transcripts, [header_key(session_id)])
+            if expected is not None and (existing, raw_header) != expected:
+                return False  # changed since the caller decided: not what it meant to delete
             header = read_header(raw_header, where=f"{transcripts}/{session_id}")
             token = self._token()
             writes: list[Write] = [
@@ -564,8 +579,11 @@ class SessionTier:
                 writes.extend(delete_writes(transcripts, header))
             elif raw_header is not None:
                 writes.append(Delete(transcripts, header_key(session_id)))
+            checks = [Check(transcripts, header_key(session_id), raw_header)]
+            if expected is not None:
+                checks.append(Check(space, session_id, existing))
             try:
-                self._kv.commit(writes, [Check(transcripts, header_key(session_id), raw_header)])
+                self._kv.commit(writes, checks)
             except ConflictError:
                 cas.backoff(attempt)
                 continue
@@ -574,6 +592,125 @@ class SessionTier:
             self._transcript_removed(user_id, session_id)
             return existing is not None or raw_header is not None
         raise ConflictError(f"session {session_id!r} of user {user_id!r} kept changing: retry")
+
+    def expire(
+        self,
+        user_id: str,
+        *,
+        sessions_before: datetime | None,
+        transcripts_before: datetime | None,
+        page: int = BATCH,
+    ) -> tuple[int, int]:
+        """Delete the user's sessions, or only their transcripts, that ended before a cutoff.
+
+        A session ended at its summary's ``created_at`` (a session with no
+        summary yet: its transcript's). One that ended before
+        ``sessions_before`` is deleted like :meth:`delete_session` (summary,
+        transcript, vectors, and what it taught via ``on_transcript_removed``).
+        Of one that ended before ``transcripts_before``, the stored transcript
+        is deleted and the summary kept (its transcript windows leave the
+        vector index and keyword search); a session without a summary is
+        deleted whole, its transcript being all it holds. Summaries and
+        transcripts are read ``page`` records at a time. Each deletion is
+        checked against the records it was decided on: a session saved again
+        meanwhile is left alone.
+
+        Args:
+            user_id: The user.
+            sessions_before: Cutoff of whole sessions; ``None``: none expire.
+            transcripts_before: Cutoff of transcripts; ``None``: none expire.
+            page: Records read at a time.
+
+        Returns:
+            How many sessions were deleted, and how many transcripts were
+            deleted from sessions that kept their summary.
+
+        Raises:
+            InvalidInputError: A bad id.
+            BackendUnavailableError: The KV store failed; what was deleted so far stays deleted.
+        """
+        check_id(user_id, "user_id")
+        sessions = keys.sessions_space(self._tenant, user_id)
+        transcripts = keys.transcripts_space(self._tenant, user_id)
+        deleted = dropped = 0
+        if sessions_before is not None:
+            after: str | None = None
+            while True:
+                rows = self._kv.scan(sessions, start_after=after, limit=page)
+                for session_id, data in rows:
+                    try:
+                        ended = decode(SessionSummary, data, where=f"{sessions}/{session_id}")
+                    except CorruptRecordError as exc:
+                        logger.error("retention skips an unreadable session: %s", exc)
+                        continue
+                    if ended.created_at >= sessions_before:
+                        continue
+                    (raw_header,) = self._kv.get_many(transcripts, [header_key(session_id)])
+                    if self._delete_session(user_id, session_id, expected=(data, raw_header)):
+                        deleted += 1
+                if len(rows) < page:
+                    break
+                after = rows[-1][0]
+        if sessions_before is None and transcripts_before is None:
+            return deleted, dropped
+        cutoffs = [c for c in (sessions_before, transcripts_before) if c is not None]
+        alone_before = max(cutoffs)  # a transcript without a summary is its whole session
+        after = None
+        while True:
+            rows = self._kv.scan(transcripts, start_after=after, limit=page)
+            headers = [(sid, raw) for sid, raw in rows if is_header_key(sid)]
+            summaries = self._kv.get_many(sessions, [sid for sid, _ in headers])
+            for (session_id, raw), summary in zip(headers, summaries, strict=True):
+                header = read_header(raw, where=f"{transcripts}/{session_id}")
+                if header is None:
+                    continue
+                if summary is None:
+                    if header.created_at < alone_before and self._delete_session(
+                        user_id, session_id, expected=(None, raw)
+                    ):
+                        deleted += 1
+                elif (
+                    transcripts_before is not None
+                    and header.created_at < transcripts_before
+                    and self._drop_transcript(user_id, header, raw, summary)
+                ):
+                    dropped += 1
+            if len(rows) < page:
+                break
+            after = rows[-1][0]
+        return deleted, dropped
+
+    def _drop_transcript(
+        self, user_id: str, header: TranscriptHeader, raw_header: bytes, summary: bytes
+    ) -> bool:
+        """Delete a session's transcript and keep its summary, if both are still as read.
+
+        The session's vectors are rebuilt from the summary alone, so the
+        transcript's windows leave the index; the user's revision changes,
+        so keyword search stops matching its words.
+
+        Returns:
+            Whether it was deleted (``False``: the session changed meanwhile).
+        """
+        session_id = header.session_id
+        sessions = keys.sessions_space(self._tenant, user_id)
+        transcripts = keys.transcripts_space(self._tenant, user_id)
+        token = self._token()
+        writes: list[Write] = [
+            *delete_writes(transcripts, header),
+            Put(self._outbox, keys.session_outbox_key(user_id, session_id), token),
+            Put(self._revisions, user_id, token),
+        ]
+        checks = [
+            Check(transcripts, header_key(session_id), raw_header),
+            Check(sessions, session_id, summary),
+        ]
+        try:
+            self._kv.commit(writes, checks)
+        except ConflictError:
+            return False
+        self._index_later([(user_id, session_id)])
+        return True
 
     def delete_user_sessions(self, user_id: str) -> int:
         """Delete every session (summaries, transcripts, vectors) of a user.

@@ -1,14 +1,14 @@
-"""Retention: deleting runs (one on demand, finished ones after their TTL), and compacting event logs."""
+"""Retention: deleting runs (one on demand, finished or idle ones after their TTL), and compacting event logs."""
 
 from __future__ import annotations
 
-from datetime import datetime
+import logging
+from collections.abc import Callable
+from datetime import datetime, timedelta
 
 from tiers import cas, keys
 from tiers.backends.base import Check, Delete, DeleteSpace, Write
-from tiers.errors import (
-    ConflictError,
-)
+from tiers.errors import ConflictError, CorruptRecordError, InvalidInputError
 from tiers.ids import check_id
 from tiers.models import RunInfo
 from tiers.task_storage import TierCore
@@ -18,6 +18,9 @@ __all__ = ["RetentionMixin"]
 
 
 _DELETE_CHUNK = 1000
+_SWEEP_PAGE = 256  # run heads read per page by a sweep
+
+logger = logging.getLogger(__name__)
 
 
 class RetentionMixin(TierCore):
@@ -62,26 +65,80 @@ class RetentionMixin(TierCore):
     def sweep(self, *, now: datetime | None = None) -> list[str]:
         """Delete finished runs older than the retention period (default 7 days).
 
+        Runs are read a page at a time; each is deleted whole in one commit
+        checked against its head as read (a run changed meanwhile is left for
+        the next sweep).
+
         Returns:
             The ids of the deleted runs.
         """
         at = self._now() if now is None else now
         cutoff = at - self.retention
-        deleted: list[str] = []
-        for key, data in self._kv.scan(self._runs):
-            info = self._decode_head(key, data)
+
+        def expired(info: RunInfo) -> bool:
             ended = info.finished_at or info.updated_at
-            if not info.status.finished or ended > cutoff:
-                continue
-            try:
-                self._kv.commit(
-                    [DeleteSpace(keys.run_space(self._tenant, key)), Delete(self._runs, key)],
-                    [Check(self._runs, key, data)],
-                )
-            except ConflictError:
-                continue
-            deleted.append(key)
-        return deleted
+            return info.status.finished and ended <= cutoff
+
+        return self._sweep_where(expired)
+
+    def sweep_idle(self, idle: timedelta, *, now: datetime | None = None) -> list[str]:
+        """Delete runs never finished and idle for longer than ``idle``, with everything in them.
+
+        A run is idle when nothing touched it (no step, event, heartbeat or
+        operator change: its ``updated_at``) for longer than ``idle`` and no
+        worker holds a live lease on it (a lease with a TTL, not yet expired):
+        a worker that still holds its lease is never swept from under it. A
+        run paused at an approval gate or blocked on an effect is idle too
+        once nobody touched it for that long. Deleted like :meth:`delete_run`;
+        a run touched meanwhile is left alone.
+
+        Args:
+            idle: How long an unfinished run may stay untouched.
+            now: The time to measure from (default: the tier's clock).
+
+        Returns:
+            The ids of the deleted runs.
+
+        Raises:
+            InvalidInputError: ``idle`` is not a positive timedelta.
+        """
+        if not isinstance(idle, timedelta) or idle <= timedelta(0):
+            raise InvalidInputError("idle must be a timedelta > 0", field="idle")
+        at = self._now() if now is None else now
+        cutoff = at - idle
+
+        def expired(info: RunInfo) -> bool:
+            return (
+                not info.status.finished and info.updated_at <= cutoff and not info.lease_live(at)
+            )
+
+        return self._sweep_where(expired)
+
+    def _sweep_where(self, expired: Callable[[RunInfo], bool]) -> list[str]:
+        """Delete every run whose head satisfies ``expired``, reading heads a page at a time."""
+        deleted: list[str] = []
+        after: str | None = None
+        while True:
+            page = self._kv.scan(self._runs, start_after=after, limit=_SWEEP_PAGE)
+            for key, data in page:
+                try:
+                    info = self._decode_head(key, data)
+                except CorruptRecordError as exc:
+                    logger.error("sweep skips an unreadable run head: %s", exc)
+                    continue
+                if not expired(info):
+                    continue
+                try:
+                    self._kv.commit(
+                        [DeleteSpace(keys.run_space(self._tenant, key)), Delete(self._runs, key)],
+                        [Check(self._runs, key, data)],
+                    )
+                except ConflictError:
+                    continue
+                deleted.append(key)
+            if len(page) < _SWEEP_PAGE:
+                return deleted
+            after = page[-1][0]
 
     def compact(self, run_id: str) -> int:
         """Drop the events already folded into the run's latest snapshot.

@@ -387,6 +387,81 @@ class UserTier:
             return True
         raise ConflictError(f"fact {key!r} of user {user_id!r} is changing too fast; retry")
 
+    def expire_facts(self, user_id: str, *, before: datetime, page: int = 256) -> int:
+        """Delete the user's fact versions that expired before ``before`` (a retention TTL's cutoff).
+
+        A fact whose last update (its newest version, current or past, a
+        deletion included) is older than ``before`` is deleted whole, history
+        included: no tombstone is left. Of a fact updated since, the past
+        versions replaced before ``before`` are dropped; the current one
+        stays. Each fact is one commit checked against every version it
+        read: a fact written meanwhile is left for the next sweep. Keys are
+        read ``page`` at a time.
+
+        Returns:
+            How many versions (current or past) were deleted.
+
+        Raises:
+            InvalidInputError: A bad id or cutoff.
+            BackendUnavailableError: The KV store failed; what was deleted so far stays deleted.
+        """
+        check_id(user_id, "user_id")
+        cutoff = check_datetime(before, "before")
+        facts = keys.facts_space(self._tenant, user_id)
+        history = keys.fact_history_space(self._tenant, user_id)
+        fact_keys: set[str] = set()
+        for space, strip in ((facts, False), (history, True)):
+            after: str | None = None
+            while True:
+                rows = self._kv.scan(space, start_after=after, limit=page)
+                fact_keys.update(key.partition("/")[0] if strip else key for key, _ in rows)
+                if len(rows) < page:
+                    break
+                after = rows[-1][0]
+        removed = 0
+        for key in sorted(fact_keys):
+            removed += self._expire_fact(user_id, key, cutoff)
+        return removed
+
+    def _expire_fact(self, user_id: str, key: str, cutoff: datetime) -> int:
+        """Delete what of one fact expired before ``cutoff``; returns the versions deleted."""
+        facts = keys.facts_space(self._tenant, user_id)
+        history = keys.fact_history_space(self._tenant, user_id)
+        (current,) = self._kv.get_many(facts, [key])
+        past = [
+            (hkey, data, decode(UserFact, data, where=f"{history}/{hkey}").updated_at)
+            for hkey, data in self._kv.scan(history, prefix=f"{key}/")
+        ]
+        past.sort(key=lambda entry: entry[2])
+        dates = [when for _, _, when in past]
+        if current is not None:
+            dates.append(self._decoded.decode(current, where=f"{facts}/{key}").updated_at)
+        if not dates:
+            return 0
+        writes: list[Write] = []
+        checks: list[Check] = [Check(facts, key, current)]
+        if max(dates) < cutoff:
+            if current is not None:
+                writes.append(Delete(facts, key))
+            doomed = past
+        else:
+            # A past version stopped being current when the next one was written.
+            doomed = [
+                entry
+                for entry, replaced_at in zip(past, dates[1:], strict=False)
+                if replaced_at < cutoff
+            ]
+        for hkey, data, _ in doomed:
+            writes.append(Delete(history, hkey))
+            checks.append(Check(history, hkey, data))
+        if not writes:
+            return 0
+        try:
+            self._kv.commit(writes, checks)
+        except ConflictError:
+            return 0  # written meanwhile: the next sweep decides again
+        return len(writes)
+
     def delete_user(self, user_id: str) -> None:
         """Forget every fact of the user, history included."""
         check_id(user_id, "user_id")

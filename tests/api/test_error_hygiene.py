@@ -21,9 +21,11 @@ from typer.testing import CliRunner
 from memory.cli import app as cli
 from memory.facade import Memory
 from memory.settings import Settings
+from summarizer.errors import SummarizerUnavailableError
 from tests.api.conftest import Api, new_tenant, start_app
 from tests.api.test_errors import assert_problem
 from tests.conftest import RedisServer
+from tiers.errors import BackendUnavailableError, EmbedderError
 
 
 def test_a_down_redis_is_a_503_that_names_no_host_or_port(
@@ -174,3 +176,26 @@ def test_an_unreadable_body_is_a_400_naming_the_body_and_the_problem(
     assert named in problem["detail"]
     assert problem["errors"][0]["location"] == "body"
     assert len(json.dumps(problem)) < 2000  # never an echo of the body
+
+
+BACKEND_FAILURES = [
+    BackendUnavailableError("Redis read failed: Error 111 connecting to 10.1.2.3:6390."),
+    EmbedderError("cannot read the embedding model /opt/models/model.onnx: permission denied"),
+    SummarizerUnavailableError(
+        "openai/x unreachable at http://10.1.2.3:4000/v1", reason="connection", attempts=3
+    ),
+]
+
+
+@pytest.mark.parametrize("exc", BACKEND_FAILURES, ids=lambda e: type(e).__name__)
+def test_mcp_tool_errors_name_no_backend_host_or_path(
+    exc: Exception, caplog: pytest.LogCaptureFixture
+) -> None:
+    from memory.integrations.mcp import _describe
+
+    with caplog.at_level(logging.ERROR, logger="tiermem"):
+        text = _describe(exc)  # type: ignore[arg-type]
+    assert text.startswith(type(exc).__name__)
+    assert "10.1.2.3" not in text
+    assert "/opt/models" not in text
+    assert any(str(exc) in record.getMessage() for record in caplog.records)

@@ -1,8 +1,9 @@
-"""The session maintenance commands: ``tiermem reindex`` and ``tiermem resummarize``."""
+"""The maintenance commands: ``tiermem reindex``, ``resummarize``, ``sweep`` and ``retention``."""
 
 from __future__ import annotations
 
 import shutil
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import pytest
@@ -113,3 +114,47 @@ def test_sweep_deletes_only_runs_finished_past_the_retention(
     with Memory.open(data_dir) as memory:
         assert [r.run_id for r in memory.list_runs()] == ["running"]
         assert memory.for_tenant("acme").get_run("done").status.value == "completed"
+
+
+def test_retention_is_set_per_tenant_and_applied_by_sweep(
+    data_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("TIERMEM_RETENTION_FACTS_DAYS", "30")  # the deployment's default
+    shown = CliRunner().invoke(cli, ["retention", "show", "--tenant", "acme"])
+    assert shown.exit_code == 0, shown.output
+    assert shown.stdout.splitlines() == [
+        "sessions\toff\tdefault",
+        "transcripts\toff\tdefault",
+        "facts\t30d\tdefault",
+        "idle_runs\toff\tdefault",
+    ]
+    changed = CliRunner().invoke(
+        cli, ["retention", "set", "--tenant", "acme", "--sessions", "90d", "--facts", "off"]
+    )
+    assert changed.exit_code == 0, changed.output
+    assert "sessions\t90d\ttenant" in changed.stdout
+    assert "facts\toff\ttenant" in changed.stdout
+    bad = CliRunner().invoke(cli, ["retention", "set", "--tenant", "acme", "--sessions", "soon"])
+    assert bad.exit_code == 1
+    assert "sessions must be a duration" in bad.stderr
+    assert CliRunner().invoke(cli, ["retention", "set", "--tenant", "acme"]).exit_code == 2
+
+    old = datetime.now(UTC) - timedelta(days=100)
+    with Memory.open(data_dir) as memory:
+        memory.for_tenant("acme").end_session("u1", "old", TRANSCRIPT, created_at=old)
+        memory.for_tenant("acme").users.set_fact("u1", "k", "v", updated_at=old)
+        memory.users.set_fact("u1", "k", "v", updated_at=old)
+
+    acme = CliRunner().invoke(cli, ["sweep", "--tenant", "acme"])
+    assert acme.exit_code == 0, acme.output
+    assert "retention: deleted 0 idle runs, 1 sessions, 0 transcripts, 0 fact versions" in (
+        acme.stdout
+    )
+    default = CliRunner().invoke(cli, ["sweep"])
+    assert "retention: deleted 0 idle runs, 0 sessions, 0 transcripts, 1 fact versions" in (
+        default.stdout
+    )
+    with Memory.open(data_dir) as memory:
+        assert memory.for_tenant("acme").list_sessions("u1") == []
+        assert memory.for_tenant("acme").get_fact("u1", "k").value == "v"  # facts off in acme
+        assert memory.get_facts("u1") == []

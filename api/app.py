@@ -29,6 +29,8 @@ session summaries with recall, continuation context, and checkpointed task runs.
 
 Every `/v1` route needs an API key (`Authorization: Bearer <key>` or
 `X-API-Key: <key>`); the key decides the tenant, whatever ids a request sends.
+A key bound to one user gets 403 for a request naming another user, and 404
+for another user's run or job, as for an absent one.
 Every error is an RFC 9457 `application/problem+json` body.
 """
 

@@ -5,6 +5,14 @@ requires the ``read`` scope; ``WriteMemory`` requires ``write``. There is no
 other way for a route to reach the stores, so every route is tenant-scoped by
 construction.
 
+A key bound to one user (:mod:`memory.binding`) is held to it here too: a
+``{user_id}`` in the path that is not its user is refused (403) when the key is
+authenticated, and a ``{run_id}`` in the path of a run of another user is
+answered as an absent run (404) before the route runs. Routes that name a user
+in the body or query, or address an object by an id of its own (a job), check
+with :func:`require_user` and the owner themselves; ``tests/api/test_user_keys.py``
+holds every route to a decision.
+
 Each dependency is one ``async`` function of the request, with no
 sub-dependencies: FastAPI's dependency solving and a thread hop per sync
 dependency cost more than the whole fact lookup. The API-key security schemes
@@ -22,6 +30,7 @@ from fastapi import Depends, Request
 from api.errors import AuthenticationRequiredError, ForbiddenError
 from api.state import Principal, ServiceState
 from memory.apikeys import Scope
+from memory.binding import allowed, owned_run, refusal
 from memory.facade import Memory
 
 _ALL_SCOPES: frozenset[Scope] = frozenset(("read", "write"))
@@ -56,6 +65,7 @@ async def authenticate(request: Request) -> Principal:
     Raises:
         AuthenticationRequiredError: No key was sent.
         InvalidApiKeyError: The key is malformed, unknown or revoked.
+        ForbiddenError: The key is bound to a user and the path names another user.
     """
     state = request.scope.setdefault("state", {})
     principal: Principal | None = state.get(_PRINCIPAL)
@@ -78,7 +88,20 @@ async def authenticate(request: Request) -> Principal:
         caller = cached
     state[_PRINCIPAL] = caller
     state["tenant"] = caller.tenant  # for the access log
+    require_user(caller, request.path_params.get("user_id"))
     return caller
+
+
+def require_user(principal: Principal, user_id: str | None) -> None:
+    """Refuse a key bound to one user that names another user (``None`` names nobody).
+
+    Raises:
+        ForbiddenError: The key is bound to another user. The message names the
+            key's own user only, the same whether ``user_id`` has data or not.
+    """
+    if not allowed(principal.user_id, user_id):
+        assert principal.user_id is not None
+        raise ForbiddenError(refusal(principal.user_id, f"API key {principal.key_id}"))
 
 
 def _require(principal: Principal, scope: Scope) -> None:
@@ -103,6 +126,11 @@ async def _memory(request: Request, scope: Scope) -> Memory:
     view = service.cached_view(principal.tenant)
     if view is None:
         view = await anyio.to_thread.run_sync(service.view, principal.tenant)
+    run_id = request.path_params.get("run_id")
+    if principal.user_id is not None and run_id is not None:
+        # Everything under /v1/runs/{run_id} (checkpoints, events, effects, approvals) is the
+        # run owner's: a run of another user is answered as if it did not exist (404).
+        await service.read(owned_run, view, run_id, principal.user_id)
     return view
 
 
@@ -110,7 +138,8 @@ async def read_memory(request: Request) -> Memory:
     """The caller's tenant view of the memory, for reading.
 
     Raises:
-        AuthenticationRequiredError, InvalidApiKeyError: See :func:`authenticate`.
+        AuthenticationRequiredError, InvalidApiKeyError, ForbiddenError: See :func:`authenticate`.
+        RunNotFoundError: The key is bound to a user and the path's run is another user's.
     """
     return await _memory(request, "read")
 
@@ -119,8 +148,9 @@ async def write_memory(request: Request) -> Memory:
     """The caller's tenant view of the memory, for writing.
 
     Raises:
-        ForbiddenError: The key is read-only.
+        ForbiddenError: The key is read-only (or see :func:`authenticate`).
         AuthenticationRequiredError, InvalidApiKeyError: See :func:`authenticate`.
+        RunNotFoundError: The key is bound to a user and the path's run is another user's.
     """
     return await _memory(request, "write")
 

@@ -133,16 +133,21 @@ class JobRegistry:
             self._queue.put((entry, work))
         return job
 
-    def get(self, tenant: str, job_id: str) -> Job:
-        """The current state of a job of ``tenant``.
+    def get(self, tenant: str, job_id: str, *, user_id: str | None = None) -> Job:
+        """The current state of a job of ``tenant`` (and of ``user_id``, if given).
 
         Raises:
-            JobNotFoundError: No such job for this tenant (or it finished long ago).
+            JobNotFoundError: No such job for this tenant (or it finished long
+                ago); a job of another user than ``user_id`` is not found either.
         """
         with self._lock:
             self._purge()
             entry = self._entries.get(job_id)
-            if entry is None or entry.job.tenant != tenant:
+            if (
+                entry is None
+                or entry.job.tenant != tenant
+                or (user_id is not None and entry.job.user_id != user_id)
+            ):
                 raise JobNotFoundError(
                     f"no job {job_id[:80]!r}: it never existed for this tenant, or it finished "
                     f"more than {self._retention:.0f} s ago (check the session itself)"

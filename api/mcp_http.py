@@ -10,10 +10,11 @@ construction:
   Bearer <key>`` or ``X-API-Key``, the key cache, ``--no-auth``); a missing or
   bad key is a 401 problem+json before the MCP SDK sees the request;
 - **per-request tenancy**: every tool call acts in the tenant of the key on
-  the HTTP request that carries it, and a read-only key's calls of writing
-  tools are refused; an MCP session is also bound to the key that opened it
-  (the SDK answers 404 to any other key), so one key cannot use, watch or
-  close another's session;
+  the HTTP request that carries it, a read-only key's calls of writing
+  tools are refused, and a key bound to one user is held to it (another
+  ``user_id`` refused, another user's run not found); an MCP session is also
+  bound to the key that opened it (the SDK answers 404 to any other key), so
+  one key cannot use, watch or close another's session;
 - request ids, the body size limit, metrics, the access log, graceful
   shutdown and run retention sweeps of :class:`api.middleware.ServiceMiddleware`
   and :class:`api.state.ServiceState`;
@@ -97,6 +98,7 @@ def _resolver(app: FastAPI) -> CallerResolver:
             memory=service.view(principal.tenant),
             principal=None if principal.key_id is None else f"api-key:{principal.key_id}",
             can_write="write" in principal.scopes,
+            user_id=principal.user_id,
         )
 
     return caller

@@ -39,11 +39,14 @@ class Principal:
         tenant: The tenant of the caller's API key (or the server's tenant with auth off).
         scopes: ``read`` and/or ``write``.
         key_id: The API key's public id; ``None`` with auth off.
+        user_id: The one user the key may act for (see :mod:`memory.binding`),
+            or ``None`` for every user of the tenant.
     """
 
     tenant: str
     scopes: frozenset[Scope]
     key_id: str | None
+    user_id: str | None = None
 
 
 class ServiceState:
@@ -131,7 +134,12 @@ class ServiceState:
             InvalidApiKeyError: The key is malformed, unknown or revoked.
         """
         info = self.keys.verify(key)
-        principal = Principal(tenant=info.tenant, scopes=frozenset(info.scopes), key_id=info.key_id)
+        principal = Principal(
+            tenant=info.tenant,
+            scopes=frozenset(info.scopes),
+            key_id=info.key_id,
+            user_id=info.user_id,
+        )
         ttl = self.settings.auth_cache_seconds
         if ttl > 0:
             digest = hashlib.sha256(key.encode()).hexdigest()

@@ -1,5 +1,10 @@
 """API keys of the HTTP service: random secrets that map a caller to one tenant.
 
+A key may also be bound to one user id of its tenant (``user_id``), for an
+agent that acts for one end user: the service then refuses it every other
+user's data (403 for a route naming another user, 404 for an object of
+another user addressed by its own id).
+
 A key looks like ``tmk_<key id>_<secret>``. The key id (12 hex digits) is not
 secret: it names the key in listings and revocations. The whole key is shown
 once, when it is created; the store keeps only its SHA-256, so a leaked
@@ -79,6 +84,7 @@ class ApiKeyInfo(BaseModel):
         name: A label for people (who or what uses the key).
         created_at: When the key was created.
         revoked_at: When it was revoked, or ``None`` while it is active.
+        user_id: The one user the key may act for, or ``None`` for every user of its tenant.
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -89,6 +95,7 @@ class ApiKeyInfo(BaseModel):
     name: str
     created_at: datetime
     revoked_at: datetime | None
+    user_id: str | None = None
 
     @property
     def active(self) -> bool:
@@ -111,6 +118,8 @@ class ApiKeyRecord(Record):
     secret_sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
     created_at: UtcDatetime
     revoked_at: UtcDatetime | None = None
+    # Absent in records written before keys could be bound to a user: they stay tenant-wide.
+    user_id: Id | None = None
 
     def info(self) -> ApiKeyInfo:
         """The record without its hash."""
@@ -121,6 +130,7 @@ class ApiKeyRecord(Record):
             name=self.name,
             created_at=self.created_at,
             revoked_at=self.revoked_at,
+            user_id=self.user_id,
         )
 
 
@@ -141,7 +151,12 @@ class ApiKeyRegistry:
         self._space = keys.api_keys_space()
 
     def create(
-        self, tenant: str, *, read_only: bool = False, name: str = ""
+        self,
+        tenant: str,
+        *,
+        read_only: bool = False,
+        name: str = "",
+        user_id: str | None = None,
     ) -> tuple[str, ApiKeyInfo]:
         """Create a key for ``tenant``.
 
@@ -149,15 +164,19 @@ class ApiKeyRegistry:
             tenant: The tenant the key acts in (an id).
             read_only: Allow only reads (GET routes, recall and context).
             name: A label for people, up to 256 characters.
+            user_id: Bind the key to this one user of the tenant (an id): every
+                other user's data is refused to it. ``None``: every user.
 
         Returns:
             The key itself (shown only now; it is not stored) and its info.
 
         Raises:
-            InvalidInputError: A bad tenant or name.
+            InvalidInputError: A bad tenant, user id or name.
             BackendUnavailableError: The store failed; no key was created.
         """
         check_id(tenant, "tenant")
+        if user_id is not None:
+            check_id(user_id, "user_id")
         scopes: list[Scope] = ["read"] if read_only else ["read", "write"]
         for _ in range(_CAS_ATTEMPTS):
             key_id = secrets.token_hex(6)
@@ -170,6 +189,7 @@ class ApiKeyRegistry:
                     name=name,
                     secret_sha256=_digest(key),
                     created_at=utcnow(),
+                    user_id=user_id,
                 )
             except ValidationError as exc:
                 first = exc.errors()[0]

@@ -55,13 +55,21 @@ def keys_create(
         bool, typer.Option("--read-only", help="Allow only reads (GET, recall, context).")
     ] = False,
     name: Annotated[str, typer.Option(help="A label: who or what uses the key.")] = "",
+    user: Annotated[
+        str | None,
+        typer.Option(
+            help="Bind the key to this one user of the tenant (for an agent acting for one "
+            "end user): every other user's data is refused to it."
+        ),
+    ] = None,
 ) -> None:
     """Create an API key and print it once (only its SHA-256 is stored)."""
     with _registry() as registry:
-        key, info = registry.create(tenant, read_only=read_only, name=name)
+        key, info = registry.create(tenant, read_only=read_only, name=name, user_id=user)
     typer.echo(key)
+    bound = "" if info.user_id is None else f", user {info.user_id}"
     typer.echo(
-        f"key id {info.key_id}, tenant {info.tenant}, scopes {','.join(info.scopes)}: "
+        f"key id {info.key_id}, tenant {info.tenant}{bound}, scopes {','.join(info.scopes)}: "
         "store the key now, it cannot be shown again",
         err=True,
     )
@@ -70,14 +78,18 @@ def keys_create(
 def keys_list(
     tenant: Annotated[str | None, typer.Option(help="Only this tenant's keys.")] = None,
 ) -> None:
-    """List API keys (ids, tenants, scopes; never the keys themselves)."""
+    """List API keys, one a line, tab-separated: id, tenant, scopes, state, created, name, user.
+
+    The user is the one the key is bound to (``--user``), or ``*`` for every
+    user of the tenant. The keys themselves are never shown.
+    """
     with _registry() as registry:
         infos = registry.list_keys(tenant=tenant)
     for info in infos:
         state = f"revoked {info.revoked_at:%Y-%m-%dT%H:%M:%SZ}" if info.revoked_at else "active"
         typer.echo(
             f"{info.key_id}\t{info.tenant}\t{','.join(info.scopes)}\t{state}\t"
-            f"{info.created_at:%Y-%m-%dT%H:%M:%SZ}\t{info.name}"
+            f"{info.created_at:%Y-%m-%dT%H:%M:%SZ}\t{info.name}\t{info.user_id or '*'}"
         )
 
 

@@ -17,7 +17,7 @@ HTTP have their own classes::
 
     ClientError                     root of errors only the client raises
     ├── AuthenticationError         401: the API key is missing, unknown or revoked
-    ├── PermissionDeniedError       403: the key lacks the scope (e.g. a read-only key writing)
+    ├── PermissionDeniedError       403: the key lacks the scope, or is bound to another user
     ├── ServiceOverloadedError      429: too much queued work; ``retry_after`` seconds
     └── ServiceError                any other unexpected answer (``status``, ``problem``)
 
@@ -125,7 +125,12 @@ class AuthenticationError(ClientError):
 
 
 class PermissionDeniedError(ClientError):
-    """403: the API key may not do this (e.g. a read-only key writing)."""
+    """403: the API key may not do this.
+
+    A read-only key writing, or a key bound to one user (``tiermem keys create
+    --user``) naming another user. Such a key gets :class:`~tiers.errors.RunNotFoundError`
+    for another user's run, and lists its own user's runs only.
+    """
 
 
 class ServiceOverloadedError(ClientError):

@@ -20,7 +20,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Response, status
 
-from api.deps import Caller, ReadMemory, ServiceDep, WriteMemory
+from api.deps import Caller, ReadMemory, ServiceDep, WriteMemory, require_user
 from api.errors import problem_responses
 from api.responses import json_response
 from api.schemas.common import NO_CONTROL_NON_BLANK, CheckpointIdPath, Id, RunIdPath
@@ -53,6 +53,7 @@ from api.schemas.runs import (
     StateUpdate,
 )
 from api.state import Principal
+from memory.binding import user_filter
 from tiers.errors import ApprovalPendingError, CheckpointNotFoundError, RunNotFoundError
 from tiers.models import Checkpoint, RunInfo, RunStatus
 from tiers.task import UNSET, Charged, EffectRecord
@@ -102,7 +103,11 @@ def start_run(body: RunCreate, memory: WriteMemory, caller: Caller) -> Response:
     ``lease-held`` (naming the run, the owner and ``expires_at``) unless it
     sends ``steal: true``. To retake its own live lease (e.g. after a client
     restart) a caller sends the ``worker_id`` the lease answered with.
+
+    A key bound to one user may start runs of that user only (403 otherwise);
+    a ``run_id`` already taken by a run of another user is 409 ``conflict``.
     """
+    require_user(caller, body.user_id)
     worker = body.worker_id if body.worker_id is not None else f"http-{secrets.token_hex(8)}"
     handle = memory.start_run(
         body.user_id,
@@ -134,26 +139,37 @@ def _holder(worker_id: str, caller: Principal) -> str:
 @router.get("", name="list_runs", response_model=RunList)
 def list_runs(
     memory: ReadMemory,
+    caller: Caller,
     user_id: Annotated[Id | None, Query(description="Only this user's runs.")] = None,
     status_: Annotated[
         RunStatus | None, Query(alias="status", description="Only runs in this status.")
     ] = None,
 ) -> Response:
-    """Runs of the caller's tenant, oldest first."""
+    """Runs of the caller's tenant, oldest first.
+
+    A key bound to one user lists that user's runs only (``user_id`` of
+    another user: 403).
+    """
+    require_user(caller, user_id)
+    user = user_filter(caller.user_id, user_id)
     return json_response(
-        RunList(runs=[run_out(r) for r in memory.list_runs(user_id=user_id, status=status_)])
+        RunList(runs=[run_out(r) for r in memory.list_runs(user_id=user, status=status_)])
     )
 
 
 @router.get(":resumable", name="list_resumable_runs", response_model=RunList)
-def list_resumable_runs(memory: ReadMemory) -> Response:
+def list_resumable_runs(memory: ReadMemory, caller: Caller) -> Response:
     """Runs a worker pool should pick up: not finished, paused or blocked, and no live lease.
 
     Oldest last checkpoint first. A run blocked on an effect of unknown outcome
     (``unknown_effects`` not empty) is left out until each such effect is
-    resolved: resuming it would only stop at the same effect again.
+    resolved: resuming it would only stop at the same effect again. A key
+    bound to one user gets that user's runs only.
     """
-    return json_response(RunList(runs=[run_out(r) for r in memory.list_resumable_runs()]))
+    runs = memory.list_resumable_runs()
+    if caller.user_id is not None:
+        runs = [r for r in runs if r.user_id == caller.user_id]
+    return json_response(RunList(runs=[run_out(r) for r in runs]))
 
 
 @router.get("/{run_id}", name="get_run", response_model=RunOut, responses=_NOT_FOUND)

@@ -227,5 +227,9 @@ async def get_job(
     service: ServiceDep,
     principal: ReadAccess,
 ) -> Response:
-    """A background summarization job of the caller's tenant (poll it until it is finished)."""
-    return json_response(job_out(request, service.jobs.get(principal.tenant, job_id)))
+    """A background summarization job of the caller's tenant (poll it until it is finished).
+
+    A key bound to one user gets 404 for a job of another user, as for no job.
+    """
+    job = service.jobs.get(principal.tenant, job_id, user_id=principal.user_id)
+    return json_response(job_out(request, job))

@@ -26,7 +26,10 @@ Every tool acts in one tenant, decided per call by a :data:`CallerResolver`
 from the transport's request: over stdio the tenant of the ``Memory`` given
 (``TIERMEM_TENANT``), over HTTP the tenant of the caller's API key (see
 ``api/mcp_http.py``). A caller that may not write gets an error from a writing
-tool. tiermem's typed errors become tool errors (``isError`` results) whose
+tool. A caller bound to one user (an API key made with ``--user``) gets an
+error from a tool given another ``user_id``, "not found" for a run of another
+user, and only its user's runs from ``list_runs`` and ``pending_approvals``
+(see :mod:`memory.binding`). tiermem's typed errors become tool errors (``isError`` results) whose
 text names the error and the offending field; nothing stored changes.
 
 ``tiermem mcp`` runs it over stdio (default) or streamable HTTP.
@@ -44,12 +47,13 @@ from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, JsonValue
 
+from memory.binding import allowed, owned_run, refusal, user_filter
 from memory.errors import ScopeError
 from memory.facade import DEFAULT_TOP_K, Memory
 from memory.integrations import require
 from memory.settings import Settings
-from summarizer.errors import SummarizerError, SummaryGenerationError
-from tiers.errors import BackendUnavailableError, CorruptRecordError, InvalidInputError, TierError
+from summarizer.errors import SummarizerError
+from tiers.errors import CorruptRecordError, InvalidInputError, TierError
 from tiers.ids import ID_RULE
 from tiers.models import RunInfo, RunStatus, SessionSummary, UserFact
 from tiers.session import RecalledSession
@@ -78,11 +82,14 @@ class McpCaller:
             ``None`` for a local (stdio) client. Recorded with the MCP
             client's name as ``by`` of an approval.
         can_write: Whether writing tools may run (``False`` for a read-only API key).
+        user_id: The one user the caller may act for (an API key bound to a
+            user), or ``None`` for every user of the tenant.
     """
 
     memory: Memory
     principal: str | None = None
     can_write: bool = True
+    user_id: str | None = None
 
 
 CallerResolver = Callable[[Any], McpCaller]
@@ -243,15 +250,32 @@ class _Tools:
     def __init__(self, resolve: CallerResolver) -> None:
         self._resolve = resolve
 
-    def _call(self, ctx: Context[Any, Any], op: Callable[[McpCaller], T], *, writes: bool) -> T:
-        """``op`` as the caller of this tool call, with tiermem's typed errors as tool errors."""
+    def _call(
+        self,
+        ctx: Context[Any, Any],
+        op: Callable[[McpCaller], T],
+        *,
+        writes: bool,
+        user_id: str | None = None,
+        run_id: str | None = None,
+    ) -> T:
+        """``op`` as the caller of this tool call, with tiermem's typed errors as tool errors.
+
+        ``user_id`` (the user the call names) and ``run_id`` (the run it
+        addresses) are checked against a caller bound to one user first.
+        """
         caller = self._resolve(ctx.request_context.request)
         if writes and not caller.can_write:
             raise ToolError(
                 f"this tool writes, and the caller ({caller.principal}) may only read: "
                 "use an API key created without --read-only"
             )
+        if not allowed(caller.user_id, user_id):
+            assert caller.user_id is not None
+            raise ToolError(refusal(caller.user_id, caller.principal))
         try:
+            if run_id is not None and caller.user_id is not None:
+                owned_run(caller.memory, run_id, caller.user_id)
             return op(caller)
         except (TierError, SummarizerError, ScopeError) as exc:
             raise ToolError(_describe(exc)) from exc
@@ -289,6 +313,7 @@ class _Tools:
             ctx,
             lambda c: c.memory.build_continuation_context(user_id, query, max_tokens),
             writes=False,
+            user_id=user_id,
         )
 
     def recall_relevant(
@@ -303,7 +328,10 @@ class _Tools:
         """The user's earlier sessions most relevant to a query, best first, each with its
         structured summary and a relevance score in [0, 1]."""
         hits = self._call(
-            ctx, lambda c: c.memory.recall_relevant(user_id, query, top_k), writes=False
+            ctx,
+            lambda c: c.memory.recall_relevant(user_id, query, top_k),
+            writes=False,
+            user_id=user_id,
         )
         return {"user_id": user_id, "query": query, "sessions": [_recalled(h) for h in hits]}
 
@@ -334,7 +362,9 @@ class _Tools:
         }
         if created_at is not None:
             fields["created_at"] = created_at
-        saved = self._call(ctx, lambda c: c.memory.save_session(fields), writes=True)
+        saved = self._call(
+            ctx, lambda c: c.memory.save_session(fields), writes=True, user_id=user_id
+        )
         return _summary(saved)
 
     def end_session(
@@ -359,6 +389,7 @@ class _Tools:
             ctx,
             lambda c: c.memory.end_session(user_id, session_id, transcript, created_at=created_at),
             writes=True,
+            user_id=user_id,
         )
         return _summary(saved)
 
@@ -366,11 +397,17 @@ class _Tools:
 
     def get_fact(self, user_id: UserId, key: FactKey, ctx: Context[Any, Any]) -> dict[str, Any]:
         """One standing fact or preference of the user, with where it came from."""
-        return _fact(self._call(ctx, lambda c: c.memory.get_fact(user_id, key), writes=False))
+        return _fact(
+            self._call(
+                ctx, lambda c: c.memory.get_fact(user_id, key), writes=False, user_id=user_id
+            )
+        )
 
     def get_facts(self, user_id: UserId, ctx: Context[Any, Any]) -> dict[str, Any]:
         """Every current fact and preference of the user, sorted by key."""
-        facts = self._call(ctx, lambda c: c.memory.get_facts(user_id), writes=False)
+        facts = self._call(
+            ctx, lambda c: c.memory.get_facts(user_id), writes=False, user_id=user_id
+        )
         return {"user_id": user_id, "facts": [_fact(f) for f in facts]}
 
     def set_fact(
@@ -396,25 +433,32 @@ class _Tools:
                 user_id, key, value, source=source, confidence=confidence, evidence=evidence
             ),
             writes=True,
+            user_id=user_id,
         )
         return _fact(fact)
 
     def delete_fact(self, user_id: UserId, key: FactKey, ctx: Context[Any, Any]) -> dict[str, Any]:
         """Delete a fact of the user (its history keeps a tombstone). Says whether it existed."""
-        deleted = self._call(ctx, lambda c: c.memory.delete_fact(user_id, key), writes=True)
+        deleted = self._call(
+            ctx, lambda c: c.memory.delete_fact(user_id, key), writes=True, user_id=user_id
+        )
         return {"user_id": user_id, "key": key, "deleted": deleted}
 
     def fact_history(self, user_id: UserId, key: FactKey, ctx: Context[Any, Any]) -> dict[str, Any]:
         """Every version a fact of the user had, oldest first; a deletion is a version with a
         null value and source 'deleted'."""
-        history = self._call(ctx, lambda c: c.memory.fact_history(user_id, key), writes=False)
+        history = self._call(
+            ctx, lambda c: c.memory.fact_history(user_id, key), writes=False, user_id=user_id
+        )
         return {"user_id": user_id, "key": key, "history": [_fact(f) for f in history]}
 
     # -- task runs ----------------------------------------------------------------------------
 
     def get_run(self, run_id: RunId, ctx: Context[Any, Any]) -> dict[str, Any]:
         """Status and head of a task run (and the approval gate it waits at, if paused)."""
-        return _run(self._call(ctx, lambda c: c.memory.get_run(run_id), writes=False))
+        return _run(
+            self._call(ctx, lambda c: c.memory.get_run(run_id), writes=False, run_id=run_id)
+        )
 
     def list_runs(
         self,
@@ -424,7 +468,10 @@ class _Tools:
     ) -> dict[str, Any]:
         """The tenant's task runs, optionally only one user's and/or one status."""
         runs = self._call(
-            ctx, lambda c: c.memory.list_runs(user_id=user_id, status=status), writes=False
+            ctx,
+            lambda c: c.memory.list_runs(user_id=user_filter(c.user_id, user_id), status=status),
+            writes=False,
+            user_id=user_id,
         )
         return {"runs": [_run(r) for r in runs]}
 
@@ -437,8 +484,11 @@ class _Tools:
         and the hash of the plan awaiting a decision (pass it to approve_run / reject_run)."""
         runs = self._call(
             ctx,
-            lambda c: c.memory.list_runs(user_id=user_id, status=RunStatus.PAUSED),
+            lambda c: c.memory.list_runs(
+                user_id=user_filter(c.user_id, user_id), status=RunStatus.PAUSED
+            ),
             writes=False,
+            user_id=user_id,
         )
         gates = [
             {
@@ -463,6 +513,7 @@ class _Tools:
             ctx,
             lambda c: c.memory.approve_run(run_id, plan_hash, by=self._by(ctx, c), note=note),
             writes=True,
+            run_id=run_id,
         )
         return _approval(run_id, decided)
 
@@ -475,6 +526,7 @@ class _Tools:
             ctx,
             lambda c: c.memory.reject_run(run_id, plan_hash, by=self._by(ctx, c), note=note),
             writes=True,
+            run_id=run_id,
         )
         return _approval(run_id, decided)
 
@@ -486,13 +538,6 @@ def _describe(exc: TierError | SummarizerError | ScopeError) -> str:
         # Server-side faults: their detail is for the operator's log, not the caller.
         logger.error("tool failed: %s: %s", kind, exc)
         return f"{kind}: the server failed; its log has the detail"
-    if isinstance(exc, BackendUnavailableError | SummaryGenerationError):
-        # A store's, embedder's or model's failure names its host, port or file: log it.
-        logger.error("tool failed: %s: %s", kind, exc)
-        return (
-            f"{kind}: a backend of the server is unavailable or failed; retry later (its log "
-            "has the detail)"
-        )
     field = getattr(exc, "field", None)
     where = f" (field {field!r})" if isinstance(field, str) and field else ""
     return f"{kind}{where}: {exc}"

@@ -50,6 +50,7 @@ class Served:
     base_url: str
     key: str
     read_only_key: str
+    yara_key: str  # bound to user yara
     log: Path
     process: subprocess.Popen[bytes]
 
@@ -80,6 +81,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     # The second key straight from the registry (one CLI start-up less); SQLite is multi-process safe.
     kv = open_kv_store(str(work / "data" / "tiermem.sqlite3"))
     read_only_key, key = key, ApiKeyRegistry(kv).create("client-test")[0]
+    yara_key = ApiKeyRegistry(kv).create("client-test", user_id="yara")[0]
     kv.close()
     port = free_port()
     log = work / "server.log"
@@ -99,7 +101,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             process.kill()
             pytest.fail(f"tiermem serve did not start:\n{log.read_text()}")
         time.sleep(0.1)
-    served = Served(base_url, key, read_only_key, log, process)
+    served = Served(base_url, key, read_only_key, yara_key, log, process)
     yield served
     if process.poll() is None:
         process.kill()
@@ -312,6 +314,40 @@ def test_typed_errors(served: Served, client: MemoryClient) -> None:
     with pytest.raises(BackendUnavailableError, match="cannot reach"):
         MemoryClient(f"http://127.0.0.1:{free_port()}", served.key, timeout=2).get_facts("dave")
     client.ping()
+
+
+def test_a_user_bound_key_through_the_client(served: Served, client: MemoryClient) -> None:
+    zeke = client.start_run("zeke", "zeke-run")
+    zeke.append_checkpoint("s", 1)
+    client.set_fact("zeke", "k", "v")
+    with MemoryClient(served.base_url, served.yara_key) as yara:
+        # Yara's own data: everything works, the summary job included.
+        yara.set_fact("yara", "lang", "fr")
+        assert [f.key for f in yara.get_facts("yara")] == ["lang"]
+        assert yara.end_session("yara", "s-1", TRANSCRIPT).session_id == "s-1"
+        assert "Postgres" in yara.build_continuation_context("yara", "database", 400)
+        run = yara.start_run("yara", "yara-run")
+        run.append_checkpoint("s", 1)
+        assert [r.run_id for r in yara.list_runs()] == ["yara-run"]  # not zeke's
+        assert {r.run_id for r in yara.list_resumable_runs()} <= {"yara-run"}
+        # Another user: 403 where the call names the user, 404 for the user's run.
+        for refused in (
+            lambda: yara.get_facts("zeke"),
+            lambda: yara.set_fact("zeke", "k", "hijacked"),
+            lambda: yara.forget_user("zeke"),
+            lambda: yara.start_run("zeke"),
+            lambda: yara.list_runs(user_id="zeke"),
+        ):
+            with pytest.raises(PermissionDeniedError, match="bound to user 'yara'"):
+                refused()
+        with pytest.raises(RunNotFoundError):
+            yara.get_run("zeke-run")
+        with pytest.raises(RunNotFoundError):
+            yara.run_history("zeke-run")
+        with pytest.raises(RunNotFoundError):
+            yara.cancel_run("zeke-run")
+    assert client.get_fact("zeke", "k").value == "v"
+    assert client.get_run("zeke-run").status is RunStatus.RUNNING
 
 
 def test_client_methods_match_the_library() -> None:

@@ -52,8 +52,8 @@ from memory.errors import ScopeError
 from memory.facade import DEFAULT_TOP_K, Memory
 from memory.integrations import require
 from memory.settings import Settings
-from summarizer.errors import SummarizerError
-from tiers.errors import CorruptRecordError, InvalidInputError, TierError
+from summarizer.errors import SummarizerError, SummaryGenerationError
+from tiers.errors import BackendUnavailableError, CorruptRecordError, InvalidInputError, TierError
 from tiers.ids import ID_RULE
 from tiers.models import RunInfo, RunStatus, SessionSummary, UserFact
 from tiers.session import RecalledSession
@@ -538,6 +538,13 @@ def _describe(exc: TierError | SummarizerError | ScopeError) -> str:
         # Server-side faults: their detail is for the operator's log, not the caller.
         logger.error("tool failed: %s: %s", kind, exc)
         return f"{kind}: the server failed; its log has the detail"
+    if isinstance(exc, BackendUnavailableError | SummaryGenerationError):
+        # A store's, embedder's or model's failure names its host, port or file: log it.
+        logger.error("tool failed: %s: %s", kind, exc)
+        return (
+            f"{kind}: a backend of the server is unavailable or failed; retry later (its log "
+            "has the detail)"
+        )
     field = getattr(exc, "field", None)
     where = f" (field {field!r})" if isinstance(field, str) and field else ""
     return f"{kind}{where}: {exc}"

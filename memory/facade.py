@@ -37,6 +37,7 @@ from tiers.models import (
     UserFact,
     utcnow,
 )
+from tiers.redaction import Redactor
 from tiers.retention import (
     RetentionPolicy,
     SweepReport,
@@ -87,6 +88,13 @@ class Memory:
         retention: The deployment's default retention of sessions, transcripts,
             facts and idle runs (default: everything kept); each tenant may
             override it (:meth:`set_retention`), and :meth:`sweep` applies it.
+        redactor: What is removed before anything is stored: transcripts (so
+            the summarizer never sees it either), summaries, fact values and
+            evidence, step outputs, run state, scope snapshots, run results,
+            effect outputs and approval plans. Default ``Redactor("secrets")``
+            (API keys, tokens, passwords, card numbers, private keys);
+            ``Redactor("off")`` stores everything verbatim. Custom kinds:
+            ``Redactor(patterns={"employee_id": r"EMP-\\d{6}"})``.
     """
 
     def __init__(
@@ -103,7 +111,13 @@ class Memory:
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
         scrub_deleted: bool = True,
         retention: RetentionPolicy | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
+        if redactor is not None and not isinstance(redactor, Redactor):
+            raise InvalidInputError(
+                f"redactor must be a Redactor, got {type(redactor).__name__}", field="redactor"
+            )
+        self.redactor = redactor if redactor is not None else Redactor()
         if retention is not None and not isinstance(retention, RetentionPolicy):
             raise InvalidInputError(
                 f"retention must be a RetentionPolicy, got {type(retention).__name__}",
@@ -117,7 +131,11 @@ class Memory:
         self.tenant = check_id(tenant, "tenant")
         self.context_max_tokens = context_max_tokens
         self.tasks = TaskTier(
-            kv, tenant=self.tenant, retention=run_retention, snapshot_every=snapshot_every
+            kv,
+            tenant=self.tenant,
+            retention=run_retention,
+            snapshot_every=snapshot_every,
+            redactor=self.redactor,
         )
         self.background_indexing = background_indexing
         self.scrub_deleted = scrub_deleted
@@ -129,12 +147,13 @@ class Memory:
             background=background_indexing,
             # What a session taught goes with its transcript (deleted or replaced).
             on_transcript_removed=self._withdraw_session_facts,
+            redactor=self.redactor,
         )
-        self.users = UserTier(kv, tenant=self.tenant)
+        self.users = UserTier(kv, tenant=self.tenant, redactor=self.redactor)
         # Checkpoint DAGs of graph frameworks (the LangGraph checkpointer's storage).
         self.threads = ThreadTier(kv, tenant=self.tenant)
         # Namespaced JSON items (what framework stores such as LangGraph's BaseStore hold).
-        self.items = ItemStore(kv, index, embedder, tenant=self.tenant)
+        self.items = ItemStore(kv, index, embedder, tenant=self.tenant, redactor=self.redactor)
         self._owns_stores = True
         self._tenants: dict[str, Memory] = {}
         self._tenants_lock = threading.Lock()
@@ -168,6 +187,7 @@ class Memory:
                     snapshot_every=self.tasks.snapshot_every,
                     scrub_deleted=self.scrub_deleted,
                     retention=self.retention_default,
+                    redactor=self.redactor,
                 )
                 view._owns_stores = False
                 view.allow_volatile = self.allow_volatile
@@ -182,12 +202,18 @@ class Memory:
 
         Args:
             data_dir: Folder of the stores; created if missing.
-            **overrides: Any other :class:`Settings` field.
+            **overrides: Any other :class:`Settings` field. ``durable=False`` passed
+                here is itself the explicit choice of bounded durability, so it
+                implies ``allow_volatile=True`` (unless that is passed too); the
+                environment's ``TIERMEM_DURABLE=false`` still needs
+                ``TIERMEM_ALLOW_VOLATILE``.
         """
         if not isinstance(data_dir, str | os.PathLike):
             raise InvalidInputError(
                 f"data_dir must be a path, got {type(data_dir).__name__}", field="data_dir"
             )
+        if overrides.get("durable") is False:
+            overrides.setdefault("allow_volatile", True)
         return cls.from_settings(_settings(data_dir=Path(data_dir), **overrides))
 
     @classmethod
@@ -282,6 +308,11 @@ class Memory:
             snapshot_every=settings.snapshot_every,
             scrub_deleted=settings.scrub_deleted,
             retention=settings.retention_policy(),
+            redactor=Redactor(
+                settings.redact,
+                patterns=settings.redact_patterns,
+                placeholder=settings.redact_placeholder,
+            ),
         )
 
     # -- session tier -------------------------------------------------------

@@ -82,12 +82,24 @@ def test_a_durable_redis_opens_without_the_opt_in(tmp_path: Path, redis_url: str
         memory.set_fact("u1", "tone", "concise")
 
 
-def test_sqlite_without_fsync_needs_the_opt_in(tmp_path: Path) -> None:
+def test_sqlite_without_fsync_needs_the_opt_in(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # From the environment (how a service is configured) it is refused...
+    monkeypatch.setenv("TIERMEM_DURABLE", "false")
     with pytest.raises(BackendUnavailableError, match="durable=false"):
-        Memory.open(tmp_path, durable=False)
-    with Memory.open(tmp_path, durable=False, allow_volatile=True) as memory:
+        Memory.from_settings(Settings(data_dir=tmp_path))
+    with pytest.raises(BackendUnavailableError, match="durable=false"):
+        Memory.open(tmp_path)
+    with pytest.raises(BackendUnavailableError, match="durable=false"):
+        Memory.open(tmp_path, durable=False, allow_volatile=False)
+    monkeypatch.delenv("TIERMEM_DURABLE")
+    # ...while durable=False written in the calling code is itself the explicit choice.
+    with Memory.open(tmp_path, durable=False, flush_interval=0.05) as memory:
+        assert memory.allow_volatile
         memory.set_fact("u1", "tone", "concise")
     with Memory.open(tmp_path) as memory:  # the default fsyncs every commit
+        assert not memory.allow_volatile
         assert memory.get_fact("u1", "tone").value == "concise"
 
 

@@ -74,6 +74,7 @@ from tiers.models import (
     SummaryUsage,
     UserFact,
 )
+from tiers.redaction import Redactor
 from tiers.retention import RetentionPolicy, SweepReport
 from tiers.session import RecalledSession
 from tiers.task import RunHandle
@@ -114,6 +115,7 @@ __all__ = [
     "PromptContext",
     "ReadOnlyScopeError",
     "RecalledSession",
+    "Redactor",
     "RetentionPolicy",
     "RunCancelledError",
     "RunHandle",

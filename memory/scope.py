@@ -55,6 +55,7 @@ from memory.errors import (
 )
 from summarizer.errors import SummarizerError
 from summarizer.tokens import count_tokens, get_encoding
+from tiers.redaction import OFF, Redactor
 
 SCOPE_SCHEMA_VERSION: Final = 1
 DEFAULT_ENCODING: Final = "cl100k_base"
@@ -334,10 +335,12 @@ class WorkingMemory:
         *,
         encoding: str = DEFAULT_ENCODING,
         lock: threading.RLock | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         self._budget = _check_count(budget_tokens, "budget_tokens")
         self._encoding = _check_encoding(encoding)
         self._lock = lock if lock is not None else threading.RLock()
+        self._redactor = redactor if redactor is not None else OFF
         self._entries: dict[str, _WorkingEntry] = {}
         self._used = 0
 
@@ -367,6 +370,13 @@ class WorkingMemory:
                 "text or plain dict/list/str/int/float/bool/None values",
                 field="value",
             ) from exc
+        if self._redactor.enabled:
+            # Redacted before its tokens are counted: the budget holds for what is stored.
+            plain = value if isinstance(value, str) else json.loads(value_json)
+            redacted = self._redactor.redact_json(plain, key=key)
+            if redacted is not plain:
+                value = redacted
+                value_json = json.dumps(value, ensure_ascii=False)
         text = value if isinstance(value, str) else value_json
         line = _render_working_line(key, text)
         return _WorkingEntry(value_json, line, count_tokens(line, self._encoding))
@@ -508,8 +518,11 @@ class Trace:
         lock: Lock guarding the entries; a private one if ``None``.
     """
 
-    def __init__(self, *, lock: threading.RLock | None = None) -> None:
+    def __init__(
+        self, *, lock: threading.RLock | None = None, redactor: Redactor | None = None
+    ) -> None:
         self._lock = lock if lock is not None else threading.RLock()
+        self._redactor = redactor if redactor is not None else OFF
         self._entries: list[TraceEntry] = []
 
     def append(self, kind: str, text: str, *, phase: str) -> TraceEntry:
@@ -527,7 +540,7 @@ class Trace:
             InvalidScopeInputError: Bad kind, text or phase; nothing was appended.
         """
         kind = _check_kind(kind)
-        text = _check_str(text, "text")
+        text = self._redactor.redact(_check_str(text, "text"))
         phase = _check_name(phase, "phase", MAX_PHASE_CHARS)
         with self._lock:
             entry = TraceEntry(len(self._entries) + 1, kind, text, phase, datetime.now(UTC))
@@ -717,6 +730,12 @@ class ScopeManager:
         encoding: tiktoken encoding used to count tokens (shipped offline:
             ``cl100k_base``, ``o200k_base``, ``p50k_base``).
         phase: Name of the first phase.
+        redactor: Applied to everything the scopes take in (system sections,
+            working-memory values, trace texts) before it is held, so budgets
+            count, prompts show and snapshots store the redacted text. Default
+            ``Redactor("secrets")``, the :class:`~memory.Memory` default; pass
+            ``memory.redactor`` so the scopes and the run's checkpoints agree
+            (``Redactor("off")``: keep everything).
 
     Raises:
         InvalidScopeInputError: A bad argument.
@@ -729,14 +748,24 @@ class ScopeManager:
         working_budget_tokens: int = DEFAULT_WORKING_BUDGET_TOKENS,
         encoding: str = DEFAULT_ENCODING,
         phase: str = DEFAULT_FIRST_PHASE,
+        redactor: Redactor | None = None,
     ) -> None:
         self._encoding = _check_encoding(encoding)
-        self._system = system if isinstance(system, SystemContext) else SystemContext(system)
+        if redactor is not None and not isinstance(redactor, Redactor):
+            raise InvalidScopeInputError(
+                f"redactor must be a Redactor, got {type(redactor).__name__}", field="redactor"
+            )
+        self._redactor = redactor if redactor is not None else Redactor()
+        context = system if isinstance(system, SystemContext) else SystemContext(system)
+        redacted = {n: self._redactor.redact(t) for n, t in context.sections.items()}
+        if redacted != dict(context.sections):
+            context = SystemContext(redacted)
+        self._system = context
         self._lock = threading.RLock()
         self._working = WorkingMemory(
-            working_budget_tokens, encoding=self._encoding, lock=self._lock
+            working_budget_tokens, encoding=self._encoding, lock=self._lock, redactor=self._redactor
         )
-        self._trace = Trace(lock=self._lock)
+        self._trace = Trace(lock=self._lock, redactor=self._redactor)
         self._phase = _check_name(phase, "phase", MAX_PHASE_CHARS)
         self._phase_index = 1
 
@@ -955,7 +984,7 @@ class ScopeManager:
             }
 
     @classmethod
-    def restore(cls, snapshot: Mapping[str, Any]) -> Self:
+    def restore(cls, snapshot: Mapping[str, Any], *, redactor: Redactor | None = None) -> Self:
         """Rebuild a manager from :meth:`snapshot` output, exactly.
 
         The restored manager has an equal snapshot and assembles the same
@@ -963,6 +992,8 @@ class ScopeManager:
 
         Args:
             snapshot: A dict from :meth:`snapshot` (possibly after a JSON round trip).
+            redactor: Applied to what the restored manager takes in from now on
+                (see :class:`ScopeManager`); the snapshot itself is restored as it is.
 
         Returns:
             A new manager.
@@ -997,10 +1028,10 @@ class ScopeManager:
                 "unmodified dict from ScopeManager.snapshot()",
                 field=where,
             ) from exc
-        return cls._from_parsed(parsed)
+        return cls._from_parsed(parsed, redactor)
 
     @classmethod
-    def _from_parsed(cls, parsed: _ScopeSnapshot) -> Self:
+    def _from_parsed(cls, parsed: _ScopeSnapshot, redactor: Redactor | None = None) -> Self:
         where = "system"
         try:
             sections = {section.name: section.text for section in parsed.system}
@@ -1012,6 +1043,7 @@ class ScopeManager:
                 working_budget_tokens=parsed.working_budget_tokens,
                 encoding=parsed.encoding,
                 phase=parsed.phase,
+                redactor=OFF,  # restored exactly; the redactor applies to what comes next
             )
             manager._phase_index = parsed.phase_index
             for index, item in enumerate(parsed.working):
@@ -1040,7 +1072,15 @@ class ScopeManager:
             raise InvalidScopeSnapshotError(
                 f"scope snapshot is inconsistent at {where}: {exc}", field=where
             ) from exc
+        manager._use_redactor(redactor if redactor is not None else Redactor())
         return manager
+
+    def _use_redactor(self, redactor: Redactor) -> None:
+        if not isinstance(redactor, Redactor):
+            raise InvalidScopeInputError(
+                f"redactor must be a Redactor, got {type(redactor).__name__}", field="redactor"
+            )
+        self._redactor = self._working._redactor = self._trace._redactor = redactor
 
     def __repr__(self) -> str:
         return (

@@ -10,10 +10,12 @@ from datetime import timedelta
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from pydantic import Field, SecretStr, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES
+from tiers.errors import InvalidInputError
+from tiers.redaction import DEFAULT_PLACEHOLDER, RedactMode, check_patterns
 
 if TYPE_CHECKING:
     from tiers.retention import RetentionPolicy
@@ -136,6 +138,23 @@ class Settings(BaseSettings):
         "anyway), Redis rewrites its AOF (BGREWRITEAOF). Turn off to rewrite on your own "
         "schedule (a large Redis).",
     )
+    redact: RedactMode = Field(
+        default="secrets",
+        description="Redact before anything is stored (transcripts, before the summarizer sees "
+        "them; summaries; facts; run outputs, state, scopes and effect outputs): 'secrets' "
+        "(API keys, tokens, passwords, card numbers, private keys), 'secrets+pii' (also "
+        "e-mail addresses, phone numbers, US SSNs) or 'off'.",
+    )
+    redact_patterns: dict[str, str] = Field(
+        default_factory=dict,
+        description="More kinds to redact, kind -> regex (as JSON in TIERMEM_REDACT_PATTERNS, "
+        'e.g. {"employee_id": "EMP-\\\\d{6}"}); a group named secret is what is replaced.',
+    )
+    redact_placeholder: str = Field(
+        default=DEFAULT_PLACEHOLDER,
+        min_length=1,
+        description="What a redacted value becomes; {kind} names what it was.",
+    )
 
     # -- HTTP service (``tiermem serve``, ``api.create_app``) --------------------------------
     auth_enabled: bool = Field(
@@ -202,6 +221,15 @@ class Settings(BaseSettings):
     log_level: Literal["critical", "error", "warning", "info", "debug"] = Field(
         default="info", description="Log level of `tiermem serve`."
     )
+
+    @field_validator("redact_patterns")
+    @classmethod
+    def _patterns_compile(cls, value: dict[str, str]) -> dict[str, str]:
+        try:
+            check_patterns(value)
+        except InvalidInputError as exc:
+            raise ValueError(str(exc)) from exc
+        return value
 
     @model_validator(mode="after")
     def _flush_interval_needs_non_durable(self) -> Settings:

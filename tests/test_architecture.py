@@ -135,6 +135,7 @@ def test_public_surface_is_pinned() -> None:
         "PromptContext",
         "ReadOnlyScopeError",
         "RecalledSession",
+        "Redactor",
         "RetentionPolicy",
         "RunCancelledError",
         "RunHandle",

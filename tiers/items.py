@@ -82,6 +82,7 @@ from tiers.item_rules import (
     matches_pattern,
 )
 from tiers.models import Record, UserFact, UtcDatetime, utcnow
+from tiers.redaction import OFF, Redactor
 
 __all__ = [
     "ITEM_FACT_SOURCE",
@@ -190,6 +191,10 @@ class ItemStore:
             its ``dimension`` is the index's.
         tenant: Namespace of every key written.
         clock: Current UTC time (injectable for tests of expiry).
+        redactor: Redacts item values before they are stored (a string under a
+            key such as ``password`` or ``api_key`` whole); callers that embed
+            values should embed :attr:`redactor`'s output too. ``None``: nothing
+            is redacted.
     """
 
     def __init__(
@@ -200,9 +205,11 @@ class ItemStore:
         *,
         tenant: str = "default",
         clock: Callable[[], datetime] = utcnow,
+        redactor: Redactor | None = None,
         _sync_lock: threading.Lock | None = None,
     ) -> None:
         self._kv = kv
+        self.redactor = redactor if redactor is not None else OFF
         self._index = index
         self.embedder = embedder
         self.tenant = check_id(tenant, "tenant")
@@ -224,6 +231,7 @@ class ItemStore:
             self.embedder,
             tenant=self.tenant,
             clock=clock,
+            redactor=self.redactor,
             _sync_lock=self._sync_lock,
         )
 
@@ -615,7 +623,7 @@ class ItemStore:
         address = keys.item_address(code, key)
         if write.value is None:
             return _Plan(write, namespace, code, address, None, [])
-        value = check_value(write.value)
+        value = self.redactor.redact_json(check_value(write.value))
         vectors = self._check_vectors(write.vectors, "vectors") if write.vectors else []
         if vectors:
             check_model(write.model)

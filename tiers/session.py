@@ -67,8 +67,16 @@ from tiers.errors import (
     ValueTooLargeError,
 )
 from tiers.ids import check_id
-from tiers.models import MAX_TEXT, SCHEMA_VERSION, Message, SessionSummary, utcnow
+from tiers.models import (
+    MAX_MESSAGE_TEXT,
+    MAX_TEXT,
+    SCHEMA_VERSION,
+    Message,
+    SessionSummary,
+    utcnow,
+)
 from tiers.recall import FusionWeights, fuse
+from tiers.redaction import OFF, Redactor
 from tiers.session_index import BATCH, Ref, SessionIndexer, users_of
 from tiers.session_view import UserView, ViewCache, build_view
 from tiers.transcripts import (
@@ -97,6 +105,27 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MAX_TOP_K = 100
+
+
+def _redact_messages(messages: list[Message], redactor: Redactor) -> list[Message]:
+    """Messages with their text and tool-call arguments redacted (names and ids are kept)."""
+    if not redactor.enabled:
+        return messages
+    out: list[Message] = []
+    for message in messages:
+        update: dict[str, object] = {}
+        if (content := redactor.redact(message.content)) != message.content:
+            update["content"] = content[:MAX_MESSAGE_TEXT]
+        calls = tuple(
+            call.model_copy(update={"arguments": args[:MAX_MESSAGE_TEXT]})
+            if (args := redactor.redact(call.arguments)) != call.arguments
+            else call
+            for call in message.tool_calls
+        )
+        if any(new is not old for new, old in zip(calls, message.tool_calls, strict=True)):
+            update["tool_calls"] = calls
+        out.append(message.model_copy(update=update) if update else message)
+    return out
 
 
 def check_top_k(top_k: object) -> int:
@@ -172,6 +201,10 @@ class SessionTier:
             commit that deleted or replaced a session's stored transcript
             (or deleted the session), so what was derived from the content
             elsewhere (facts learned from it) can go too.
+        redactor: Redacts transcripts (message text, tool-call arguments) and
+            summaries before they are stored, so neither the stores, the index
+            nor a summarizer reading the stored transcript ever sees what it
+            removes; ``None``: nothing is redacted.
 
     Raises:
         InvalidInputError: A bad tenant, or an embedder that does not match the index.
@@ -189,8 +222,10 @@ class SessionTier:
         cache_bytes: int = 128 << 20,
         weights: FusionWeights | None = None,
         on_transcript_removed: Callable[[str, str], None] | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         self._kv = kv
+        self._redactor = redactor if redactor is not None else OFF
         self._on_transcript_removed = on_transcript_removed
         self._index = index
         self._embedder = embedder
@@ -267,6 +302,7 @@ class SessionTier:
         """
         if transcript is None:
             return self.save_sessions([summary])[0]
+        summary = self._redacted(summary)
         (data,) = self._encode([summary])
         user_id, session_id = summary.user_id, summary.session_id
         if (transcript.user_id, transcript.session_id) != (user_id, session_id):
@@ -335,7 +371,7 @@ class SessionTier:
             ConflictError: Other writers kept changing these sessions; retry.
             BackendUnavailableError: The KV store failed.
         """
-        items = list(summaries)
+        items = [self._redacted(summary) for summary in summaries]
         encoded = self._encode(items)
         self._indexer.repair_if_needed()
         latest: dict[Ref, bytes] = {}
@@ -395,6 +431,26 @@ class SessionTier:
                 continue
             return replaced
         raise ConflictError("the sessions kept changing while being saved: retry")
+
+    def _redacted(self, summary: SessionSummary) -> SessionSummary:
+        """``summary`` with its text redacted (anything else is left for :meth:`_encode` to refuse)."""
+        if not self._redactor.enabled or not isinstance(summary, SessionSummary):
+            return summary
+        redact = self._redactor.redact
+        update: dict[str, object] = {}
+        if (text := redact(summary.task_description)) != summary.task_description:
+            update["task_description"] = text[:MAX_TEXT]
+        for name in (
+            "decisions_made",
+            "work_completed",
+            "open_questions",
+            "next_recommended_steps",
+        ):
+            items: list[str] = getattr(summary, name)
+            redacted = [redact(item)[:MAX_TEXT] for item in items]
+            if redacted != items:
+                update[name] = redacted
+        return summary.model_copy(update=update) if update else summary
 
     def _transcript_removed(self, user_id: str, session_id: str) -> None:
         if self._on_transcript_removed is not None:
@@ -482,7 +538,7 @@ class SessionTier:
         check_id(user_id, "user_id")
         check_id(session_id, "session_id")
         when = utcnow() if created_at is None else check_datetime(created_at, "created_at")
-        parsed = parse_messages(messages)
+        parsed = _redact_messages(parse_messages(messages), self._redactor)
         space = keys.transcripts_space(self._tenant, user_id)
         sessions = keys.sessions_space(self._tenant, user_id)
         for attempt in range(cas.ATTEMPTS):

@@ -207,6 +207,11 @@ class TaskTier(
             been appended since the last one (bounds the cost of loading state).
         retention: How long finished runs are kept before :meth:`sweep` deletes them.
         clock: Current UTC time (injectable for tests of lease expiry and retention).
+        redactor: Redacts what is stored (step outputs, state, scopes, run results and
+            errors, effect outputs, approval plans) before it is written; ``None``:
+            nothing is redacted. Idempotency keys, input hashes and effect response
+            hashes are of the values as given, so a resumed step matches its
+            checkpoint whatever the redactor changed.
     """
 
     def start_run(

@@ -231,8 +231,12 @@ class HandleApprovalsMixin(HandleCore):
             pending = txn.base.pending_approval
             if pending is not None:
                 raise self._pending(pending.plan_hash, pending.key)
+            # The operator reviews the stored plan, redacted; its hash is of the plan as given.
             record = ApprovalRecord(
-                key=gate, plan_hash=plan_hash, plan=plan_json, requested_at=txn.now
+                key=gate,
+                plan_hash=plan_hash,
+                plan=self._tier.redactor.redact_json(plan_json),
+                requested_at=txn.now,
             )
             txn.add_event(EventKind.APPROVAL_REQUESTED, key=gate, plan_hash=plan_hash)
             txn.add_event(EventKind.RUN_PAUSED, reason="approval", key=gate)

@@ -111,6 +111,9 @@ class EffectsMixin(TierCore):
                 field="output",
             )
         value = None if output is _UNSET else to_json(output, field="output")
+        # The response digest is of the output as given; the ledger keeps it redacted.
+        digest = output_digest(value)
+        value = self.redactor.redact_json(value)
         space = keys.run_space(self._tenant, run_id)
         result: list[EffectRecord] = []
 
@@ -141,7 +144,7 @@ class EffectsMixin(TierCore):
                 seq = txn.add_event(
                     EventKind.EFFECT_RECORDED,
                     key=key,
-                    response_hash=output_digest(value),
+                    response_hash=digest,
                     source="operator",
                     by=by,
                     by_key=by_key,
@@ -150,7 +153,7 @@ class EffectsMixin(TierCore):
                     update={
                         "status": EffectStatus.RECORDED,
                         "output": value,
-                        "response_hash": output_digest(value),
+                        "response_hash": digest,
                         "source": "operator",
                         "resolved_by": by,
                         "resolved_by_key": by_key,
@@ -783,6 +786,11 @@ class HandleEffectsMixin(HandleCore):
         nothing: the new holder reconciles the effect.
         """
         output, tokens, cost, delta = _unpack(raw, call.name)
+        # The ledger keeps the response's digest and a redacted output: a credential an
+        # effect returned is not stored, and a retried record_effect still matches by digest.
+        # What this returns is what was stored, as a replay returns it.
+        response_hash = output_digest(output)
+        output = self._tier.redactor.redact_json(output)
         if delta and not call.top_level:
             raise InvalidInputError(
                 f"effect {call.name!r} inside a step returned a state delta: return it from "
@@ -804,14 +812,14 @@ class HandleEffectsMixin(HandleCore):
             txn.add_event(
                 EventKind.EFFECT_RECORDED,
                 key=call.key,
-                response_hash=output_digest(output),
+                response_hash=response_hash,
                 source=source,
             )
             new = _with(
                 rec,
                 status=EffectStatus.RECORDED,
                 output=output,
-                response_hash=output_digest(output),
+                response_hash=response_hash,
                 source=source,
                 recorded_seq=txn.base.event_seq + len(txn.events),
             )

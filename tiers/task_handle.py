@@ -301,7 +301,7 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
             StaleWriterError: The run was taken over by another handle.
             RunStateError: The run is already finished, cancelled or paused.
         """
-        value = to_json(result, field="result")
+        value = self._tier.redactor.redact_json(to_json(result, field="result"))
         return self._finish(RunStatus.COMPLETED, EventKind.RUN_COMPLETED, {"result": value})
 
     def fail(self, error: str) -> RunInfo:
@@ -316,7 +316,8 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
             raise InvalidInputError(
                 f"error must be a string, got {type(error).__name__}", field="error"
             )
-        return self._finish(RunStatus.FAILED, EventKind.RUN_FAILED, {"error": error[:MAX_TEXT]})
+        error = self._tier.redactor.redact(error)[:MAX_TEXT]
+        return self._finish(RunStatus.FAILED, EventKind.RUN_FAILED, {"error": error})
 
 
 def _scope_json(scope: object, step: str) -> dict[str, JsonValue]:

@@ -363,6 +363,14 @@ class HandleCore:
         entry: bytes | None,
     ) -> Checkpoint:
         tier = self._tier
+        # Redacted before it is stored, and what the step returns is what was stored, so
+        # the first execution and every replay see the same output (digest: the original's).
+        redact = tier.redactor.redact_json
+        output = redact(output)
+        if scope is not None:
+            scope = redact(scope)
+        if delta is not None:
+            delta = redact(delta)
         info = txn.base
         seq = info.head_seq + 1
         ckpt_id = checkpoint_id(self.run_id, seq, key)

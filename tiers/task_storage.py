@@ -27,6 +27,7 @@ from tiers.errors import (
 )
 from tiers.ids import check_id
 from tiers.models import Checkpoint, RunInfo, utcnow
+from tiers.redaction import OFF, Redactor
 from tiers.task_events import (
     EffectRecord,
     IdempotencyEntry,
@@ -94,6 +95,7 @@ class TierCore:
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
         retention: timedelta = DEFAULT_RETENTION,
         clock: Callable[[], datetime] = utcnow,
+        redactor: Redactor | None = None,
     ) -> None:
         if isinstance(snapshot_every, bool) or not isinstance(snapshot_every, int):
             raise InvalidInputError(
@@ -112,6 +114,9 @@ class TierCore:
         self.snapshot_every = snapshot_every
         self.retention = retention
         self._clock = clock
+        # Applied to what runs store (outputs, state, scopes, results, effect outputs, plans);
+        # hashes of inputs and outputs are taken before it, so replays match whatever it does.
+        self.redactor = redactor if redactor is not None else OFF
         self._flush: Callable[[], None] | None = kv.flush if isinstance(kv, Flushable) else None
 
     @property

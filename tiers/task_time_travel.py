@@ -187,6 +187,8 @@ class TimeTravelMixin(TierCore):
         """
         by, by_key = check_decider(by, by_key)
         delta = to_json_dict(values, field="values")
+        digest = input_hash(delta, field="values")  # of the edit as given; stored redacted
+        delta = self.redactor.redact_json(delta)
         target = self.get_checkpoint(run_id, checkpoint_id)
         base_values = self._values_at(run_id, target.seq)
         space = keys.run_space(self._tenant, run_id)
@@ -224,7 +226,7 @@ class TimeTravelMixin(TierCore):
                 seq=seq,
                 parent_id=target.checkpoint_id,
                 step="update_state",
-                input_hash=input_hash(delta, field="values"),
+                input_hash=digest,
                 output=None,
                 idempotency_key=key,
                 started_at=now,

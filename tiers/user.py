@@ -28,7 +28,8 @@ from tiers.errors import (
     ValueTooLargeError,
 )
 from tiers.ids import check_id
-from tiers.models import FactCandidate, UserFact, utcnow
+from tiers.models import MAX_TEXT, FactCandidate, UserFact, utcnow
+from tiers.redaction import OFF, Redactor
 from tiers.values import canonical_json, check_datetime
 
 _TOMBSTONE_SOURCE = "deleted"
@@ -125,12 +126,21 @@ class UserTier:
         tenant: Namespace of every key this tier writes.
         decoded: Where read facts are memoised by their stored bytes; default:
             one cache shared by the process (see :class:`DecodedFacts`).
+        redactor: Redacts a fact's value (the fact's key counts as its label:
+            ``password`` -> ``[REDACTED:password]``) and evidence before it is
+            stored; ``None``: nothing is redacted.
     """
 
     def __init__(
-        self, kv: KVStore, *, tenant: str = "default", decoded: DecodedFacts | None = None
+        self,
+        kv: KVStore,
+        *,
+        tenant: str = "default",
+        decoded: DecodedFacts | None = None,
+        redactor: Redactor | None = None,
     ) -> None:
         self._kv = kv
+        self._redactor = redactor if redactor is not None else OFF
         self._tenant = check_id(tenant, "tenant")
         self._decoded = decoded if decoded is not None else _DECODED
 
@@ -565,6 +575,12 @@ class UserTier:
         check_id(key, "key")
         # NaN, infinities and lone surrogates: pydantic would store null or fail to serialise.
         canonical_json(value, field=field)
+        if self._redactor.enabled:
+            value = self._redactor.redact_json(value, key=key)
+            if isinstance(evidence, str):
+                redacted = self._redactor.redact(evidence)
+                # A placeholder longer than a short secret never makes valid evidence too long.
+                evidence = redacted[:MAX_TEXT] if len(evidence) <= MAX_TEXT else redacted
         when = now if updated_at is None else min(check_datetime(updated_at, "updated_at"), now)
         try:
             fact = UserFact(

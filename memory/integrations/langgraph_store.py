@@ -313,7 +313,9 @@ class TiermemStore(BaseStore):
                     if op.index is None
                     else [_tokenized(path, "index") for path in op.index]
                 )
-                texts = [text for _, tokens in paths for text in get_text_at_path(op.value, tokens)]
+                # Embedded as stored: redacted (the vectors must not encode a secret either).
+                value = self._items.redactor.redact_json(op.value)
+                texts = [text for _, tokens in paths for text in get_text_at_path(value, tokens)]
                 if texts:
                     puts[position] = texts
             elif isinstance(op, SearchOp) and op.query:

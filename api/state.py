@@ -75,8 +75,9 @@ class ServiceState:
         # A read of the embedded SQLite store takes tens of microseconds and never waits for
         # a writer (WAL mode, a connection per thread), so hot reads run on the event loop:
         # measured 1.4x the fact reads per second of any thread hop, whose GIL hand-offs cost
-        # more than the read. Reads of a network store (Redis) go to the read threads.
-        self.inline_reads = isinstance(memory.kv, SqliteKVStore)
+        # more than the read. Reads of a network store (Redis) go to the read threads. An
+        # encrypted store (EncryptedKVStore) adds microseconds of decryption: judged by its inner.
+        self.inline_reads = isinstance(getattr(memory.kv, "inner", memory.kv), SqliteKVStore)
         self._owns_memory = owns_memory
         self._views: dict[str, Memory] = {memory.tenant: memory}
         self._views_lock = threading.Lock()

@@ -248,6 +248,24 @@ def secret_cases() -> list[Case]:
     return cases
 
 
+def hard_cases() -> list[Case]:
+    """Secrets the redactor is known to miss or only partly catch (printed, not counted):
+    no format of their own and no label it trusts."""
+    cases: list[Case] = []
+
+    def add(kind: str, secret: str, template: str) -> None:
+        cases.append(Case(kind, secret, template.format(s=secret)))
+
+    add("password", "sunshine", "my password is {s}, all lowercase")
+    add("password", "hunter2", "pw: {s}")
+    add("password", "Hunter2!", "my password is {s}")
+    add("api_key", rand(HEX, 32), "the key for the staging api is {s}")
+    add("api_key", rand(B64, 40), "here is the AWS secret you asked for {s}")
+    add("password", "correct horse battery staple", "my passphrase is {s}")
+    add("token", rand(ALNUM, 30), "paste this into the app: {s}")
+    return cases
+
+
 def caught(case: Case, redacted: str) -> bool:
     """No part of the secret survives: neither the whole nor a 6-character piece of it
     (pieces the sentence has anyway, such as "github" in a github.com URL, do not count)."""
@@ -300,6 +318,12 @@ def bench_recall(mode: str) -> tuple[int, int]:
     print("   " + ", ".join(f"{k} {by_kind[k]}/{n}" for k, n in total.items()))
     for case, out in missed:
         print(f"   MISSED {case.kind}: {out[:160]!r}")
+    if mode == "secrets":
+        print("   known limits (not counted above):")
+        for case in hard_cases():
+            out = redactor.redact(case.text)
+            verdict = "caught" if caught(case, out) else "MISSED"
+            print(f"     {verdict:6} {case.kind:9} {out[:110]!r}")
     return ok, len(cases)
 
 
@@ -312,10 +336,10 @@ def bench_dialogue(mode: str, data: Path, sample: int) -> None:
     rules: Counter[str] = Counter()
     examples: list[str] = []
     messages_hit = 0
-    start = time.perf_counter()
+    start = time.process_time()  # CPU time: the figure does not depend on the machine's load
     for _, text in turns:
         redactor.redact(text)
-    elapsed = time.perf_counter() - start
+    elapsed = time.process_time() - start
     for where, text in turns:
         found = redactor.findings(text)
         if not found:
@@ -342,7 +366,7 @@ def bench_dialogue(mode: str, data: Path, sample: int) -> None:
     print("   by kind: " + ", ".join(f"{k} {v}" for k, v in findings.most_common()))
     print("   by rule: " + ", ".join(f"{k} {v}" for k, v in rules.most_common()))
     print(
-        f"   throughput: {size_mb / elapsed:.1f} MB/s ({chars / elapsed / 1e6:.1f} M chars/s) on one core"
+        f"   throughput: {size_mb / elapsed:.1f} MB/s ({chars / elapsed / 1e6:.1f} M chars/s) of CPU time on one core"
     )
     if examples:
         pick = random.Random(7).sample(examples, min(sample, len(examples)))

@@ -1,4 +1,5 @@
-"""The ``tiermem`` command line of the library: demo, info, keys, reindex, resummarize, sweep, retention.
+"""The ``tiermem`` command line of the library: demo, info, keys, reindex, resummarize, sweep,
+retention, and encryption at rest (new-master-key, encrypt, rotate-master-key).
 
 :func:`build_app` makes the Typer app of these commands. The installed
 ``tiermem`` script is :mod:`api.cli`, at the top layer, which adds ``serve``
@@ -25,6 +26,7 @@ from tiers.errors import DataDirLockedError, TierError
 if TYPE_CHECKING:
     from memory.facade import Memory
     from tiers.backends.base import KVStore
+    from tiers.backends.encrypted_kv import MasterKey
     from tiers.retention import RetentionPolicy
 
 
@@ -241,6 +243,126 @@ def _print_policy(policy: RetentionPolicy) -> None:
         typer.echo(f"{kind}\t{format_ttl(policy.ttl(kind))}\t{source}")
 
 
+def new_master_key(
+    out: Annotated[
+        Path | None,
+        typer.Option(help="Write the key to this new file (mode 0600) instead of printing it."),
+    ] = None,
+) -> None:
+    """Make a random master key for encryption at rest (TIERMEM_MASTER_KEY or ..._FILE)."""
+    import os
+
+    from tiers.backends.encrypted_kv import MasterKey
+
+    key, text = MasterKey.generate()
+    if out is None:
+        typer.echo(text)
+    else:
+        try:
+            fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        except OSError as exc:
+            raise typer.BadParameter(f"cannot create {out}: {exc.strerror}") from exc
+        with os.fdopen(fd, "w") as file:
+            file.write(text + "\n")
+    typer.echo(f"master key id {key.id}", err=True)
+
+
+def encrypt() -> None:
+    """Encrypt in place every value the KV store holds unencrypted, with TIERMEM_MASTER_KEY(_FILE).
+
+    Turns encryption on for a store that has data: stop every service that uses
+    the store first. Resumable: run it again after an interruption. The vector
+    index holds no text and is left as it is.
+    """
+    from tiers.backends.dirlock import DataDirLock
+    from tiers.backends.encrypted_kv import OVERHEAD, encrypt_existing
+
+    settings = settings_from_env()
+    master = _master_key(settings)
+    lock = None
+    try:
+        if settings.kv_url is None:
+            lock = DataDirLock(settings.data_dir)
+        with _backend(settings, extra=OVERHEAD) as kv:
+            report = encrypt_existing(kv, master)
+    except TierError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    finally:
+        if lock is not None:
+            lock.release()
+    typer.echo(
+        f"encrypted {report.encrypted} values in {report.spaces} spaces "
+        f"({report.already} were encrypted already) with master key {master.id}"
+    )
+    if report.encrypted and not report.scrubbed:
+        typer.echo(
+            "warning: the store could not drop the replaced plaintext from its files now; "
+            "it stays on disk until the store compacts on its own",
+            err=True,
+        )
+
+
+def rotate_master_key(
+    new_key_file: Annotated[
+        Path, typer.Option(help="File holding the new master key (its base64 text).")
+    ],
+) -> None:
+    """Re-wrap the store's data keys from the current master key (TIERMEM_MASTER_KEY(_FILE)) to a new one.
+
+    Values are not rewritten. Safe beside running services: they keep working
+    with the data keys they hold; restart them with the new key (a new tenant's
+    first write fails until then).
+    """
+    from tiers.backends.encrypted_kv import MasterKey
+    from tiers.backends.encrypted_kv import rotate_master_key as rotate
+
+    settings = settings_from_env()
+    old = _master_key(settings)
+    try:
+        new = MasterKey.from_file(new_key_file, field="new-key-file")
+    except TierError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    try:
+        with _backend(settings) as kv:
+            count = rotate(kv, old, new)
+    except TierError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(1) from exc
+    typer.echo(
+        f"re-wrapped {count} data keys from master key {old.id} to {new.id}; "
+        "set TIERMEM_MASTER_KEY(_FILE) to the new key and restart the services"
+    )
+
+
+def _master_key(settings: Settings) -> MasterKey:
+    try:
+        key = settings.encryption_key()
+    except TierError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    if key is None:
+        raise typer.BadParameter(
+            "set TIERMEM_MASTER_KEY or TIERMEM_MASTER_KEY_FILE (`tiermem new-master-key` makes one)"
+        )
+    return key
+
+
+@contextmanager
+def _backend(settings: Settings, *, extra: int = 0) -> Iterator[KVStore]:
+    """The KV backend as it stores bytes (see ``open_kv_backend``), closed afterwards."""
+    from tiers.backends import open_kv_backend
+
+    kv = open_kv_backend(
+        settings.kv_location(),
+        max_value_bytes=settings.max_value_bytes + extra,
+        durable=settings.durable,
+    )
+    try:
+        yield kv
+    finally:
+        kv.close()
+
+
 def build_app() -> typer.Typer:
     """A new Typer app with the library's commands (the ``tiermem`` script adds ``serve``)."""
     app = typer.Typer(help="tiermem: three-tier memory for LLM agents.", no_args_is_help=True)
@@ -263,6 +385,9 @@ def build_app() -> typer.Typer:
     retention_app.command("show")(retention_show)
     retention_app.command("set")(retention_set)
     app.add_typer(retention_app, name="retention")
+    app.command("new-master-key")(new_master_key)
+    app.command()(encrypt)
+    app.command("rotate-master-key")(rotate_master_key)
     return app
 
 
@@ -319,6 +444,7 @@ def _kv() -> Iterator[tuple[KVStore, Settings]]:
             settings.kv_location(),
             max_value_bytes=settings.max_value_bytes,
             durable=settings.durable,
+            master_key=settings.encryption_key(),
         )
     except TierError as exc:
         raise typer.BadParameter(str(exc)) from exc
@@ -346,6 +472,7 @@ def _registry() -> Iterator[ApiKeyRegistry]:
             settings.kv_location(),
             max_value_bytes=settings.max_value_bytes,
             durable=settings.durable,
+            master_key=settings.encryption_key(),
         )
     except TierError as exc:
         raise typer.BadParameter(str(exc)) from exc

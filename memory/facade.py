@@ -234,6 +234,9 @@ class Memory:
             VolatileStoreError: The KV store is volatile (Redis without
                 ``appendonly yes`` + ``appendfsync always``, SQLite with
                 ``durable=false``) and ``allow_volatile`` is not set.
+            EncryptionKeyError: The master key is not the store's (the message
+                names both key ids), the store is encrypted and no key is set,
+                or it holds unencrypted data and a key is set (``tiermem encrypt``).
         """
         if settings is None:
             settings = _settings()
@@ -260,6 +263,7 @@ class Memory:
             max_value_bytes=settings.max_value_bytes,
             durable=settings.durable,
             flush_interval=settings.flush_interval,
+            master_key=settings.encryption_key(),
         )
         try:
             reason = require_durable(kv, allow_volatile=settings.allow_volatile)

@@ -18,6 +18,7 @@ from tiers.errors import InvalidInputError
 from tiers.redaction import DEFAULT_PLACEHOLDER, RedactMode, check_patterns
 
 if TYPE_CHECKING:
+    from tiers.backends.encrypted_kv import MasterKey
     from tiers.retention import RetentionPolicy
 
 
@@ -87,6 +88,17 @@ class Settings(BaseSettings):
         "appendonly yes + appendfsync always, or one that refuses CONFIG GET; SQLite with "
         "durable=false). Without it such a store is refused; with it a warning is logged and "
         "/readyz reports volatile with the reason.",
+    )
+    master_key: SecretStr | None = Field(
+        default=None,
+        description="Encryption at rest: the master key (base64 of 32 bytes; `tiermem "
+        "new-master-key` makes one). Every KV value is then encrypted with a per-tenant data key "
+        "wrapped by it. Unset (and no master_key_file): values are stored unencrypted.",
+    )
+    master_key_file: Path | None = Field(
+        default=None,
+        description="Encryption at rest: a file holding the master key (its base64 text, or 32 "
+        "raw bytes), instead of master_key.",
     )
     context_max_tokens: int = Field(default=2000, gt=0)
     run_retention_days: float = Field(
@@ -230,6 +242,35 @@ class Settings(BaseSettings):
         except InvalidInputError as exc:
             raise ValueError(str(exc)) from exc
         return value
+
+    @model_validator(mode="after")
+    def _one_master_key(self) -> Settings:
+        if self.master_key is not None and self.master_key_file is not None:
+            raise ValueError(
+                "master_key and master_key_file are both set: give the master key one way"
+            )
+        if self.master_key is not None:
+            from tiers.backends.encrypted_kv import MasterKey
+
+            try:
+                MasterKey.from_text(self.master_key.get_secret_value())
+            except InvalidInputError as exc:
+                raise ValueError(str(exc)) from exc
+        return self
+
+    def encryption_key(self) -> MasterKey | None:
+        """The master key of encryption at rest (``master_key`` or ``master_key_file``), or ``None``.
+
+        Raises:
+            InvalidInputError: The key file cannot be read or holds no key (``field`` names it).
+        """
+        from tiers.backends.encrypted_kv import MasterKey
+
+        if self.master_key is not None:
+            return MasterKey.from_text(self.master_key.get_secret_value())
+        if self.master_key_file is not None:
+            return MasterKey.from_file(self.master_key_file)
+        return None
 
     @model_validator(mode="after")
     def _flush_interval_needs_non_durable(self) -> Settings:

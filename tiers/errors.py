@@ -29,10 +29,12 @@ Hierarchy::
     │   ├── BudgetExceededError      the run spent its token / cost budget
     │   └── CompensationError        a compensation is missing or failed; escalate
     ├── CorruptRecordError           a stored record failed validation
+    │   └── UndecryptableValueError  a value of an encrypted store is not this store's ciphertext
     └── BackendUnavailableError      the store could not be reached
         ├── EmbedderError            the embedding model is missing, corrupt or failed
         ├── DataDirLockedError       another process (or instance) has the embedded data dir open
-        └── VolatileStoreError       the KV store would acknowledge commits it may lose
+        ├── VolatileStoreError       the KV store would acknowledge commits it may lose
+        └── EncryptionKeyError       the master key is missing, or not the one the store was encrypted with
 """
 
 from __future__ import annotations
@@ -145,6 +147,16 @@ class RunStateError(TierError):
 
 class CorruptRecordError(TierError):
     """A stored record could not be decoded or validated."""
+
+
+class UndecryptableValueError(CorruptRecordError):
+    """A value read from an encrypted store is not an encryption made by this store.
+
+    It was written without encryption (a store that was plaintext before:
+    ``tiermem encrypt`` encrypts it in place), changed on disk, copied from
+    another key, tenant or store, or written by a newer tiermem. Never
+    returned as garbage: the read fails.
+    """
 
 
 class BackendUnavailableError(TierError):
@@ -282,3 +294,13 @@ class VolatileStoreError(BackendUnavailableError):
     def __init__(self, message: str, *, reason: str) -> None:
         super().__init__(message)
         self.reason = reason
+
+
+class EncryptionKeyError(BackendUnavailableError):
+    """The store cannot be opened with the encryption settings given.
+
+    The master key is not the one the store's data keys are wrapped with
+    (the message gives both key ids), none is configured for a store that is
+    encrypted, or one is configured for a store that holds data written
+    without encryption (``tiermem encrypt`` first). Nothing is read or written.
+    """

@@ -201,6 +201,25 @@ def api_keys_space() -> str:
     return "_system:api-keys"
 
 
+def tenants_space() -> str:
+    """Every tenant a :class:`memory.Memory` was opened for: key tenant -> b"1".
+
+    What a check or repair of every tenant (``tiermem reindex --all-tenants``,
+    the service's index check) goes through.
+    """
+    return "_system:tenants"
+
+
+def keyring_space() -> str:
+    """The data keys of an encrypted store, each wrapped by the master key (see ``encrypted_kv``).
+
+    Key ``master`` -> the master key's id; key ``dek:<tenant>`` -> that tenant's wrapped data key.
+    Outside every tenant, like :func:`api_keys_space`; an encrypted store refuses callers' reads
+    and writes of it.
+    """
+    return "_system:keyring"
+
+
 def transcripts_space(tenant: str, user_id: str) -> str:
     """One user's raw session transcripts: a header per session id plus ``<session_id>/<page>``."""
     return f"{tenant}:user:{user_id}:transcripts"

@@ -411,8 +411,12 @@ class TiermemSession:
         for batch in batches:
 
             def append(handle: RunHandle, batch: list[tuple[Any, str]] = batch) -> None:
-                handle.append_checkpoint(ITEMS_STEP, {"items": [item for item, _ in batch]})
-                self._advance(handle.info, [text for _, text in batch], popped=0)
+                ckpt = handle.append_checkpoint(ITEMS_STEP, {"items": [item for item, _ in batch]})
+                texts = [text for _, text in batch]
+                if self._memory.redactor.enabled:
+                    # The items as stored (redacted), which is what every other reader gets.
+                    texts = [_json(item) for item in _items(ckpt)]
+                self._advance(handle.info, texts, popped=0)
 
             self._write(append)
 

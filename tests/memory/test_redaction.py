@@ -311,3 +311,22 @@ def test_the_scope_manager_redacts_what_it_takes_in_and_restores_exactly() -> No
     verbatim.record("note", f"key {API_KEY}")
     again = ScopeManager.restore(verbatim.snapshot())
     assert again.trace.entries()[0].text == f"key {API_KEY}"
+
+
+def test_an_agents_session_reads_back_what_it_stored(memory: Memory) -> None:
+    """The object that wrote the items serves them as stored, like any other reader."""
+    pytest.importorskip("agents")
+    import asyncio
+
+    from memory.integrations.openai_agents import TiermemSession
+
+    item = {"role": "user", "content": f"my api key is {API_KEY}"}
+    expected = [{"role": "user", "content": "my api key is [REDACTED:api_key]"}]
+
+    async def scenario() -> None:
+        writer = TiermemSession(memory, "chat-1", user_id="maria")
+        await writer.add_items([item])
+        assert await writer.get_items() == expected
+        assert await TiermemSession(memory, "chat-1", user_id="maria").get_items() == expected
+
+    asyncio.run(scenario())

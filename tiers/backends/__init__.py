@@ -7,11 +7,14 @@ implementation, so tier code never branches on the backend.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
 from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, KVStore
 from tiers.errors import InvalidInputError, VolatileStoreError
+
+if TYPE_CHECKING:
+    from tiers.backends.encrypted_kv import MasterKey
 
 
 @runtime_checkable
@@ -80,8 +83,14 @@ def open_kv_store(
     max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
     durable: bool = True,
     flush_interval: float | None = None,
+    master_key: MasterKey | None = None,
 ) -> KVStore:
-    """Open the KV store a URL names.
+    """Open the KV store a URL names, encrypted at rest when a master key is given.
+
+    With ``master_key`` the store is an :class:`~tiers.backends.encrypted_kv.EncryptedKVStore`
+    over the backend (which gets room for the encryption overhead, so callers still get
+    ``max_value_bytes``). Without one, a store that is encrypted is refused rather than
+    read as ciphertext.
 
     Args:
         url: ``sqlite:///relative/or/absolute/path.sqlite3`` (``sqlite:////abs`` for an
@@ -91,6 +100,52 @@ def open_kv_store(
         durable: SQLite only: fsync every commit.
         flush_interval: SQLite with ``durable=False`` only: make acknowledged
             commits durable in the background at this period (bounded durability).
+        master_key: Encrypt every value with per-tenant data keys wrapped by this key.
+
+    Raises:
+        InvalidInputError: The URL's scheme is not supported.
+        EncryptionKeyError: ``master_key`` is not the store's, the store is
+            encrypted and no key is given, or it holds unencrypted data and a key
+            is given (``tiermem encrypt`` first).
+    """
+    if master_key is None:
+        kv = open_kv_backend(
+            url, max_value_bytes=max_value_bytes, durable=durable, flush_interval=flush_interval
+        )
+        from tiers.backends.encrypted_kv import refuse_if_encrypted
+
+        try:
+            refuse_if_encrypted(kv)
+        except BaseException:
+            kv.close()
+            raise
+        return kv
+    from tiers.backends.encrypted_kv import OVERHEAD, EncryptedKVStore
+
+    inner = open_kv_backend(
+        url,
+        max_value_bytes=max_value_bytes + OVERHEAD,
+        durable=durable,
+        flush_interval=flush_interval,
+    )
+    try:
+        return EncryptedKVStore(inner, master_key)
+    except BaseException:
+        inner.close()
+        raise
+
+
+def open_kv_backend(
+    url: str,
+    *,
+    max_value_bytes: int = DEFAULT_MAX_VALUE_BYTES,
+    durable: bool = True,
+    flush_interval: float | None = None,
+) -> KVStore:
+    """The backend a URL names, as it stores bytes: neither encrypted nor checked for encryption.
+
+    For maintenance that works on stored bytes (``tiermem encrypt``, ``rotate-master-key``);
+    everything else opens stores with :func:`open_kv_store`. Arguments as there.
 
     Raises:
         InvalidInputError: The URL's scheme is not supported.

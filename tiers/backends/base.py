@@ -183,6 +183,19 @@ class Scrubbable(Protocol):
         ...
 
 
+@runtime_checkable
+class ListsSpaces(Protocol):
+    """A store that can list its spaces (for maintenance: encrypting a store in place)."""
+
+    def spaces(self, *, limit: int | None = None) -> list[str]:
+        """The spaces that hold at least one key, sorted; at most ``limit`` of them if given.
+
+        Raises:
+            BackendUnavailableError: The store failed or is closed.
+        """
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class VectorItem:
     """One document of a vector index."""

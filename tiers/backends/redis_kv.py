@@ -255,6 +255,24 @@ class RedisKVStore:
                 "re-read and retry"
             )
 
+    def spaces(self, *, limit: int | None = None) -> list[str]:
+        """See :meth:`~tiers.backends.base.ListsSpaces.spaces`.
+
+        Walks the server's keys with ``SCAN`` (every space has its key index):
+        for maintenance commands, not for a request path.
+        """
+        head, tail = f"{self._prefix}:{{", "}:k"
+        pattern = "".join(f"\\{c}" if c in "\\*?[]^" else c for c in head) + "*" + tail
+        found: set[str] = set()
+        with self._translate("space listing"):
+            for name in self._client.scan_iter(match=pattern, count=1000):
+                raw = bytes(name).decode()
+                if raw.startswith(head) and raw.endswith(tail):
+                    found.add(raw[len(head) : -len(tail)])
+                    if limit is not None and len(found) >= limit:
+                        break
+        return sorted(found)[: None if limit is None else max(limit, 0)]
+
     def volatility(self) -> str | None:
         """Why an acknowledged commit could be lost, or ``None`` if Redis fsyncs each one.
 

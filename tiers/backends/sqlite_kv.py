@@ -377,6 +377,17 @@ class SqliteKVStore:
             rows = conn.execute(" ".join(sql), args).fetchall()
         return [(k, bytes(v)) for k, v in rows]
 
+    def spaces(self, *, limit: int | None = None) -> list[str]:
+        """See :meth:`~tiers.backends.base.ListsSpaces.spaces` (read off the (space, key) index)."""
+        sql = "SELECT DISTINCT space FROM kv ORDER BY space"
+        args: list[object] = []
+        if limit is not None:
+            sql += " LIMIT ?"
+            args.append(max(limit, 0))
+        with self._reading("space listing") as conn:
+            rows = conn.execute(sql, args).fetchall()
+        return [space for (space,) in rows]
+
     def commit(self, writes: Sequence[Write], checks: Sequence[Check] = ()) -> None:
         """See :meth:`KVStore.commit`."""
         check_writes(writes, self.max_value_bytes)

@@ -93,6 +93,10 @@ class _Rule:
     # Or: where this finds its word in the lowercased text, ``pattern`` is matched.
     finder: re.Pattern[str] | None = None
     finder_i: re.Pattern[str] | None = None  # the same, for text whose lowercase is longer
+    # The finder runs only on text whose lowercase holds one of these words.
+    words: tuple[str, ...] = ()
+    # The rule runs only on text with a run of 7+ digits (cards, phones).
+    digits: bool = False
 
 
 def _group(kind: str, group: int | str = 0, check: Callable[[str], bool] | None = None) -> Classify:
@@ -483,26 +487,31 @@ def _after_boundary(literal: str) -> str:
     return f"{re.escape(literal)}(?<!{_WORDISH}{re.escape(literal)})"
 
 
-def _secret_rules() -> list[_Rule]:
-    def rule(
-        name: str,
-        pattern: str,
-        classify: Classify,
-        triggers: tuple[str, ...] = (),
-        finder: str | None = None,
-    ) -> _Rule:
-        return _Rule(
-            name,
-            re.compile(pattern),
-            classify,
-            triggers,
-            None if finder is None else re.compile(finder),
-            None if finder is None else re.compile(finder, re.IGNORECASE),
-        )
+def _rule(
+    name: str,
+    pattern: str,
+    classify: Classify,
+    triggers: tuple[str, ...] = (),
+    finder: str | None = None,
+    words: tuple[str, ...] = (),
+    digits: bool = False,
+) -> _Rule:
+    return _Rule(
+        name,
+        re.compile(pattern),
+        classify,
+        triggers,
+        None if finder is None else re.compile(finder),
+        None if finder is None else re.compile(finder, re.IGNORECASE),
+        words,
+        digits,
+    )
 
+
+def _secret_rules() -> list[_Rule]:
     api_key = _group("api_key", check=_has_letter_and_digit)
     return [
-        rule(
+        _rule(
             "private_key",
             r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"
             r"(?:[\s\S]{0,65536}?-----END[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"
@@ -510,161 +519,176 @@ def _secret_rules() -> list[_Rule]:
             _group("private_key"),
             ("PRIVATE KEY",),
         ),
-        rule(
+        _rule(
             "anthropic", _after_boundary("sk-ant-") + r"[A-Za-z0-9_\-]{20,}", api_key, ("sk-ant-",)
         ),
-        rule(
+        _rule(
             "openai",
             _after_boundary("sk-") + r"(?:proj-|svcacct-|admin-|None-)?[A-Za-z0-9_\-]{20,}",
             api_key,
             ("sk-",),
         ),
-        rule(
+        _rule(
             "stripe",
             r"(?:[sr]k_(?:live|test)_[A-Za-z0-9]{16,}|whsec_[A-Za-z0-9]{24,})",
             _group("api_key", check=_has_letter_and_digit),
             ("k_live_", "k_test_", "whsec_"),
         ),
-        rule(
+        _rule(
             "aws_access_key_id",
             r"A(?:KIA|SIA|BIA|CCA|GPA|IDA|ROA|IPA|NPA|NVA|PKA)(?<![A-Z0-9]A...)[A-Z0-9]{16}(?![A-Z0-9])",
             _group("api_key"),
+            (
+                "AKIA",
+                "ASIA",
+                "ABIA",
+                "ACCA",
+                "AGPA",
+                "AIDA",
+                "AROA",
+                "AIPA",
+                "ANPA",
+                "ANVA",
+                "APKA",
+            ),
         ),
-        rule(
+        _rule(
             "github",
             r"(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})",
             api_key,
             ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
         ),
-        rule(
+        _rule(
             "gitlab",
             r"gl(?:pat|dt|rt|cbt|ptt)-[A-Za-z0-9_\-]{20,}",
             _group("api_key"),
             ("glpat-", "gldt-", "glrt-", "glcbt-", "glptt-"),
         ),
-        rule(
+        _rule(
             "slack",
             r"(?:xox[abposre]-[A-Za-z0-9\-]{10,}|xapp-\d-[A-Za-z0-9\-]{20,})",
             api_key,
             ("xox", "xapp-"),
         ),
-        rule(
+        _rule(
             "webhook_url",
             r"https://(?:hooks\.slack\.com/(?:services|workflows|triggers)/"
             r"|discord(?:app)?\.com/api/webhooks/\d+/)(?P<v>[A-Za-z0-9/_\-]{20,})",
             _group("secret", "v"),
             ("hooks.slack.com", "/api/webhooks/"),
         ),
-        rule(
+        _rule(
             "google_api_key",
             _after_boundary("AIza") + r"[0-9A-Za-z_\-]{35}(?![A-Za-z0-9_\-])",
             _group("api_key"),
             ("AIza",),
         ),
-        rule(
+        _rule(
             "google_oauth",
             r"(?:ya29\.[0-9A-Za-z_\-]{20,}|GOCSPX-[0-9A-Za-z_\-]{20,})",
             _group("token"),
             ("ya29.", "GOCSPX-"),
         ),
-        rule("huggingface", _after_boundary("hf_") + r"[A-Za-z0-9]{30,}", api_key, ("hf_",)),
-        rule("npm", _after_boundary("npm_") + r"[A-Za-z0-9]{36,}", api_key, ("npm_",)),
-        rule(
+        _rule("huggingface", _after_boundary("hf_") + r"[A-Za-z0-9]{30,}", api_key, ("hf_",)),
+        _rule("npm", _after_boundary("npm_") + r"[A-Za-z0-9]{36,}", api_key, ("npm_",)),
+        _rule(
             "sendgrid",
             _after_boundary("SG.") + r"[A-Za-z0-9_\-]{16,32}\.[A-Za-z0-9_\-]{16,64}",
             _group("api_key"),
             ("SG.",),
         ),
-        rule(
+        _rule(
             "jwt",
             _after_boundary("eyJ")
             + r"[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",
             _group("token"),
             ("eyJ",),
         ),
-        rule(
+        _rule(
             "authorization_header",
             r"(?i:(?:proxy-)?authorization)\\?[\"']?\s*[:=]\s*\\?[\"']?"
             r"(?:(?i:bearer|basic|token|digest|apikey)\s+)?(?P<v>[A-Za-z0-9._~+/=\-]{8,})",
             _group("token", "v", lambda v: _plain_value(v) and _machine_made(v, 8)),
             finder="authorization",
+            words=("authorization",),
         ),
-        rule(
+        _rule(
             "bearer",
             r"(?i:bearer)\s+(?P<v>[A-Za-z0-9._~+/\-]{16,}=*)",
             _group("token", "v", _has_letter_and_digit),
             finder="bearer",
+            words=("bearer",),
         ),
-        rule(
+        _rule(
             "url_credentials",
             r"://[^\s:/@'\"<>]{1,128}:(?P<v>[^\s/@'\"<>]{1,256})@(?=[\w\[])",
             _group("password", "v", _plain_value),
             ("://",),
         ),
-        _Rule("labelled", _LABEL_AT, _labelled, (), _LABEL_FIND, _LABEL_FIND_I),
-        rule(
+        _Rule(
+            "labelled",
+            _LABEL_AT,
+            _labelled,
+            (),
+            _LABEL_FIND,
+            _LABEL_FIND_I,
+            ("pass", "pwd", "key", "secret", "token", "pin", "cv", "csc", "security"),
+        ),
+        _rule(
             "card_number",
             r"\d(?<![\w.+\-/]\d)(?:[ \-]?\d){12,18}(?![\w\-]|\.\d)",
             _group("card_number", check=_card),
+            digits=True,
         ),
     ]
 
 
 def _pii_rules() -> list[_Rule]:
-    def rule(
-        name: str,
-        pattern: str,
-        classify: Classify,
-        triggers: tuple[str, ...] = (),
-        finder: str | None = None,
-    ) -> _Rule:
-        return _Rule(
-            name,
-            re.compile(pattern),
-            classify,
-            triggers,
-            None if finder is None else re.compile(finder),
-            None if finder is None else re.compile(finder, re.IGNORECASE),
-        )
-
     def phone(check: Callable[[str], bool]) -> Classify:
         standalone = _standalone(check)
         return lambda m: ("phone", m.start(), m.end()) if standalone(m) else None
 
     return [
-        rule(
+        _rule(
             "email",
             r"[A-Za-z0-9][A-Za-z0-9._%+\-]{0,63}@"
             r"(?:[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,24}(?![\w\-])",
             _email,
             ("@",),
         ),
-        rule(
+        _rule(
             "phone_labelled",
             r"(?i:phone|telephone|tel|mobile|cell|whatsapp|sms|fax|call\s+me|text\s+me|reach\s+me)"
             r"(?:\s*(?i:number|no\.?|#))?\s*(?:(?i:is|at|on)\s+|:\s*)?"
             r"(?P<v>\+?\(?\d[\d ().\-]{5,18}\d)(?![\w\-])",
             _word_start(_group("phone", "v", _digit_count(7, 15))),
             finder="phone|tel|mobile|cell|whatsapp|sms|fax|call me|text me|reach me",
+            words=("phone", "tel", "mobile", "cell", "whatsapp", "sms", "fax", "me"),
+            digits=True,
         ),
-        rule(
+        _rule(
             "phone_international",
             r"\+[1-9]\d{0,2}(?:[ .\-]?\(?\d{1,4}\)?){2,5}(?![\w\-])",
             phone(_digit_count(8, 15)),
             ("+",),
+            digits=True,
         ),
-        rule("phone_nanp", r"\d{3}[\-. ]\d{3}[\-. ]\d{4}", phone(_nanp)),
-        rule("phone_nanp_paren", r"\(\d{3}\) ?\d{3}[\-. ]\d{4}", phone(_nanp), ("(",)),
-        rule(
+        _rule("phone_nanp", r"\d{3}[\-. ]\d{3}[\-. ]\d{4}", phone(_nanp), digits=True),
+        _rule(
+            "phone_nanp_paren", r"\(\d{3}\) ?\d{3}[\-. ]\d{4}", phone(_nanp), ("(",), digits=True
+        ),
+        _rule(
             "phone_national",
             r"0\d{2,4}[ \-]\d{3,4}[ \-]?\d{3,4}",
             phone(_digit_count(10, 11)),
+            digits=True,
         ),
-        rule(
+        _rule(
             "ssn",
             r"\d{3}-\d{2}-\d{4}",
             lambda m: ("ssn", m.start(), m.end()) if _standalone(_ssn)(m) else None,
             ("-",),
+            digits=True,
         ),
     ]
 
@@ -687,6 +711,8 @@ def _email(m: re.Match[str]) -> tuple[str, int, int] | None:
     return "email", start, m.end()
 
 
+# Seven digits, with single separators between them: the least a card or phone number has.
+_DIGIT_RUN = re.compile(r"\d(?:[ \-().]?\d){6}")
 _SECRET_RULES: Final = _secret_rules()
 _PII_RULES: Final = _pii_rules()
 
@@ -799,6 +825,12 @@ class Redactor:
                 rules.append(_Rule(f"custom:{kind}", regex, _group(kind, group)))
         self._rules: tuple[_Rule, ...] = tuple(rules)
         self._order = {rule.name: n for n, rule in enumerate(self._rules)}
+        # Every gate at once: text that passes none (most text) costs a few substring tests.
+        self._any_rule_ungated = any(not (r.triggers or r.words or r.digits) for r in self._rules)
+        self._triggers = tuple(sorted({t for r in self._rules for t in r.triggers}))
+        self._words = tuple(sorted({w for r in self._rules for w in r.words}))
+        self._any_digits = any(r.digits for r in self._rules)
+
         # Redacting twice changes nothing: a value already replaced is never a finding.
         self._prefix = placeholder.split("{kind}", 1)[0]
 
@@ -828,9 +860,29 @@ class Redactor:
             return []
         found: list[tuple[int, int, int, str, str]] = []
         lowered: str | None = None
+        digits: bool | None = None
+        if not self._any_rule_ungated:
+            lowered = text.lower()
+            if not (
+                any(map(text.__contains__, self._triggers))
+                or any(map(lowered.__contains__, self._words))
+                or (self._any_digits and (digits := _DIGIT_RUN.search(text) is not None))
+            ):
+                return []
         for rule in self._rules:
-            if rule.triggers and not any(t in text for t in rule.triggers):
+            # Cheap gates first (substring tests run in C); most text passes no rule's.
+            if rule.triggers and not any(map(text.__contains__, rule.triggers)):
                 continue
+            if rule.words:
+                if lowered is None:
+                    lowered = text.lower()
+                if not any(map(lowered.__contains__, rule.words)):
+                    continue
+            if rule.digits:
+                if digits is None:
+                    digits = _DIGIT_RUN.search(text) is not None
+                if not digits:
+                    continue
             if rule.finder is None:
                 matches: Iterable[re.Match[str] | None] = rule.pattern.finditer(text)
             else:

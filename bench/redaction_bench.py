@@ -175,6 +175,7 @@ def secret_cases() -> list[Case]:
     add("google", "GOCSPX-" + rand(URLSAFE, 28), "client secret from the console: {s}")
     add("huggingface", "hf_" + rand(ALNUM, 34), "huggingface-cli login --token {s}")
     add("npm", "npm_" + rand(ALNUM, 36), "//registry.npmjs.org/:_authToken={s}")
+    add("tiermem", "tmk_" + rand(HEX, 12) + "_" + rand(URLSAFE, 43), "TIERMEM_API_KEY={s}")
     add("sendgrid", "SG." + rand(URLSAFE, 22) + "." + rand(URLSAFE, 43), "SENDGRID_API_KEY='{s}'")
     add("jwt", jwt(), "the session cookie holds {s}")
     add("jwt", jwt(), '{{"id_token": "{s}", "expires_in": 3600}}')

@@ -257,9 +257,10 @@ def _accept(
         return value.isdigit() and 4 <= len(value) <= 8  # "LED_PIN = 13" is a pin number
     if label == "card_cvv":
         return value.isdigit() and 3 <= len(value) <= 4
-    # api_key / secret / token: machine-made. A bare "secret" or "token" is an everyday
-    # word ("the secret is out"), so its value must look longer-lived: 16+ characters.
-    return _machine_made(value, 8 if qualified else 16)
+    # api_key / secret / token: machine-made, and as long as real ones are (16+: an id such
+    # as "api-key:0123456789ab" is not one). A bare "secret" or "token" is an everyday word
+    # ("the secret is out"), so its value must look longer-lived still: 20+ characters.
+    return _machine_made(value, 16 if qualified else 20)
 
 
 # -- labelled values --------------------------------------------------------------------------------
@@ -588,6 +589,12 @@ def _secret_rules() -> list[_Rule]:
             r"(?:ya29\.[0-9A-Za-z_\-]{20,}|GOCSPX-[0-9A-Za-z_\-]{20,})",
             _group("token"),
             ("ya29.", "GOCSPX-"),
+        ),
+        _rule(
+            "tiermem",
+            _after_boundary("tmk_") + r"[0-9a-f]{12}_[A-Za-z0-9_\-]{43}",
+            _group("api_key"),
+            ("tmk_",),
         ),
         _rule("huggingface", _after_boundary("hf_") + r"[A-Za-z0-9]{30,}", api_key, ("hf_",)),
         _rule("npm", _after_boundary("npm_") + r"[A-Za-z0-9]{36,}", api_key, ("npm_",)),

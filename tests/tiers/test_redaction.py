@@ -89,6 +89,11 @@ SECRETS: list[tuple[str, str, str]] = [
     ("card_cvv", "512", "CVV: 512"),
     ("private_key", PEM, f"here's my key, can you see what's wrong?\n{PEM}\nthanks!"),
     ("secret", s := rand(ALNUM, 32), f"client_secret: {s}"),
+    (
+        "api_key",
+        s := "tmk_" + rand("0123456789abcdef", 12) + "_" + rand(ALNUM + "-_", 43),
+        f"the tiermem key for the agent is {s}",
+    ),
     ("token", s := rand(ALNUM, 40), f'{{"access_token": "{s}", "token_type": "bearer"}}'),
 ]
 
@@ -116,6 +121,7 @@ ORDINARY = [
     "The pin on my jacket is a gift from Lisbon.",
     "Turn left on Route 66 and drive 1234567 meters (just kidding).",
     "Card ending in 4242 was charged.",
+    "Approved by api-key:0123456789ab at 10:02.",
     "Our tax id is 12-3456789 and the invoice is INV-2023-000145.",
 ]
 

@@ -19,6 +19,7 @@ Usage::
     python bench/session_bench.py                          # 100k sessions in a temp dir
     python bench/session_bench.py --data-dir /tmp/tm100k   # populate once, rerun fast
     python bench/session_bench.py --users 100              # a quick 10k run
+    python bench/session_bench.py --users 100 --encrypt    # the same, encrypted at rest
 """
 
 from __future__ import annotations
@@ -34,8 +35,10 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from memory import Memory
+from tiers.backends.base import KVStore
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
+from tiers.backends.encrypted_kv import EncryptedKVStore, MasterKey
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.models import SessionSummary
 from tiers.session import SessionTier
@@ -220,9 +223,7 @@ def bench_context(memory: Memory, users: int, queries: int) -> None:
         )
 
 
-def bench_saves(
-    kv: SqliteKVStore, index: ChromaVectorIndex, embedder: MiniLMEmbedder, n: int
-) -> None:
+def bench_saves(kv: KVStore, index: ChromaVectorIndex, embedder: MiniLMEmbedder, n: int) -> None:
     rng = random.Random(23)
     when = datetime(2026, 1, 1, tzinfo=UTC)
 
@@ -272,13 +273,22 @@ def main() -> int:
     parser.add_argument("--queries", type=int, default=500)
     parser.add_argument("--saves", type=int, default=1000)
     parser.add_argument("--data-dir", type=Path, default=None, help="keep the store here")
+    parser.add_argument(
+        "--encrypt",
+        action="store_true",
+        help="encryption at rest: the KV store is an EncryptedKVStore over SQLite (a new store "
+        "each run: a --data-dir populated one way cannot be reused the other way)",
+    )
     args = parser.parse_args()
     with tempfile.TemporaryDirectory(prefix="session-bench-") as tmp:
         data_dir = args.data_dir or Path(tmp)
         data_dir.mkdir(parents=True, exist_ok=True)
         embedder = MiniLMEmbedder()
         embedder.load()
-        kv = SqliteKVStore(data_dir / "tiermem.sqlite3")
+        kv: KVStore = SqliteKVStore(data_dir / "tiermem.sqlite3")
+        if args.encrypt:
+            kv = EncryptedKVStore(kv, MasterKey.generate()[0])
+            print("encryption at rest: on (AES-GCM, per-tenant data key)")
         index = ChromaVectorIndex(data_dir / "chroma", embedder=embedder)
         try:
             tier = SessionTier(kv, index, embedder)

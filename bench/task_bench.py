@@ -3,7 +3,10 @@
 Usage::
 
     pip install -e ".[bench]"      # langgraph + langgraph-checkpoint-sqlite, for the comparison
-    python bench/task_bench.py [--steps 2000] [--quick]
+    python bench/task_bench.py [--steps 2000] [--quick] [--encrypt]
+
+``--encrypt`` runs every figure of ours on an ``EncryptedKVStore`` (encryption at
+rest) over the same backends; run it with and without to compare.
 
 Everything is measured in one run on this machine at the same durability:
 every acknowledged checkpoint survives a power cut (SQLite ``synchronous=FULL``
@@ -46,11 +49,20 @@ from typing import Any, TypedDict
 import redis
 
 from tiers import keys
+from tiers.backends.base import KVStore
+from tiers.backends.encrypted_kv import EncryptedKVStore, MasterKey
 from tiers.backends.redis_kv import RedisKVStore
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.task import Charged, TaskTier
 
 PAYLOAD = {"tool": "search", "result": "x" * 100}
+
+# --encrypt: every store of ours is an EncryptedKVStore (encryption at rest) over the backend.
+_MASTER_KEY: MasterKey | None = None
+
+
+def _ours(store: KVStore) -> KVStore:
+    return store if _MASTER_KEY is None else EncryptedKVStore(store, _MASTER_KEY)
 
 
 def _rate(n: int, fn: Callable[[], None]) -> float:
@@ -106,9 +118,16 @@ def ours_effects(tasks: TaskTier, run_id: str, n: int) -> float:
     return _rate(n, loop)
 
 
-def cpu_per_step(path: Path, n: int) -> float:
-    """Process seconds per step with fsync off (best of 3): the CPU of our code plus SQLite's."""
-    store = SqliteKVStore(path, durable=False)
+def cpu_per_step(path: Path, n: int, *, encrypt: bool | None = None) -> float:
+    """Process seconds per step with fsync off (best of 3): the CPU of our code plus SQLite's.
+
+    ``encrypt`` overrides ``--encrypt`` (for the side-by-side figure).
+    """
+    inner = SqliteKVStore(path, durable=False)
+    if encrypt is None:
+        store = _ours(inner)
+    else:
+        store = EncryptedKVStore(inner, MasterKey.generate()[0]) if encrypt else inner
     run = TaskTier(store).start_run("bench", "cpu")
     for _ in range(100):
         run.step("s", lambda: PAYLOAD)
@@ -280,7 +299,7 @@ def _file_bytes(path: Path) -> int:
 def ours_bytes(path: Path, steps: int, delta_size: int) -> tuple[float, float]:
     """(logical bytes/step, file bytes/step) for a run whose state changes by ``delta_size``."""
     rng = random.Random(1)
-    store = SqliteKVStore(path)
+    store = _ours(SqliteKVStore(path))
     tasks = TaskTier(store)
     run = tasks.start_run("bench", "bytes")
     run.step("warm", lambda: None)
@@ -317,14 +336,14 @@ def langgraph_bytes(path: Path, invokes: int, delta_size: int) -> tuple[float, f
 
 def resume_times(path: Path, lengths: list[int]) -> list[tuple[int, float]]:
     """Median seconds to take over a run and load its state, per run length."""
-    fast = SqliteKVStore(path, durable=False)
+    fast = _ours(SqliteKVStore(path, durable=False))
     tasks = TaskTier(fast)
     for length in lengths:
         run = tasks.start_run("bench", f"len-{length}")
         for i in range(length):
             run.step("s", lambda i=i: Charged(i, state={f"k{i % 50}": i}))
     fast.close()
-    store = SqliteKVStore(path)
+    store = _ours(SqliteKVStore(path))
     tasks = TaskTier(store)
     out = []
     for length in lengths:
@@ -348,10 +367,21 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--steps", type=int, default=2000, help="steps per single-writer figure")
     parser.add_argument("--quick", action="store_true", help="small counts (a smoke run)")
+    parser.add_argument(
+        "--encrypt",
+        action="store_true",
+        help="encryption at rest: our stores are EncryptedKVStore over SQLite / Redis",
+    )
     args = parser.parse_args()
+    global _MASTER_KEY
+    if args.encrypt:
+        _MASTER_KEY = MasterKey.generate()[0]
     n = 200 if args.quick else args.steps
     work = Path(tempfile.mkdtemp(prefix="tiermem-bench-"))
-    print(f"task tier benchmark: {n} steps per figure, data in {work}\n")
+    encryption = "on (AES-GCM, per-tenant data key)" if args.encrypt else "off"
+    print(
+        f"task tier benchmark: {n} steps per figure, data in {work}, encryption at rest {encryption}\n"
+    )
     try:
         lines: list[tuple[str, str]] = []
 
@@ -361,7 +391,7 @@ def main() -> None:
 
         floor = floor_sqlite(work / "floor.sqlite3", n)
         show("SQLite raw single-row fsync'd commit (floor)", f"{floor:8.0f} commits/s")
-        store = SqliteKVStore(work / "ours.sqlite3")
+        store = _ours(SqliteKVStore(work / "ours.sqlite3"))
         ours = ours_steps(TaskTier(store), "single", n)
         show("ours: durable step checkpoint, SQLite", f"{ours:8.0f} steps/s")
         show("  floor / ours (target <= 1.3)", f"{floor / ours:8.2f}x")
@@ -390,7 +420,7 @@ def main() -> None:
         try:
             rfloor = floor_redis(server.url, n)
             show("Redis raw SET, appendfsync always (floor)", f"{rfloor:8.0f} commits/s")
-            rstore = RedisKVStore(server.url)
+            rstore = _ours(RedisKVStore(server.url))
             rours = ours_steps(TaskTier(rstore), "single", n)
             show("ours: durable step checkpoint, Redis appendfsync always", f"{rours:8.0f} steps/s")
             show("  floor / ours", f"{rfloor / rours:8.2f}x")
@@ -419,9 +449,18 @@ def main() -> None:
         cpu = cpu_per_step(work / "cpu.sqlite3", n)
         show("CPU per step (process time, fsync off)", f"{cpu * 1e6:8.0f} us")
 
+        # Side by side in one run, alternating, so the machine's load hits both alike.
+        plain, encrypted = [], []
+        for round_ in range(3):
+            plain.append(cpu_per_step(work / f"cpu-plain-{round_}.sqlite3", n, encrypt=False))
+            encrypted.append(cpu_per_step(work / f"cpu-enc-{round_}.sqlite3", n, encrypt=True))
+        show("CPU per step, encryption at rest off (best of 9)", f"{min(plain) * 1e6:8.0f} us")
+        show("CPU per step, encryption at rest on (best of 9)", f"{min(encrypted) * 1e6:8.0f} us")
+        show("  on / off", f"{min(encrypted) / min(plain):8.2f}x")
+
         print("\nbounded durability (not the default): acknowledged before fsync, flushed")
         print("every 50 ms in the background and before every effect's function")
-        fast = SqliteKVStore(work / "fast.sqlite3", durable=False, flush_interval=0.05)
+        fast = _ours(SqliteKVStore(work / "fast.sqlite3", durable=False, flush_interval=0.05))
         btasks = TaskTier(fast)
         bounded = ours_steps(btasks, "single", n)
         show("async: step checkpoint, SQLite", f"{bounded:8.0f} steps/s")

@@ -38,6 +38,27 @@ __all__ = ["ApprovalsMixin", "HandleApprovalsMixin"]
 class ApprovalsMixin(TierCore):
     """The operator side of approval gates (:class:`~tiers.task.TaskTier`)."""
 
+    def approval(self, run_id: str, key: str) -> ApprovalRecord | None:
+        """The gate ``key`` of a run: the frozen plan (as stored, redacted), and the decision if any.
+
+        What an approver reads before deciding: ``RunInfo.pending_approval``
+        names the gate and the plan's hash, this gives the plan itself.
+
+        Returns:
+            The gate's record, or ``None`` if the run never requested that gate.
+
+        Raises:
+            InvalidInputError: Bad ``run_id`` or ``key``.
+            CorruptRecordError: The stored record is unreadable.
+        """
+        run_id = check_id(run_id, "run_id")
+        key = check_key(key, "key")
+        space = keys.run_space(self.tenant, run_id)
+        (data,) = self._kv.get_many(space, [keys.approval_key(key)])
+        if data is None:
+            return None
+        return decode(ApprovalRecord, data, where=f"{space}/{keys.approval_key(key)}")
+
     def approve(
         self,
         run_id: str,

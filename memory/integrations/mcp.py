@@ -480,27 +480,33 @@ class _Tools:
         ctx: Context[Any, Any],
         user_id: Annotated[str | None, Field(description="Only this user's runs.")] = None,
     ) -> dict[str, Any]:
-        """Runs paused at a human-approval gate, oldest request first: the run, the gate's key
-        and the hash of the plan awaiting a decision (pass it to approve_run / reject_run)."""
-        runs = self._call(
-            ctx,
-            lambda c: c.memory.list_runs(
+        """Runs paused at a human-approval gate, oldest request first: the run, the gate's key,
+        the plan awaiting a decision (secrets redacted) and its hash (pass it to approve_run /
+        reject_run)."""
+
+        def read(c: McpCaller) -> list[dict[str, Any]]:
+            runs = c.memory.list_runs(
                 user_id=user_filter(c.user_id, user_id), status=RunStatus.PAUSED
-            ),
-            writes=False,
-            user_id=user_id,
-        )
-        gates = [
-            {
-                "run_id": run.run_id,
-                "user_id": run.user_id,
-                "approval_key": run.pending_approval.key,
-                "plan_hash": run.pending_approval.plan_hash,
-                "requested_at": run.pending_approval.requested_at.isoformat(),
-            }
-            for run in runs
-            if run.pending_approval is not None
-        ]
+            )
+            gates = []
+            for run in runs:
+                pending = run.pending_approval
+                if pending is None:
+                    continue
+                record = c.memory.tasks.approval(run.run_id, pending.key)
+                gates.append(
+                    {
+                        "run_id": run.run_id,
+                        "user_id": run.user_id,
+                        "approval_key": pending.key,
+                        "plan_hash": pending.plan_hash,
+                        "plan": record.plan if record is not None else None,
+                        "requested_at": pending.requested_at.isoformat(),
+                    }
+                )
+            return gates
+
+        gates = self._call(ctx, read, writes=False, user_id=user_id)
         gates.sort(key=lambda gate: (gate["requested_at"], gate["run_id"]))
         return {"approvals": gates}
 

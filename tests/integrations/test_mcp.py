@@ -229,6 +229,11 @@ async def exercise_every_tool(
         ("deploy-1", "deploy", hashes["deploy-1"]),
         ("deploy-2", "refund", hashes["deploy-2"]),
     ]
+    # The approver sees what it approves: the frozen plan, not only its hash.
+    assert [g["plan"] for g in pending["approvals"]] == [
+        plans(tenant)["deploy-1"][1],
+        plans(tenant)["deploy-2"][1],
+    ]
     assert (await call(session, "pending_approvals", user_id="bob"))["approvals"] == []
     mismatch = await fails(session, "approve_run", run_id="deploy-1", plan_hash="0" * 64)
     assert "PlanMismatchError" in mismatch

@@ -113,8 +113,8 @@ def create_app(
 
     Returns:
         The app. Its lifespan opens the stores (unless ``memory`` is given),
-        loads the embedding model, and at shutdown finishes queued background
-        jobs before closing the stores.
+        loads the embedding model, starts the summary job workers, and at
+        shutdown finishes running jobs (for a bounded time) before closing the stores.
     """
     settings = settings or Settings()
     metrics = Metrics()
@@ -137,6 +137,8 @@ def create_app(
                 gc.freeze()
             app.state.tiermem = service
             service.start_sweeping()
+            # Jobs queued before this start (a crash, a replica gone) are run too.
+            service.jobs.start()
             logger.info(
                 "tiermem ready", extra={"tenant": mem.tenant, "auth": settings.auth_enabled}
             )

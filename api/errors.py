@@ -13,7 +13,8 @@ Errors of the API layer itself::
     ├── ForbiddenError               the key lacks the scope the route needs (403)
     ├── RequestTooLargeError         the request body is over max_request_bytes (413)
     ├── OverloadedError              too much queued work; retry after a while (429)
-    └── JobNotFoundError             no background job with that id for this tenant (404)
+    ├── JobNotFoundError             no background job with that id for this tenant (404)
+    └── JobAbandonedError            a job's worker stopped on every attempt (500, in its status)
 """
 
 from __future__ import annotations
@@ -111,6 +112,13 @@ class OverloadedError(ApiError):
 
 class JobNotFoundError(ApiError):
     """No background job has that id for this tenant (finished jobs are kept for a while only)."""
+
+
+class JobAbandonedError(ApiError):
+    """A background job's worker stopped (crashed, or was shut down) on each of its attempts.
+
+    Reported in the job's status, never as a request's answer: resummarize the session.
+    """
 
 
 @dataclass(frozen=True, slots=True)
@@ -216,6 +224,7 @@ ERROR_MAP: Mapping[type[BaseException], ProblemSpec] = {
     RequestTooLargeError: ProblemSpec(413, "request-too-large", "Request too large"),
     OverloadedError: ProblemSpec(429, "overloaded", "Too many requests", retry_after=1),
     JobNotFoundError: ProblemSpec(404, "job-not-found", "Job not found"),
+    JobAbandonedError: ProblemSpec(500, "job-abandoned", "Summary job abandoned"),
 }
 """Error class -> how it is reported. Looked up along the MRO: the most specific entry wins."""
 

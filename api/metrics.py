@@ -37,6 +37,7 @@ class Metrics:
         summarizer_tokens: Model tokens spent on summaries, by kind (prompt/completion).
         summarizer_cost: US dollars spent on summaries (where litellm knows the price).
         retention_deleted: Records the retention sweeps deleted, by kind.
+        job_attempts: Summary job attempts this process ended, by outcome.
     """
 
     def __init__(self) -> None:
@@ -97,8 +98,18 @@ class Metrics:
             ["kind"],
             registry=r,
         )
+        self.job_attempts = Counter(
+            "tiermem_summary_job_attempts",
+            "Summary job attempts this process ended, by outcome (succeeded, retried, failed: "
+            "for good, lost: its lease was taken over or the job erased, released: given back "
+            "at shutdown).",
+            ["outcome"],
+            registry=r,
+        )
         self._jobs_pending = Gauge(
-            "tiermem_session_jobs_pending", "Background summaries queued or running.", registry=r
+            "tiermem_session_jobs_pending",
+            "Background summaries queued or running, every tenant's (read from the store).",
+            registry=r,
         )
         self._outbox = Gauge(
             "tiermem_session_outbox_backlog",
@@ -126,6 +137,10 @@ class Metrics:
         """Count one failed summarization."""
         self.summaries.labels(outcome="failed").inc()
         self.summarizer_failures.labels(error=type(exc).__name__).inc()
+
+    def job_outcome(self, outcome: str) -> None:
+        """Count one summary job attempt that ended with ``outcome``."""
+        self.job_attempts.labels(outcome=outcome).inc()
 
     def swept(self, report: SweepReport) -> None:
         """Count what one tenant's retention sweep deleted."""

@@ -66,10 +66,17 @@ class ServiceState:
         self.memory = memory
         self.metrics = metrics
         self.keys = ApiKeyRegistry(memory.kv)
+        # Durable in the KV store and shared by every replica; its workers start with jobs.start().
         self.jobs = JobRegistry(
+            kv=memory.kv,
+            views=self.view,
+            run=self.resummarize,
             workers=settings.summarize_workers,
             max_pending=settings.max_pending_jobs,
             retention_seconds=settings.job_retention_seconds,
+            lease_seconds=settings.job_lease_seconds,
+            max_attempts=settings.job_max_attempts,
+            on_outcome=metrics.job_outcome,
         )
         self.reads = Offloader(threads=2, name="tiermem-reads")
         # A read of the embedded SQLite store takes tens of microseconds and never waits for
@@ -87,7 +94,7 @@ class ServiceState:
         self._embedder_ok_at: float | None = None
         self._stop_sweeping = threading.Event()
         self._sweeper: threading.Thread | None = None
-        metrics.watch(jobs_pending=lambda: self.jobs.pending, outbox_backlog=self.outbox_backlog)
+        metrics.watch(jobs_pending=self.jobs_backlog, outbox_backlog=self.outbox_backlog)
 
     # -- tenants -------------------------------------------------------------------------------
 
@@ -112,6 +119,13 @@ class ServiceState:
             return float(
                 sum(len(self.memory.kv.scan(keys.session_outbox_space(t))) for t in tenants)
             )
+        except Exception:  # a scrape must not fail because the store is down
+            return float("nan")
+
+    def jobs_backlog(self) -> float:
+        """Summary jobs not finished yet, every tenant's (the same on every replica)."""
+        try:
+            return float(self.jobs.pending)
         except Exception:  # a scrape must not fail because the store is down
             return float("nan")
 
@@ -243,6 +257,7 @@ class ServiceState:
         for tenant in sorted(tenants):
             try:
                 report = self.view(tenant).sweep()
+                self.jobs.purge(self.view(tenant))  # finished jobs past job_retention_seconds
             except Exception as exc:  # a store outage, a damaged record: the next period retries
                 logger.warning("retention sweep of tenant %s failed: %s", tenant, exc)
                 continue
@@ -268,10 +283,10 @@ class ServiceState:
                 logger.warning("retention sweep failed: %s", exc)
 
     def close(self) -> None:
-        """Stop sweeping, finish queued jobs and reads, then close the stores if this app opened them.
+        """Stop sweeping, finish running jobs and reads, then close the stores if this app opened them.
 
-        Queued summary jobs get ``shutdown_timeout_seconds`` to finish; the rest
-        keep their stored transcripts and stay pending.
+        Running summary jobs get ``shutdown_timeout_seconds`` to finish; the
+        rest are given back to the store, for any replica to run.
         """
         self._stop_sweeping.set()
         if self._sweeper is not None:

@@ -503,8 +503,11 @@ class MemoryClient:
     ) -> SessionSummary:
         """See :meth:`memory.Memory.end_session`.
 
-        The server summarizes in the background; this waits for the job (up to
-        ``summarize_timeout`` seconds) and returns the saved summary.
+        The server stores the transcript with a durable job and summarizes it
+        in the background; this polls the job (up to ``summarize_timeout``
+        seconds) and returns the saved summary. Any replica of the service
+        answers the poll, and a replica that went away meanwhile is polled past
+        (its job is run by another).
 
         Raises:
             TimeoutError: The job did not finish in time (it may still finish).
@@ -547,18 +550,26 @@ class MemoryClient:
             return _summary(data)
         deadline = time.monotonic() + self.summarize_timeout
         delay = 0.02
+        status_url = data["status_url"]
         while data["status"] in ("pending", "running"):
             if time.monotonic() > deadline:
                 raise TimeoutError(
                     f"session {session_id!r} is still being summarized after {self.summarize_timeout} s "
-                    f"(job {data['job_id']}); poll {data['status_url']} or raise summarize_timeout"
+                    f"(job {data['job_id']}); poll {status_url} or raise summarize_timeout"
                 )
             time.sleep(delay)
             delay = min(delay * 2, 1.0)
-            data = self._json("GET", data["status_url"])
+            try:
+                data = self._json("GET", status_url)
+            except (BackendUnavailableError, ServiceOverloadedError):
+                # The job is kept in the server's store and run by any replica: one going away
+                # (or a busy moment) is not the job's failure. Ask again, maybe another replica.
+                continue
         if data["status"] == "failed":
             problem = data.get("error") or {}
             raise error_from_problem(int(problem.get("status", 500)), problem)
+        if data.get("session") is None:  # deleted since it was summarized
+            return self.get_session(str(data["user_id"]), session_id)
         return _summary(data["session"])
 
     def get_session(self, user_id: str, session_id: str) -> SessionSummary:

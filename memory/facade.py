@@ -28,6 +28,7 @@ from tiers.erasure import scrub
 from tiers.errors import InvalidInputError
 from tiers.ids import check_id
 from tiers.items import ItemStore
+from tiers.jobs import SummaryJobs
 from tiers.models import (
     Checkpoint,
     Message,
@@ -150,6 +151,8 @@ class Memory:
             redactor=self.redactor,
         )
         self.users = UserTier(kv, tenant=self.tenant, redactor=self.redactor)
+        # Durable summary jobs (the service's background summaries), run by any replica.
+        self.jobs = SummaryJobs(kv, self.sessions, tenant=self.tenant)
         # Checkpoint DAGs of graph frameworks (the LangGraph checkpointer's storage).
         self.threads = ThreadTier(kv, tenant=self.tenant)
         # Namespaced JSON items (what framework stores such as LangGraph's BaseStore hold).
@@ -466,11 +469,13 @@ class Memory:
         """Delete one session from the KV store and the vector index, and what it taught.
 
         Facts learned from the session (source ``session:<id>``) are withdrawn,
-        history included; a summary of it still in flight is never saved. With
+        history included; a summary of it still in flight is never saved, and
+        the session's summary jobs (:attr:`jobs`) are deleted. With
         ``scrub_deleted`` the KV store then drops the deleted data from its files.
         Returns whether the session had a summary or a transcript.
         """
         existed = self.sessions.delete_session(user_id, session_id)
+        self.jobs.delete_session(user_id, session_id)
         if self.scrub_deleted:
             scrub(self.kv)
         return existed
@@ -599,7 +604,8 @@ class Memory:
         Gone when this returns: sessions (summaries, transcripts, vectors),
         facts with their history, items the user owns (e.g. under a LangGraph
         store's ``user_namespace``), the user's runs (checkpoints, events,
-        effect ledgers, approvals) and the user's entry in the tenant's user
+        effect ledgers, approvals), the user's summary jobs (queued, running
+        or finished) and the user's entry in the tenant's user
         index. Transcripts go first: a summary still being made from one
         can then store neither its summary nor its facts (both are committed
         only while their transcript is stored), and a worker still running
@@ -614,6 +620,7 @@ class Memory:
         """
         check_id(user_id, "user_id")
         self.sessions.delete_user_sessions(user_id)
+        self.jobs.delete_user(user_id)
         self.users.delete_user(user_id)
         self.items.delete_user(user_id)
         for run in self.tasks.list_runs(user_id=user_id):

@@ -190,12 +190,28 @@ class Settings(BaseSettings):
     api_host: str = Field(default="127.0.0.1", description="Interface `tiermem serve` binds.")
     api_port: int = Field(default=8080, ge=0, le=65535, description="Port `tiermem serve` binds.")
     summarize_workers: int = Field(
-        default=2, gt=0, description="Threads that summarize posted transcripts in the background."
+        default=2,
+        ge=0,
+        description="Threads that run summary jobs (of every replica on the store) in this "
+        "process; 0: this process only queues them.",
     )
     max_pending_jobs: int = Field(
         default=256,
         gt=0,
-        description="Background summaries queued at most; more are refused with HTTP 429.",
+        description="Unfinished background summaries per tenant at most; more are refused with "
+        "HTTP 429 (before the transcript is stored), other tenants unaffected.",
+    )
+    job_lease_seconds: float = Field(
+        default=60.0,
+        gt=0,
+        description="A worker's claim on a summary job lasts this long and is renewed while it "
+        "runs; a job whose process died is taken by any replica once it expires.",
+    )
+    job_max_attempts: int = Field(
+        default=3,
+        ge=1,
+        description="Attempts at a summary job (failures and lost workers) before it fails for "
+        "good, its error kept in the job's status; retries back off 1 s, 2 s, 4 s, ...",
     )
     run_sweep_interval_seconds: float = Field(
         default=3600.0,
@@ -211,8 +227,8 @@ class Settings(BaseSettings):
         default=30.0,
         gt=0,
         description="Graceful shutdown: time allowed for in-flight requests, then again for "
-        "queued background summaries (a transcript not summarized by then stays stored and "
-        "pending: `tiermem resummarize`).",
+        "running background summaries (a job not finished by then stays queued in the store "
+        "for any replica to run).",
     )
     header_timeout_seconds: float = Field(
         default=10.0,

@@ -336,3 +336,53 @@ def thread_effect_key(key: str) -> str:
 def thread_chunk_key(key: str, n: int) -> str:
     """Chunk ``n`` (from 0) of a value over the store's per-value limit, outside every scanned prefix."""
     return f"x:{key}#{n}"
+
+
+# -- durable summary jobs (tiers.jobs) ----------------------------------------------------------
+
+
+def jobs_space(tenant: str) -> str:
+    """A tenant's summary jobs: key job_id -> SummaryJob (read by id from any replica)."""
+    return f"{tenant}:jobs"
+
+
+def user_jobs_space(tenant: str, user_id: str) -> str:
+    """One user's summary jobs: key job_id -> b"" (what erasure deletes with the user)."""
+    return f"{tenant}:user:{user_id}:jobs"
+
+
+def job_queue_space(tenant: str) -> str:
+    """A tenant's unfinished jobs: key :func:`job_queue_key` -> when it may be claimed (epoch µs).
+
+    Keys group by user and sort by age within a user, so a scan can take users in turn.
+    """
+    return f"{tenant}:job-queue"
+
+
+def job_queue_key(user_id: str, created_micros: int, job_id: str) -> str:
+    """Queue key of one job: ``<user>/<created epoch µs, 20 digits>/<job_id>``."""
+    return f"{user_id}/{created_micros:020d}/{job_id}"
+
+
+def job_queue_past_user(user_id: str) -> str:
+    """A ``start_after`` that skips every queue key of ``user_id`` (digits sort before ``~``)."""
+    return f"{user_id}/~"
+
+
+def jobs_done_space(tenant: str) -> str:
+    """A tenant's finished jobs by finishing time: key :func:`job_done_key` -> b"" (for purging)."""
+    return f"{tenant}:jobs-done"
+
+
+def job_done_key(finished_micros: int, job_id: str) -> str:
+    """Zero-padded so key order is finishing order."""
+    return f"{finished_micros:020d}/{job_id}"
+
+
+def job_tenants_space() -> str:
+    """Tenants that may have unfinished jobs: key tenant -> a token replaced by every submission.
+
+    Not under a tenant: every replica's workers read it to find work. Like
+    :func:`api_keys_space`, ``_system`` can never be a tenant's space.
+    """
+    return "_system:job-tenants"

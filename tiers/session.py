@@ -502,6 +502,7 @@ class SessionTier:
         messages: Sequence[Message | Mapping[str, object]],
         *,
         created_at: datetime | None = None,
+        also: Sequence[Write] = (),
     ) -> TranscriptHeader:
         """Store a session's raw transcript (replacing any earlier one), before it is summarized.
 
@@ -525,6 +526,8 @@ class SessionTier:
             created_at: When the session ended; default now (a naive
                 datetime is taken as UTC). Kept in the header, for summarizing
                 later with the right date.
+            also: More writes committed atomically with the transcript (a
+                summary job, :mod:`tiers.jobs`): both are stored, or neither.
 
         Returns:
             The stored transcript's header (size, pages, checksum).
@@ -556,6 +559,7 @@ class SessionTier:
             )
             token = self._token()
             writes.extend(self._touch_users([user_id], token))
+            writes.extend(also)
             if summary is not None:
                 if previous is None or (previous.sha256, previous.created_at) != (
                     header.sha256,

@@ -5,7 +5,7 @@ from __future__ import annotations
 from fastapi import APIRouter, Request, Response, status
 from pydantic import TypeAdapter
 
-from api.deps import ReadMemory, ServiceDep, WriteMemory
+from api.deps import ReadMemory, WriteMemory
 from api.errors import problem_responses
 from api.responses import json_response
 from api.schemas.common import FactKeyPath, UserIdPath
@@ -112,8 +112,7 @@ def fact_history(user_id: UserIdPath, key: FactKeyPath, memory: ReadMemory) -> R
 @router.delete(
     "", name="forget_user", status_code=status.HTTP_204_NO_CONTENT, response_class=Response
 )
-def forget_user(user_id: UserIdPath, memory: WriteMemory, service: ServiceDep) -> None:
-    """Delete everything stored about the user: facts and their history, sessions, owned items
-    and runs. A summary still being made for the user is not saved."""
+def forget_user(user_id: UserIdPath, memory: WriteMemory) -> None:
+    """Delete everything stored about the user: facts and their history, sessions, owned items,
+    runs and summary jobs. A summary still being made for the user is not saved."""
     memory.forget_user(user_id)
-    service.jobs.forget(memory.tenant, user_id)

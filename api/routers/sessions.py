@@ -9,7 +9,7 @@ from typing import Annotated, Any
 from fastapi import APIRouter, Path, Query, Request, Response, status
 
 from api.deps import ReadAccess, ReadMemory, ServiceDep, WriteMemory
-from api.errors import problem_for, problem_responses
+from api.errors import problem_responses
 from api.jobs import Job
 from api.responses import json_response
 from api.schemas.common import SessionIdPath, UserIdPath
@@ -23,6 +23,7 @@ from api.schemas.sessions import (
     SessionList,
     SessionOut,
 )
+from summarizer import parse_transcript
 from tiers.errors import SessionNotFoundError
 from tiers.models import SessionSummary
 
@@ -51,8 +52,10 @@ def job_out(request: Request, job: Job) -> JobOut:
         ),
         created_at=job.created_at,
         finished_at=job.finished_at,
+        attempts=job.attempts,
+        max_attempts=job.max_attempts,
         session=session_out(job.result) if job.result is not None else None,
-        error=problem_for(job.error) if job.error is not None else None,
+        error=job.error,
     )
 
 
@@ -101,10 +104,21 @@ def save_session(
     # The items as sent (the schema skips validating them): the library's parser reads them,
     # so the service accepts and refuses exactly what Memory.end_session does.
     transcript: list[Any] = list(body.transcript)
-    # Durable before anything is acknowledged: if summarizing fails or this process dies,
-    # the session is listed as pending and can be summarized again.
-    memory.save_transcript(user_id, body.session_id, transcript, created_at=body.created_at)
-    return _summarize(request, service, memory, user_id, body.session_id, wait=wait)
+    if wait:
+        # Durable before the summarizer is called: if summarizing fails, the session is
+        # listed as pending and can be summarized again.
+        memory.save_transcript(user_id, body.session_id, transcript, created_at=body.created_at)
+        return _summarize(request, service, memory, user_id, body.session_id, wait=True)
+    # The transcript and its job in one commit (or a 429 before anything is stored): a 202
+    # means both are durable, and any replica runs the job, after a crash too.
+    job = service.jobs.submit(
+        memory,
+        user_id=user_id,
+        session_id=body.session_id,
+        messages=parse_transcript(transcript),
+        created_at=body.created_at,
+    )
+    return _accepted(request, job)
 
 
 @router.post(
@@ -150,12 +164,13 @@ def _summarize(
     *,
     wait: bool,
 ) -> Response:
-    work = partial(service.resummarize, memory, user_id, session_id)
     if wait:
-        return json_response(session_out(work()), status_code=status.HTTP_201_CREATED)
-    job = service.jobs.submit(
-        tenant=memory.tenant, user_id=user_id, session_id=session_id, work=work
-    )
+        saved = service.resummarize(memory, user_id, session_id)
+        return json_response(session_out(saved), status_code=status.HTTP_201_CREATED)
+    return _accepted(request, service.jobs.submit(memory, user_id=user_id, session_id=session_id))
+
+
+def _accepted(request: Request, job: Job) -> Response:
     out = job_out(request, job)
     return json_response(
         out, status_code=status.HTTP_202_ACCEPTED, headers={"Location": out.status_url}
@@ -197,8 +212,7 @@ def delete_session(
 ) -> None:
     """Delete a session from the store and the index, with the facts learned from it; 404 if
     there was none. A summary of it still being made is not saved."""
-    existed = memory.delete_session(user_id, session_id)
-    service.jobs.forget(memory.tenant, user_id, session_id)
+    existed = memory.delete_session(user_id, session_id)  # its jobs too
     if not existed:
         raise SessionNotFoundError(f"user {user_id!r} has no session {session_id!r}")
 
@@ -229,7 +243,12 @@ async def get_job(
 ) -> Response:
     """A background summarization job of the caller's tenant (poll it until it is finished).
 
-    A key bound to one user gets 404 for a job of another user, as for no job.
+    Any replica answers: jobs are kept in the store. A key bound to one user
+    gets 404 for a job of another user, as for no job.
     """
-    job = service.jobs.get(principal.tenant, job_id, user_id=principal.user_id)
+    get = partial(service.jobs.get, principal.tenant, job_id, user_id=principal.user_id)
+    if service.cached_view(principal.tenant) is None:
+        job = await service.reads.run(get)  # opening the tenant's view may do I/O
+    else:
+        job = await service.read(get)
     return json_response(job_out(request, job))

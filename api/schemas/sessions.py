@@ -245,7 +245,14 @@ class JobOut(ResponseModel):
     session_url: str = Field(description="Where the session will be once the job succeeded.")
     created_at: datetime
     finished_at: datetime | None = None
-    session: SessionOut | None = Field(
-        default=None, description="The saved summary, once succeeded."
+    attempts: int = Field(
+        default=0, description="Attempts started so far (a failed or interrupted one is retried)."
     )
-    error: Problem | None = Field(default=None, description="Why it failed, once failed.")
+    max_attempts: int = Field(default=1, description="Attempts at most; then it fails for good.")
+    session: SessionOut | None = Field(
+        default=None, description="The saved summary, once succeeded (as stored now)."
+    )
+    error: Problem | None = Field(
+        default=None,
+        description="Why the last attempt failed: kept while it is retried, final once failed.",
+    )

@@ -1,9 +1,10 @@
 """Erasure through the service: after ``DELETE /v1/users/{id}`` no route gives back anything of
-the user, a background summary in flight included (its job fails, it writes nothing), and the
-status of a job that finished before the erasure no longer carries its summary."""
+the user, a background summary in flight included (it writes nothing back), and the user's
+jobs, in flight or finished, are gone too (404)."""
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 from tests.api.conftest import Api, new_tenant
@@ -84,10 +85,17 @@ def test_forgetting_a_user_over_http_leaves_no_route_with_their_data(api: Api) -
     late = post_transcript(api, headers, "alice", "late", f"I prefer {IN_FLIGHT} sandwiches.")
     assert summarizer.entered.wait(30)
     assert c.delete("/v1/users/alice", headers=headers).status_code == 204
+    # The user's jobs went with the user: the one in flight, and the one finished before.
+    assert c.get(late["status_url"], headers=headers).status_code == 404
+    assert c.get(jobs[0], headers=headers).status_code == 404
     summarizer.release.set()
-    failed = wait_job(api, headers, late["status_url"])
-    assert failed["status"] == "failed", failed
-    assert failed["session"] is None
+    # Its worker, finishing, found its job gone and wrote nothing back.
+    lost = 'tiermem_summary_job_attempts_total{outcome="lost"} 1.0'
+    deadline = time.monotonic() + 30
+    while lost not in c.get("/metrics").text:
+        assert time.monotonic() < deadline, "the job in flight never ended"
+        time.sleep(0.05)
+    assert c.get(late["status_url"], headers=headers).status_code == 404
     jobs.append(late["status_url"])
 
     said = everything_said_about(api, headers, "alice", jobs)

@@ -90,9 +90,8 @@ def live(
         memory.save_session({"user_id": "a", "session_id": "a", "task_description": "fuzzing"})
         run = memory.start_run("a", "a")
         ckpt = run.append_checkpoint("step", {"out": 1}, scope={"k": "v"})
-        job = server.app.state.tiermem.jobs.submit(
-            tenant="fuzz", user_id="a", session_id="b", work=lambda: memory.get_session("a", "a")
-        )
+        memory.save_transcript("a", "b", [{"role": "user", "content": "fuzzing"}])
+        job = server.app.state.tiermem.jobs.submit(memory, user_id="a", session_id="b")
         ids = {**SEEDED, "checkpoint_id": ckpt.checkpoint_id, "job_id": job.job_id}
         yield server.base_url, {"Authorization": f"Bearer {key}"}, ids
 

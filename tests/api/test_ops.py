@@ -5,6 +5,7 @@ from __future__ import annotations
 import io
 import json
 import logging
+import re
 import socket
 import time
 from collections.abc import Iterator
@@ -112,7 +113,8 @@ def test_metrics_count_routes_by_template_and_time_the_core(api: Api) -> None:
     assert "u1" not in text  # ids never become label values
     for histogram in ("recall", "context", "checkpoint_commit"):
         assert f"tiermem_{histogram}_duration_seconds_count 1.0" in text
-    assert "tiermem_session_jobs_pending 0.0" in text
+    # Every tenant's unfinished jobs, read from the store (the same on every replica).
+    assert re.search(r"^tiermem_session_jobs_pending \d+\.0$", text, re.MULTILINE)
     assert "tiermem_session_outbox_backlog 0.0" in text
     assert "tiermem_http_requests_in_flight" in text
 

@@ -16,7 +16,8 @@ What is found, by mode:
     GitHub (``ghp_``, ``gho_``, ``github_pat_``...), GitLab (``glpat-``),
     Slack (``xox?-``, webhook URLs), Stripe (``sk_live_``, ``rk_live_``,
     ``whsec_``), Google (``AIza``, ``ya29.``, ``GOCSPX-``), Hugging Face
-    (``hf_``), npm (``npm_``), SendGrid (``SG.``), Discord webhook URLs, JWTs;
+    (``hf_``), npm (``npm_``), SendGrid (``SG.``), Discord webhook URLs,
+    tiermem's own API keys (``tmk_``), JWTs;
   - ``Authorization:`` header values and ``Bearer <token>``;
   - labelled values: ``password: ...``, ``api_key=...``, ``"client_secret": "..."``,
     ``OPENAI_API_KEY=...``, ``my password is ...``, ``PIN: 1234``, ``CVV 123``
@@ -53,6 +54,7 @@ from tiers.errors import InvalidInputError
 
 __all__ = [
     "DEFAULT_PLACEHOLDER",
+    "OFF",
     "Finding",
     "RedactMode",
     "Redactor",

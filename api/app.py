@@ -137,6 +137,7 @@ def create_app(
                 gc.freeze()
             app.state.tiermem = service
             service.start_sweeping()
+            service.start_index_checks()
             # Jobs queued before this start (a crash, a replica gone) are run too.
             service.jobs.start()
             logger.info(

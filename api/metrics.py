@@ -17,6 +17,7 @@ from prometheus_client import (
     generate_latest,
 )
 
+from tiers.index_check import IndexRepair, IndexReport
 from tiers.models import SummaryUsage
 from tiers.retention import SweepReport
 
@@ -37,6 +38,11 @@ class Metrics:
         summarizer_tokens: Model tokens spent on summaries, by kind (prompt/completion).
         summarizer_cost: US dollars spent on summaries (where litellm knows the price).
         retention_deleted: Records the retention sweeps deleted, by kind.
+        index_missing: Vectors the KV store says are indexed but the index lacks, per tenant.
+        index_stale: Vectors made from content the KV store no longer holds, per tenant.
+        index_orphans: Vectors with no record behind them, per tenant.
+        index_repaired: Sessions and items re-indexed, and stray vectors deleted, by kind.
+        index_checked: When the last index check of every tenant finished (Unix time).
         job_attempts: Summary job attempts this process ended, by outcome.
     """
 
@@ -106,6 +112,35 @@ class Metrics:
             ["outcome"],
             registry=r,
         )
+        self.index_missing = Gauge(
+            "tiermem_index_missing_vectors",
+            "Vectors the KV store says are indexed but the vector index lacks (last check).",
+            ["tenant"],
+            registry=r,
+        )
+        self.index_stale = Gauge(
+            "tiermem_index_stale_vectors",
+            "Vectors in the index made from content the KV store no longer holds (last check).",
+            ["tenant"],
+            registry=r,
+        )
+        self.index_orphans = Gauge(
+            "tiermem_index_orphan_vectors",
+            "Vectors in the index with no record in the KV store (last check).",
+            ["tenant"],
+            registry=r,
+        )
+        self.index_repaired = Counter(
+            "tiermem_index_repaired",
+            "Repairs of the vector index from the KV store, by kind (sessions, items, strays).",
+            ["kind"],
+            registry=r,
+        )
+        self.index_checked = Gauge(
+            "tiermem_index_check_timestamp_seconds",
+            "When the last index check of every tenant finished (Unix time).",
+            registry=r,
+        )
         self._jobs_pending = Gauge(
             "tiermem_session_jobs_pending",
             "Background summaries queued or running, every tenant's (read from the store).",
@@ -146,6 +181,18 @@ class Metrics:
         """Count what one tenant's retention sweep deleted."""
         for kind in ("finished_runs", "idle_runs", "sessions", "transcripts", "facts"):
             self.retention_deleted.labels(kind=kind).inc(getattr(report, kind))
+
+    def index_checked_tenant(self, report: IndexReport) -> None:
+        """Show the latest index check of one tenant."""
+        self.index_missing.labels(tenant=report.tenant).set(report.missing)
+        self.index_stale.labels(tenant=report.tenant).set(report.stale)
+        self.index_orphans.labels(tenant=report.tenant).set(report.orphans)
+
+    def index_repaired_tenant(self, repair: IndexRepair) -> None:
+        """Count what one tenant's index repair did."""
+        self.index_repaired.labels(kind="sessions").inc(repair.sessions)
+        self.index_repaired.labels(kind="items").inc(repair.items)
+        self.index_repaired.labels(kind="strays").inc(repair.deleted)
 
     def render(self) -> tuple[bytes, str]:
         """The exposition text and its content type."""

@@ -64,6 +64,7 @@ from tiers.errors import (
     ValueTooLargeError,
 )
 from tiers.ids import run_id_for
+from tiers.index_check import IndexRepair, IndexReport
 from tiers.models import (
     Checkpoint,
     FactCandidate,
@@ -100,6 +101,8 @@ __all__ = [
     "ExtractiveSummarizer",
     "FactCandidate",
     "FactNotFoundError",
+    "IndexRepair",
+    "IndexReport",
     "InputMismatchError",
     "InvalidInputError",
     "InvalidScopeInputError",

@@ -109,49 +109,113 @@ UsersOption = Annotated[
     list[str] | None,
     typer.Option("--user", help="Only this user (repeatable); default every user."),
 ]
+AllTenantsOption = Annotated[
+    bool,
+    typer.Option(
+        "--all-tenants",
+        help="Every tenant of the store (each one opened before, each with an API key) "
+        "instead of --tenant.",
+    ),
+]
 
 
-def reindex(tenant: TenantOption = "default", user: UsersOption = None) -> None:
-    """Rebuild the session vector index from the KV store (a damaged index, a new embedder).
+def reindex(
+    tenant: TenantOption = "default",
+    user: UsersOption = None,
+    all_tenants: AllTenantsOption = False,
+    check: Annotated[
+        bool,
+        typer.Option(
+            "--check",
+            help="Only compare the index with the KV store and report missing, stale and "
+            "orphaned vectors per tenant; exit 1 if any.",
+        ),
+    ] = False,
+    damaged: Annotated[
+        bool,
+        typer.Option(
+            "--damaged",
+            help="Re-index only what the check finds missing or stale, delete orphans "
+            "(fast after a lost index), instead of re-embedding every session.",
+        ),
+    ] = False,
+) -> None:
+    """Rebuild the vector index from the KV store (a lost or damaged index, a new embedder).
 
-    The KV store is the truth and is not changed; recall keeps working meanwhile.
+    By default every session is re-embedded, then what a check still finds
+    (items, orphaned vectors) is repaired. The KV store is the truth and is not
+    changed; recall keeps working meanwhile. Exits 1 if an index is left damaged.
     """
+    if user and all_tenants:
+        raise typer.BadParameter("--user names users of one tenant: not with --all-tenants")
+    if check and damaged:
+        raise typer.BadParameter("--check only reports: not with --damaged")
+    left = 0
+    with _root("reindex") as root:
+        for name in root.tenants() if all_tenants else [tenant]:
+            memory = root.for_tenant(name)
+            if check:
+                report = memory.check_index()
+            else:
+                if not damaged:
+                    done = _rebuild(memory, user)
+                    typer.echo(f"reindexed {done} sessions of tenant {name}")
+                # With --user the rest of the tenant is left as it is.
+                report = memory.check_index() if user else memory.repair_index().after
+            typer.echo(report.describe())
+            left += not report.consistent
+    if left:
+        raise typer.Exit(1)
+
+
+def _rebuild(memory: Memory, users: list[str] | None) -> int:
     from tiers.session import ReindexProgress
 
-    with _memory(tenant, "reindex") as memory:
-        bar: Any = None
+    bar: Any = None
 
-        def progress(step: ReindexProgress) -> None:
-            nonlocal bar
-            if bar is None:
-                bar = typer.progressbar(length=step.total, label="re-embedding sessions")
-                bar.__enter__()
-            bar.update(step.done - bar.pos)
+    def progress(step: ReindexProgress) -> None:
+        nonlocal bar
+        if bar is None:
+            bar = typer.progressbar(length=step.total, label="re-embedding sessions")
+            bar.__enter__()
+        bar.update(step.done - bar.pos)
 
-        try:
-            done = memory.sessions.reindex(user, progress=progress)
-        finally:
-            if bar is not None:
-                bar.__exit__(None, None, None)
-        typer.echo(f"reindexed {done} sessions of tenant {tenant}")
+    try:
+        return memory.sessions.reindex(users, progress=progress)
+    finally:
+        if bar is not None:
+            bar.__exit__(None, None, None)
 
 
-def resummarize(tenant: TenantOption = "default", user: UsersOption = None) -> None:
+def resummarize(
+    tenant: TenantOption = "default",
+    user: UsersOption = None,
+    all_tenants: AllTenantsOption = False,
+) -> None:
     """Summarize every session whose transcript is stored but has no summary (a failed summary)."""
-    with _memory(tenant, "resummarize") as memory:
-        users = user or memory.sessions.user_ids()
-        pending = [(u, sid) for u in users for sid in memory.pending_summaries(u)]
-        failed = 0
-        with typer.progressbar(pending, label="summarizing") as bar:
-            for user_id, session_id in bar:
-                try:
-                    memory.resummarize(user_id, session_id)
-                except (TierError, SummarizerError) as exc:
-                    failed += 1
-                    typer.echo(f"\n{user_id}/{session_id}: {exc}", err=True)
-        typer.echo(f"summarized {len(pending) - failed} of {len(pending)} pending sessions")
-        if failed:
-            raise typer.Exit(1)
+    if user and all_tenants:
+        raise typer.BadParameter("--user names users of one tenant: not with --all-tenants")
+    failed = 0
+    with _root("resummarize") as root:
+        for name in root.tenants() if all_tenants else [tenant]:
+            memory = root.for_tenant(name)
+            users = user or memory.sessions.user_ids()
+            pending = [(u, sid) for u in users for sid in memory.pending_summaries(u)]
+            failures = 0
+            with typer.progressbar(pending, label=f"summarizing ({name})") as bar:
+                for user_id, session_id in bar:
+                    try:
+                        memory.resummarize(user_id, session_id)
+                    except (TierError, SummarizerError) as exc:
+                        failures += 1
+                        typer.echo(f"\n{name}/{user_id}/{session_id}: {exc}", err=True)
+            typer.echo(
+                f"summarized {len(pending) - failures} of {len(pending)} pending sessions "
+                f"of tenant {name}"
+            )
+            failed += failures
+    if failed:
+        raise typer.Exit(1)
 
 
 def sweep(
@@ -406,7 +470,9 @@ def settings_from_env() -> Settings:
 
 # What to do instead when a maintenance command finds the data dir held by a live server.
 _BESIDE_A_SERVER = {
-    "reindex": "stop the server, run `tiermem reindex`, then start the server again",
+    "reindex": "a running server checks its index every TIERMEM_INDEX_CHECK_INTERVAL_SECONDS "
+    "and repairs TIERMEM_INDEX_REPAIR_BATCH sessions and items each time by itself; or stop it, "
+    "run `tiermem reindex`, then start it again",
     "resummarize": "stop the server first, or ask it per session: "
     "POST /v1/users/{user_id}/sessions/{session_id}:resummarize",
     "sweep": "a running server sweeps itself every "
@@ -417,12 +483,19 @@ _BESIDE_A_SERVER = {
 @contextmanager
 def _memory(tenant: str, command: str) -> Iterator[Memory]:
     """The configured stores, as one tenant's view; errors become a clear message and exit 1."""
+    with _root(command) as memory:
+        yield memory.for_tenant(tenant)
+
+
+@contextmanager
+def _root(command: str) -> Iterator[Memory]:
+    """The configured stores (views of any tenant: ``for_tenant``); errors as for :func:`_memory`."""
     from memory.facade import Memory
 
     settings = settings_from_env()
     try:
         with Memory.from_settings(settings) as memory:
-            yield memory.for_tenant(tenant)
+            yield memory
     except DataDirLockedError as exc:
         typer.echo(f"error: {exc}", err=True)
         typer.echo(

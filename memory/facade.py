@@ -15,6 +15,7 @@ from typing import Any, Self, TypeVar
 import anyio.to_thread
 from pydantic import JsonValue, ValidationError
 
+from memory.apikeys import ApiKeyRegistry
 from memory.context import ContinuationContext, assemble_context, check_budget
 from memory.settings import Settings
 from summarizer import ExtractiveSummarizer, LiteLLMSummarizer, Summarizer, parse_transcript
@@ -27,6 +28,15 @@ from tiers.backends.embedders import MiniLMEmbedder
 from tiers.erasure import scrub
 from tiers.errors import InvalidInputError
 from tiers.ids import check_id
+from tiers.index_check import (
+    IndexRepair,
+    IndexReport,
+    bump_revisions,
+    check_index,
+    queue_repair,
+    register_tenant,
+    registered_tenants,
+)
 from tiers.items import ItemStore
 from tiers.jobs import SummaryJobs
 from tiers.models import (
@@ -48,6 +58,7 @@ from tiers.retention import (
     sweep_expired,
 )
 from tiers.session import RecalledSession, SessionTier, check_top_k
+from tiers.session_index import users_of
 from tiers.task import DEFAULT_RETENTION, DEFAULT_SNAPSHOT_EVERY, UNSET, RunHandle, TaskTier
 from tiers.task_events import Approval, EffectRecord, Event
 from tiers.threads import ThreadTier
@@ -165,6 +176,8 @@ class Memory:
         self.allow_volatile = False
         # The data dir's lock (from_settings, when an embedded store lives there).
         self._dir_lock: DataDirLock | None = None
+        # So a check or repair of every tenant (tenants()) finds this one.
+        register_tenant(kv, self.tenant)
 
     def for_tenant(self, tenant: str) -> Memory:
         """A view of the same stores under another tenant's namespace.
@@ -944,6 +957,88 @@ class Memory:
                 return False
         return True
 
+    # -- vector index consistency -------------------------------------------
+
+    def check_index(self) -> IndexReport:
+        """Compare this tenant's vector index with the KV store (the truth).
+
+        Finds vectors the index lacks (a lost collection, a Chroma server
+        restarted empty), vectors made from content since replaced (stale)
+        and vectors with no record behind them (orphans); sessions and items
+        with index work still queued are left to their outbox. Without this
+        a damaged index is silent: recall falls back to keyword order. The
+        HTTP service runs it for every tenant every
+        ``index_check_interval_seconds`` and reports it in ``/readyz`` and
+        ``/metrics``.
+
+        Raises:
+            BackendUnavailableError: The KV store or the index failed.
+        """
+        return check_index(self.kv, self.index, self.tenant)
+
+    def repair_index(self, *, limit: int | None = None) -> IndexRepair:
+        """Check the index (:meth:`check_index`) and repair what is wrong, without a restart.
+
+        Missing and stale vectors are re-embedded from the KV store, orphans
+        deleted, through the same outbox and compare-and-set guards as a save
+        (a session saved meanwhile keeps its newer vectors). Every process
+        sharing the stores drops what it cached of the users repaired.
+        ``tiermem reindex --all-tenants --damaged`` and the service's periodic
+        check (``index_repair_batch`` per interval) call this.
+
+        Args:
+            limit: At most this many sessions and items repaired in this call
+                (a bounded batch); ``None`` for all.
+
+        Returns:
+            The check before, a check after, and what was repaired.
+
+        Raises:
+            InvalidInputError: ``limit`` is not a positive integer.
+            BackendUnavailableError: The KV store, the index or the embedder
+                failed; what was not repaired stays queued or is found again.
+        """
+        if limit is not None and (
+            not isinstance(limit, int) or isinstance(limit, bool) or limit < 1
+        ):
+            raise InvalidInputError("limit must be a positive integer or None", field="limit")
+        before = self.check_index()
+        if before.consistent:
+            return IndexRepair(before=before, after=before)
+        queued = queue_repair(self.kv, self.index, before, limit=limit)
+        self.sessions.repair()
+        self.items.repair()
+        bump_revisions(self.kv, self.tenant, users_of(queued.sessions))
+        after = self.check_index()
+        logger.info(
+            "index repair of tenant %s: %d sessions and %d items re-indexed, %d stray vectors "
+            "deleted; now %s",
+            self.tenant,
+            len(queued.sessions),
+            queued.items,
+            queued.deleted,
+            after.describe(),
+        )
+        return IndexRepair(
+            before=before,
+            after=after,
+            sessions=len(queued.sessions),
+            items=queued.items,
+            deleted=queued.deleted,
+        )
+
+    def tenants(self) -> list[str]:
+        """Every tenant of these stores, sorted: those a ``Memory`` was opened for or with an API key.
+
+        What a check or repair of every tenant goes through.
+
+        Raises:
+            BackendUnavailableError: The KV store failed.
+        """
+        found = {self.tenant, *registered_tenants(self.kv)}
+        found.update(key.tenant for key in ApiKeyRegistry(self.kv).list_keys())
+        return sorted(found)
+
     def close(self) -> None:
         """Finish queued index work, then close the stores (unless this is a tenant view).
 
@@ -1308,6 +1403,18 @@ class AsyncMemory:
     async def flush(self, timeout: float | None = None) -> bool:
         """See :meth:`Memory.flush`."""
         return await self._call(self.sync.flush, timeout)
+
+    async def check_index(self) -> IndexReport:
+        """See :meth:`Memory.check_index`."""
+        return await self._call(self.sync.check_index)
+
+    async def repair_index(self, *, limit: int | None = None) -> IndexRepair:
+        """See :meth:`Memory.repair_index`."""
+        return await self._call(self.sync.repair_index, limit=limit)
+
+    async def tenants(self) -> list[str]:
+        """See :meth:`Memory.tenants`."""
+        return await self._call(self.sync.tenants)
 
     async def close(self) -> None:
         """See :meth:`Memory.close`."""

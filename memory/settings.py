@@ -220,6 +220,20 @@ class Settings(BaseSettings):
         "API key: finished runs past run_retention_days, and what each tenant's retention "
         "says is expired (0: never; run `tiermem sweep`).",
     )
+    index_check_interval_seconds: float = Field(
+        default=300.0,
+        ge=0,
+        description="How often the service compares each tenant's vector index with the KV "
+        "store (missing, stale and orphaned vectors), at startup and then periodically; the "
+        "result is in /readyz and /metrics (0: never; run `tiermem reindex --check`).",
+    )
+    index_repair_batch: int = Field(
+        default=500,
+        ge=0,
+        description="Sessions and items per tenant the service re-indexes from the KV store "
+        "after each index check that finds damage, without a restart (0: report only; "
+        "repair with `tiermem reindex --all-tenants`).",
+    )
     job_retention_seconds: float = Field(
         default=3600.0, gt=0, description="How long a finished background job's status is kept."
     )

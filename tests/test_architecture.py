@@ -119,6 +119,8 @@ def test_public_surface_is_pinned() -> None:
         "ExtractiveSummarizer",
         "FactCandidate",
         "FactNotFoundError",
+        "IndexRepair",
+        "IndexReport",
         "InputMismatchError",
         "InvalidInputError",
         "InvalidScopeInputError",

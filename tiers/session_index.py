@@ -10,6 +10,10 @@ Vector ids of a session are its base id (the summary) and ``#1`` .. ``#n``
 raised *before* vectors are added, lowered only in the commit that clears the
 outbox entry, after the surplus vectors were deleted. So whatever crashes
 where, every vector a session ever had can be found again: no orphans.
+
+Every vector carries ``rev``, the :func:`session_fingerprint` of the records it
+was made from, so a consistency check (:mod:`tiers.index_check`) tells a vector
+of a replaced summary from a current one without re-embedding anything.
 """
 
 from __future__ import annotations
@@ -38,7 +42,7 @@ from tiers.errors import BackendUnavailableError, ConflictError, CorruptRecordEr
 from tiers.models import Message, SessionSummary
 from tiers.transcripts import decode_transcript, header_key, page_key, read_header
 
-__all__ = ["Ref", "SessionIndexer"]
+__all__ = ["FINGERPRINT_KEY", "Ref", "SessionIndexer", "session_fingerprint"]
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +52,25 @@ BATCH = 256  # sessions per index batch
 _SYNC_ATTEMPTS = 5
 _EMBED_CACHE = 4096  # recently embedded texts kept, so re-indexing unchanged windows is free
 _MAX_BACKOFF = 30.0
+# Part of every fingerprint: change it when the texts embedded for a session change
+# (windowing, what a summary's text holds), and every vector counts as stale.
+_SCHEME = b"tiermem-session-vectors/1"
+
+FINGERPRINT_KEY = "rev"
+"""Metadata key of a session vector holding its :func:`session_fingerprint`."""
+
+
+def session_fingerprint(record: bytes, transcript_header: bytes | None) -> str:
+    """What a session's vectors were made from: its stored summary and transcript header bytes.
+
+    Any change of either (a replaced summary, a new or removed transcript)
+    gives another fingerprint.
+    """
+    digest = hashlib.blake2b(_SCHEME, digest_size=16)
+    digest.update(len(record).to_bytes(8, "big"))
+    digest.update(record)
+    digest.update(transcript_header if transcript_header is not None else b"\xff")
+    return digest.hexdigest()
 
 
 @dataclass(slots=True)
@@ -58,6 +81,7 @@ class _Plan:
     summary: SessionSummary | None  # None: the session is gone (or unreadable): remove it
     texts: list[str]  # texts to embed: [summary window, *extra windows]
     old_count: int  # extra windows the index may hold now (upper bound)
+    fingerprint: str = ""  # session_fingerprint of the records read (with a summary)
 
     @property
     def new_count(self) -> int:
@@ -326,7 +350,7 @@ class SessionIndexer:
             space = keys.sessions_space(self._tenant, user_id)
             records = self._kv.get_many(space, session_ids)
             counts = self._kv.get_many(self._counts(user_id), session_ids)
-            transcripts = self._read_transcripts(
+            transcripts, raw_headers = self._read_transcripts(
                 user_id, [sid for sid, data in zip(session_ids, records, strict=True) if data]
             )
             for session_id, data, count in zip(session_ids, records, counts, strict=True):
@@ -347,14 +371,25 @@ class SessionIndexer:
                     summary=summary,
                     texts=texts,
                     old_count=int(count) if count is not None and count.isdigit() else 0,
+                    fingerprint=(
+                        session_fingerprint(data, raw_headers.get(session_id))
+                        if data is not None
+                        else ""
+                    ),
                 )
         return [plans[ref] for ref in refs]
 
-    def _read_transcripts(self, user_id: str, session_ids: list[str]) -> dict[str, list[Message]]:
+    def _read_transcripts(
+        self, user_id: str, session_ids: list[str]
+    ) -> tuple[dict[str, list[Message]], dict[str, bytes]]:
+        """The sessions' transcripts (those readable) and their raw stored headers."""
         if not session_ids:
-            return {}
+            return {}, {}
         space = keys.transcripts_space(self._tenant, user_id)
         raw_headers = self._kv.get_many(space, [header_key(sid) for sid in session_ids])
+        raw_of = {
+            sid: raw for sid, raw in zip(session_ids, raw_headers, strict=True) if raw is not None
+        }
         headers = {
             sid: header
             for sid, raw in zip(session_ids, raw_headers, strict=True)
@@ -373,7 +408,7 @@ class SessionIndexer:
             except CorruptRecordError as exc:
                 # The summary is still indexed; the transcript's windows wait for a re-save.
                 logger.error("not indexing a damaged transcript: %s", exc)
-        return out
+        return out, raw_of
 
     def _write_vectors(self, plans: list[_Plan]) -> None:
         vectors = iter(self._embed([text for plan in plans for text in plan.texts]))
@@ -391,6 +426,7 @@ class SessionIndexer:
                     "session_id": session_id,
                     "created_at": plan.summary.created_at.timestamp(),
                     "created_at_iso": plan.summary.created_at.isoformat(),
+                    FINGERPRINT_KEY: plan.fingerprint,
                 }
                 for n in range(len(plan.texts)):
                     chunk_id = keys.session_chunk_vector_id(self._tenant, user_id, session_id, n)

@@ -9,8 +9,9 @@ from fastapi import APIRouter, Request, Response
 from api.deps import ServiceDep
 from api.errors import problem_response, problem_responses, request_id_of
 from api.responses import json_response
-from api.schemas.health import Health, Readiness
+from api.schemas.health import Health, IndexDamage, Readiness
 from api.schemas.problems import Problem
+from api.state import ServiceState
 from tiers.backends import kv_volatility
 
 router = APIRouter(tags=["operations"])
@@ -32,7 +33,11 @@ def readyz(request: Request, service: ServiceDep) -> Response:
     be durable (asked on every probe: Redis may have been restarted with another
     configuration); one that may lose acknowledged writes is ready only if the
     operator allowed it (``allow_volatile``), and then ``status`` is ``degraded``
-    with ``volatile: true`` and the reason.
+    with ``volatile: true`` and the reason. A vector index the last periodic
+    check found out of line with the KV store (``index_check_interval_seconds``)
+    makes ``status`` ``degraded`` too, with ``index_reason`` and the counts
+    summed over tenants in ``index_damage`` (200: the service serves, recall
+    ranks the sessions concerned by keywords until the repair).
     """
     memory = service.memory
     checks: dict[str, str] = {}
@@ -62,10 +67,16 @@ def readyz(request: Request, service: ServiceDep) -> Response:
                 logger.error("the KV store may lose acknowledged writes: %s", reason)
                 checks["durability"] = "volatile"
     failed = sorted(k for k, v in checks.items() if v not in ("ok", "volatile (allowed)"))
+    damage = _index_damage(service)
     if not failed:
-        status = "ok" if reason is None else "degraded"
+        status = "ok" if reason is None and damage is None else "degraded"
         readiness = Readiness(
-            status=status, checks=checks, volatile=reason is not None, volatile_reason=reason
+            status=status,
+            checks=checks,
+            volatile=reason is not None,
+            volatile_reason=reason,
+            index_reason=_index_reason(damage),
+            index_damage=damage,
         )
         return json_response(readiness)
     problem = Problem(
@@ -80,6 +91,31 @@ def readyz(request: Request, service: ServiceDep) -> Response:
         volatile_reason=reason,
     )
     return problem_response(problem, headers={"Retry-After": "1"})
+
+
+def _index_damage(service: ServiceState) -> IndexDamage | None:
+    """What the last index check of every tenant found, summed; ``None`` when nothing."""
+    damaged = [report for report in service.index_reports() or () if not report.consistent]
+    if not damaged:
+        return None
+    return IndexDamage(
+        tenants=len(damaged),
+        missing=sum(report.missing for report in damaged),
+        stale=sum(report.stale for report in damaged),
+        orphans=sum(report.orphans for report in damaged),
+    )
+
+
+def _index_reason(damage: IndexDamage | None) -> str | None:
+    if damage is None:
+        return None
+    return (
+        f"the vector index is out of line with the KV store in {damage.tenants} tenant(s): "
+        f"{damage.missing} vectors missing, {damage.stale} stale, {damage.orphans} orphaned; "
+        "recall ranks those sessions by keywords until repaired (the service repairs "
+        "index_repair_batch per check; `tiermem reindex --all-tenants` repairs all; "
+        "tiermem_index_* metrics name the tenants)"
+    )
 
 
 @router.get("/metrics", name="metrics", include_in_schema=False)

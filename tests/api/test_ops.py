@@ -35,6 +35,8 @@ def test_lifespan_opens_and_closes_its_own_stores(
             "checks": {"kv": "ok", "index": "ok", "embedder": "ok", "durability": "ok"},
             "volatile": False,
             "volatile_reason": None,
+            "index_reason": None,
+            "index_damage": None,
         }
         assert api.client.put("/v1/users/u1/facts/k", json={"value": 1}).status_code == 200
         opened = api.service.memory

@@ -158,3 +158,42 @@ def test_retention_is_set_per_tenant_and_applied_by_sweep(
         assert memory.for_tenant("acme").list_sessions("u1") == []
         assert memory.for_tenant("acme").get_fact("u1", "k").value == "v"  # facts off in acme
         assert memory.get_facts("u1") == []
+
+
+def test_reindex_and_resummarize_reach_every_tenant(data_dir: Path) -> None:
+    """Issue 13, defect 6: a lost index is checked and repaired for every tenant in one command."""
+    with Memory.open(data_dir) as memory:
+        for tenant in ("default", "acme", "globex"):
+            view = memory.for_tenant(tenant)
+            view.save_session(
+                SessionSummary(session_id="s1", user_id="u1", task_description="kubernetes upgrade")
+            )
+            view.save_transcript("u2", "s2", TRANSCRIPT)
+    for folder in (p for p in data_dir.iterdir() if p.is_dir()):
+        shutil.rmtree(folder)  # the index is lost while nothing runs
+
+    check = CliRunner().invoke(cli, ["reindex", "--all-tenants", "--check"])
+    assert check.exit_code == 1, check.output
+    for tenant in ("acme", "default", "globex"):
+        assert f"tenant {tenant}: index DAMAGED: 1 vectors expected, 1 missing" in check.stdout
+
+    repaired = CliRunner().invoke(cli, ["reindex", "--all-tenants"])
+    assert repaired.exit_code == 0, repaired.output
+    for tenant in ("acme", "default", "globex"):
+        assert f"reindexed 1 sessions of tenant {tenant}" in repaired.stdout
+        assert f"tenant {tenant}: index consistent" in repaired.stdout
+    assert CliRunner().invoke(cli, ["reindex", "--all-tenants", "--check"]).exit_code == 0
+
+    summarized = CliRunner().invoke(cli, ["resummarize", "--all-tenants"])
+    assert summarized.exit_code == 0, summarized.output
+    for tenant in ("acme", "default", "globex"):
+        assert f"summarized 1 of 1 pending sessions of tenant {tenant}" in summarized.stdout
+    with Memory.open(data_dir) as memory:
+        for tenant in ("default", "acme", "globex"):
+            view = memory.for_tenant(tenant)
+            assert view.pending_summaries("u2") == []
+            assert view.recall_relevant("u1", "kubernetes", top_k=1)[0].similarity is not None
+
+    both = CliRunner().invoke(cli, ["reindex", "--all-tenants", "--user", "u1"])
+    assert both.exit_code == 2
+    assert "not with --all-tenants" in both.output

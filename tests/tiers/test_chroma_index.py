@@ -284,10 +284,11 @@ def test_constructor_arguments_are_checked(tmp_path: Path) -> None:
 
 
 class ChromaServer:
-    """`chroma run` on a free loopback port, stopped by pid."""
+    """`chroma run` on a loopback port (a free one unless given), stopped by pid."""
 
-    def __init__(self, binary: str, data: Path) -> None:
-        self.port = free_port()
+    def __init__(self, binary: str, data: Path, port: int | None = None) -> None:
+        self.binary = binary
+        self.port = port or free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = (data.parent / "chroma-server.log").open("wb")
         self.process = subprocess.Popen(
@@ -323,12 +324,17 @@ class ChromaServer:
         self.log.close()
 
 
-@pytest.fixture
-def chroma_server(tmp_path: Path) -> Iterator[ChromaServer]:
+def chroma_binary() -> str:
+    """The `chroma` CLI of this environment (the test is skipped without one)."""
     binary = shutil.which("chroma", path=str(Path(sys.executable).parent)) or shutil.which("chroma")
     if binary is None:
         pytest.skip("the `chroma` CLI is not installed in this environment (pip install chromadb)")
-    server = ChromaServer(binary, tmp_path / "server-data")
+    return binary
+
+
+@pytest.fixture
+def chroma_server(tmp_path: Path) -> Iterator[ChromaServer]:
+    server = ChromaServer(chroma_binary(), tmp_path / "server-data")
     yield server
     server.stop()
 
@@ -354,3 +360,51 @@ def test_against_a_real_chroma_server(chroma_server: ChromaServer) -> None:
             ix.ping()
     finally:
         ix.close()
+
+
+# -- a collection lost under an open index (issue 13, defect 6) --------------------------------
+
+
+def test_metadata_by_filter_and_by_id(index: ChromaVectorIndex) -> None:
+    index.upsert([item("a", unit(1, 0, 0, 0), "alice"), item("b", unit(0, 1, 0, 0), "bob")])
+    index.upsert([item("c", unit(0, 0, 1, 0), "carol", tenant="t2")])
+    assert set(index.metadata(where={"tenant": "t1"})) == {"a", "b"}
+    assert index.metadata(where={"tenant": "t1"})["b"]["user_id"] == "bob"
+    assert set(index.metadata(where={"tenant": "t1"}, ids=["b", "c", "nope"])) == {"b"}
+    assert index.metadata(where={}, ids=[]) == {}
+
+
+def test_a_collection_deleted_under_an_open_index_is_created_again_empty(tmp_path: Path) -> None:
+    ix = ChromaVectorIndex(tmp_path / "chroma", dimension=DIM, embedder_name=NAME)
+    try:
+        ix.upsert([item("a", unit(1, 0, 0, 0), "alice")])
+        client = chromadb.PersistentClient(
+            path=str(tmp_path / "chroma"), settings=Settings(anonymized_telemetry=False)
+        )
+        client.delete_collection("tiermem_sessions")
+        # Today's index kept the dropped collection's handle: every call failed from here on.
+        ix.ping()
+        assert ix.recreated == 1
+        assert ix.count() == 0
+        ix.upsert([item("b", unit(0, 1, 0, 0), "alice")])
+        assert ix.ids(where={}) == ["b"]
+    finally:
+        ix.close()
+
+
+@pytest.mark.usefixtures("no_network")
+def test_a_chroma_server_restarted_empty_is_used_again(tmp_path: Path) -> None:
+    server = ChromaServer(chroma_binary(), tmp_path / "first")
+    ix = ChromaVectorIndex(server.url, dimension=DIM, embedder_name=NAME)
+    try:
+        ix.upsert([item("a", unit(1, 0, 0, 0), "alice")])
+        server.stop()
+        server = ChromaServer(server.binary, tmp_path / "second", port=server.port)
+        assert ix.get_embeddings(["a"])[0] == []  # the collection is there again, empty
+        assert ix.recreated == 1
+        ix.upsert([item("b", unit(0, 1, 0, 0), "alice")])
+        hits = ix.query(unit(0, 1, 0, 0), where={"tenant": "t1"}, top_k=5)
+        assert [h.id for h in hits] == ["b"]
+    finally:
+        ix.close()
+        server.stop()

@@ -247,6 +247,16 @@ class VectorIndex(Protocol):
         """Ids of every item whose metadata equals every ``where`` entry."""
         ...
 
+    def metadata(
+        self, *, where: Mapping[str, str], ids: Sequence[str] | None = None
+    ) -> dict[str, dict[str, str | int | float | bool]]:
+        """Id -> metadata of every item whose metadata equals every ``where`` entry.
+
+        With ``ids``, only those items (unknown ids are left out). What a
+        consistency check compares with the KV store (see :mod:`tiers.index_check`).
+        """
+        ...
+
     def ping(self) -> None:
         """Raise :class:`BackendUnavailableError` unless the index answers."""
         ...

@@ -11,11 +11,17 @@ it with another one is refused rather than silently mixing vector spaces.
 One embedded data directory belongs to one process at a time (a second process
 writing to it is not seen by the first): deployments with several processes
 use the server.
+
+A collection that disappears while open (a Chroma server restarted on an empty
+volume, a collection deleted by hand) is created again, empty, on the next call:
+the index is derived data, and :mod:`tiers.index_check` finds what it lacks and
+re-indexes it from the KV store.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import math
 import threading
 from collections.abc import Iterator, Mapping, Sequence
@@ -33,11 +39,14 @@ from chromadb.errors import (
     DuplicateIDError,
     InvalidArgumentError,
     InvalidDimensionException,
+    NotFoundError,
 )
 
 from tiers.backends import redact_url
 from tiers.backends.base import Embedder, VectorHit, VectorItem
 from tiers.errors import BackendUnavailableError, InvalidInputError
+
+logger = logging.getLogger(__name__)
 
 DEFAULT_COLLECTION = "tiermem_sessions"
 EMBEDDER_KEY = "tiermem_embedder"
@@ -113,6 +122,8 @@ class ChromaVectorIndex:
         self.dimension: int = dimension
         self.embedder_name: str = embedder_name
         self.location = str(path_or_url)
+        self.recreated = 0  # times the collection was found gone and created again, empty
+        self._name = collection
         self._lock = threading.Lock()
         self._closed = False
         settings = Settings(anonymized_telemetry=False)
@@ -205,6 +216,33 @@ class ChromaVectorIndex:
                 f"Chroma {what} failed ({type(exc).__name__}): {exc}"
             ) from exc
 
+    def _call(self, what: str, method: str, **kwargs: Any) -> Any:
+        """``collection.<method>(**kwargs)``, translated; a collection gone is created again, once.
+
+        Chroma answers "does not exist" when the collection was dropped under
+        this client (a server restarted on an empty volume, a manual delete).
+        The index is derived data: the collection is made again, empty, and
+        the KV store stays the truth (the consistency check re-indexes it).
+        """
+        collection = self._collection
+        with self._translate(what):
+            try:
+                return getattr(collection, method)(**kwargs)
+            except NotFoundError:
+                pass
+        with self._lock:
+            if self._collection is collection:
+                self._collection = self._open_collection(self._name)
+                self.recreated += 1
+                logger.warning(
+                    "Chroma collection %r at %s was gone; created it again, empty: the index "
+                    "consistency check re-indexes it from the KV store",
+                    self._name,
+                    redact_url(self.location),
+                )
+        with self._translate(what):
+            return getattr(self._collection, method)(**kwargs)
+
     def _check_open(self) -> None:
         if self._closed:
             raise BackendUnavailableError("the Chroma index is closed")
@@ -251,15 +289,17 @@ class ChromaVectorIndex:
         ]
         for start in range(0, len(unique), self._max_batch):
             chunk = unique[start : start + self._max_batch]
-            with self._translate("upsert"):
-                self._collection.upsert(
-                    ids=[item.id for item in chunk],
-                    embeddings=vectors[start : start + self._max_batch],
-                    # Always a string: Chroma's upsert keeps an item's old document when
-                    # given None, and a replaced or erased text must not stay behind.
-                    documents=[item.document for item in chunk],
-                    metadatas=[dict(item.metadata) or None for item in chunk],
-                )
+            embeddings = vectors[start : start + self._max_batch]
+            self._call(
+                "upsert",
+                "upsert",
+                ids=[item.id for item in chunk],
+                embeddings=embeddings,
+                # Always a string: Chroma's upsert keeps an item's old document when
+                # given None, and a replaced or erased text must not stay behind.
+                documents=[item.document for item in chunk],
+                metadatas=[dict(item.metadata) or None for item in chunk],
+            )
 
     def query(
         self, embedding: Sequence[float], *, where: Mapping[str, str], top_k: int
@@ -277,13 +317,14 @@ class ChromaVectorIndex:
         if not isinstance(top_k, int) or top_k < 1:
             raise InvalidInputError("top_k must be a positive integer", field="top_k")
         vector = self._check_vector(embedding, "embedding")
-        with self._translate("query"):
-            result = self._collection.query(
-                query_embeddings=[vector],
-                n_results=top_k,
-                where=_where(where),
-                include=["documents", "metadatas", "distances"],
-            )
+        result = self._call(
+            "query",
+            "query",
+            query_embeddings=[vector],
+            n_results=top_k,
+            where=_where(where),
+            include=["documents", "metadatas", "distances"],
+        )
         ids: list[str] = (result.get("ids") or [[]])[0]
         distances = (result.get("distances") or [[]])[0]
         documents = (result.get("documents") or [[]])[0]
@@ -316,10 +357,8 @@ class ChromaVectorIndex:
         found: list[str] = []
         rows: list[npt.NDArray[np.float32]] = []
         for start in range(0, len(unique), self._max_batch):
-            with self._translate("get"):
-                page = self._collection.get(
-                    ids=unique[start : start + self._max_batch], include=["embeddings"]
-                )
+            chunk = unique[start : start + self._max_batch]
+            page = self._call("get", "get", ids=chunk, include=["embeddings"])
             page_ids: list[str] = list(page.get("ids") or [])
             if page_ids:
                 found.extend(page_ids)
@@ -337,8 +376,8 @@ class ChromaVectorIndex:
         self._check_open()
         unique = list(dict.fromkeys(ids))
         for start in range(0, len(unique), self._max_batch):
-            with self._translate("delete"):
-                self._collection.delete(ids=unique[start : start + self._max_batch])
+            chunk = unique[start : start + self._max_batch]
+            self._call("delete", "delete", ids=chunk)
 
     def ids(self, *, where: Mapping[str, str]) -> list[str]:
         """Ids of every item whose metadata equals every ``where`` entry (all items for ``{}``).
@@ -352,13 +391,51 @@ class ChromaVectorIndex:
         found: list[str] = []
         offset = 0
         while True:
-            with self._translate("get"):
-                page = self._collection.get(where=flt, include=[], limit=_IDS_PAGE, offset=offset)
+            page = self._call("get", "get", where=flt, include=[], limit=_IDS_PAGE, offset=offset)
             batch: list[str] = list(page.get("ids") or [])
             found.extend(batch)
             if len(batch) < _IDS_PAGE:
                 return found
             offset += len(batch)
+
+    def metadata(
+        self, *, where: Mapping[str, str], ids: Sequence[str] | None = None
+    ) -> dict[str, dict[str, str | int | float | bool]]:
+        """Id -> metadata of every item whose metadata equals every ``where`` entry, read in pages.
+
+        With ``ids``, only those items (unknown ids are left out).
+
+        Raises:
+            InvalidInputError: A bad filter.
+            BackendUnavailableError: Chroma failed.
+        """
+        self._check_open()
+        flt = _where(where)
+        found: dict[str, dict[str, str | int | float | bool]] = {}
+
+        def add(page: Any) -> int:
+            batch: list[str] = list(page.get("ids") or [])
+            metadatas = page.get("metadatas") or [None] * len(batch)
+            for vector_id, metadata in zip(batch, metadatas, strict=True):
+                found[vector_id] = dict(metadata or {})
+            return len(batch)
+
+        if ids is not None:
+            unique = list(dict.fromkeys(ids))
+            for start in range(0, len(unique), self._max_batch):
+                chunk = unique[start : start + self._max_batch]
+                add(self._call("get", "get", ids=chunk, where=flt, include=["metadatas"]))
+            return found
+        offset = 0
+        while True:
+            got = add(
+                self._call(
+                    "get", "get", where=flt, include=["metadatas"], limit=_IDS_PAGE, offset=offset
+                )
+            )
+            if got < _IDS_PAGE:
+                return found
+            offset += got
 
     def count(self) -> int:
         """Number of items in the collection.
@@ -367,15 +444,14 @@ class ChromaVectorIndex:
             BackendUnavailableError: Chroma failed.
         """
         self._check_open()
-        with self._translate("count"):
-            return int(self._collection.count())
+        return int(self._call("count", "count"))
 
     def ping(self) -> None:
         """Raise :class:`BackendUnavailableError` unless Chroma answers."""
         self._check_open()
         with self._translate("heartbeat"):
             self._client.heartbeat()
-            self._collection.count()
+        self._call("count", "count")
 
     def close(self) -> None:
         """Release the client (and, embedded, the data directory). Idempotent."""

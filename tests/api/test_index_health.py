@@ -27,28 +27,11 @@ from typer.testing import CliRunner
 from memory.cli import app as cli
 from memory.settings import Settings
 from tests.api.conftest import Api, start_app
+from tests.memory.test_index_repair import TOPICS
 from tests.tiers.test_chroma_index import ChromaServer, chroma_binary
 from tiers.backends.chroma_index import DEFAULT_COLLECTION
 
 BASE = datetime(2025, 3, 1, tzinfo=UTC)
-TOPICS = {
-    "acme": (
-        [
-            "Planning a holiday trip to a beach in Portugal",
-            "Fixing a database migration bug in Postgres",
-            "Learning guitar chords and music theory",
-        ],
-        "seaside vacation",
-    ),
-    "globex": (
-        [
-            "Cooking a pasta carbonara recipe for the family",
-            "Repairing the car engine and replacing spark plugs",
-            "Filing the yearly income tax return",
-        ],
-        "Italian dinner",
-    ),
-}
 
 
 def seed(api: Api) -> dict[str, dict[str, str]]:

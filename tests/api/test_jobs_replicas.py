@@ -172,8 +172,10 @@ def test_two_replicas_on_one_redis_behind_a_round_robin_balancer(
             saved = client.end_session("u1", f"s{n}", TRANSCRIPT)
             assert saved.session_id == f"s{n}"
             assert "Postgres" in saved.task_description
-    assert balancer.sent[a.port] > 6
-    assert balancer.sent[b.port] > 6
+    # Each end_session is a POST and at least one status poll, alternating: the polls went
+    # to the replica that did not accept the job (12 requests at the least, 6 on each).
+    assert balancer.sent[a.port] >= 6
+    assert balancer.sent[b.port] >= 6
     # A job's status is answered by either replica, whichever accepted it.
     r = httpx.post(
         f"{a.url}/v1/users/u2/sessions",

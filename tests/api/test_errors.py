@@ -244,6 +244,7 @@ def llm_memory(memory: Memory, stub: StubLLMServer) -> Memory:
     )
 
 
+@pytest.mark.slow
 def test_502_when_the_model_answers_garbage(
     memory: Memory, stub: StubLLMServer, tmp_path: Path
 ) -> None:

@@ -117,6 +117,7 @@ def fuzz(operation: Any, strategy: Any, base_url: str, headers: dict[str, str]) 
     check()
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("mode", [GenerationMode.POSITIVE, GenerationMode.NEGATIVE], ids=str)
 def test_every_operation_answers_within_its_schema(
     live: tuple[str, dict[str, str], dict[str, str]], mode: GenerationMode

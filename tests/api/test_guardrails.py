@@ -53,6 +53,7 @@ def everysec(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisServer]:
 # -- refusing to start ---------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_serve_refuses_a_data_dir_another_process_holds(tmp_path: Path) -> None:
     data = tmp_path / "data"
     holder = start_holder(data)
@@ -242,11 +243,13 @@ def check_keep_alive_still_works(base_url: str) -> None:
         assert client.get("/healthz").status_code == 200
 
 
+@pytest.mark.slow
 def test_the_head_timeout_closes_slow_connections(guarded_server: int) -> None:
     check_head_timeouts(guarded_server, bound=4)
     check_keep_alive_still_works(f"http://127.0.0.1:{guarded_server}")
 
 
+@pytest.mark.slow
 def test_tiermem_serve_times_out_a_half_sent_head(tmp_path: Path) -> None:
     port = free_port()
     proc = subprocess.Popen(

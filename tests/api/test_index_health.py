@@ -136,6 +136,7 @@ def test_the_service_reports_a_dropped_collection_and_repairs_it_in_bounded_batc
             assert recalled(api, headers[tenant], query)[0] == "s0"
 
 
+@pytest.mark.slow
 def test_a_chroma_server_restarted_empty_is_reported_and_repaired_beside_the_live_service(
     tmp_path: Path, redis_url: str, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -124,6 +124,7 @@ def test_a_full_tenant_queue_refuses_before_storing_and_only_that_tenant(
         assert post(api, calm, "u2", "s1").status_code == 202
 
 
+@pytest.mark.slow
 def test_one_users_bulk_does_not_hold_back_other_users_or_tenants(
     memory: Memory, store: KVStore, stub: StubLLMServer, tmp_path: Path
 ) -> None:

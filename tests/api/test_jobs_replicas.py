@@ -86,6 +86,7 @@ def wait_finished(server: Server, job_id: str, timeout: float = 90) -> dict[str,
         time.sleep(0.1)
 
 
+@pytest.mark.slow
 def test_jobs_of_a_killed_server_are_finished_by_the_next_one(
     tmp_path: Path, servers: list[Server]
 ) -> None:
@@ -156,6 +157,7 @@ class RoundRobin(httpx.HTTPTransport):
         return super().handle_request(request)
 
 
+@pytest.mark.slow
 def test_two_replicas_on_one_redis_behind_a_round_robin_balancer(
     tmp_path: Path, redis_server: RedisServer, servers: list[Server]
 ) -> None:

@@ -787,6 +787,7 @@ _ITEM = (
 )
 
 
+@pytest.mark.slow
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(_ITEM, min_size=1, max_size=4))
 def test_any_json_is_read_or_refused_naming_a_field(transcript: list[Any]) -> None:

@@ -86,6 +86,7 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
 Opener = Callable[[], tuple[KVStore, Callable[[], KVStore]]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("inner", ["sqlite", "redis"])
 def test_encrypted_store_behaves_like_a_dict_model(
     inner: str, request: pytest.FixtureRequest, tmp_path: Path

@@ -238,6 +238,7 @@ def _redis_opener(url: str) -> Opener:
     return opener
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite", "redis"])
 def test_store_behaves_like_a_dict_model(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path

@@ -354,6 +354,7 @@ WORKER = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite", "redis"])
 def test_two_processes_on_one_thread_never_fork_it(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
@@ -471,6 +472,7 @@ INTERRUPT_SCRIPT = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_an_interrupted_graph_resumes_in_a_new_process_and_its_effect_runs_once(
     settings: Settings, tmp_path: Path
 ) -> None:

@@ -297,6 +297,7 @@ def check_decisions_stored(memory: Memory, *, tenant: str, by: str) -> None:
 # -- stdio ---------------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_stdio_serves_every_tool_in_the_settings_tenant(tmp_path: Path) -> None:
     data = tmp_path / "data"
     hashes = seed(data, "acme")

@@ -397,6 +397,7 @@ def worker(data_dir: Path, session_id: str, user_id: str, question: str) -> dict
     return result
 
 
+@pytest.mark.slow
 def test_a_runner_turn_persists_and_another_process_continues_it(tmp_path: Path) -> None:
     data = tmp_path / "data"
     session_id = "user:7/support chat"

@@ -392,6 +392,7 @@ def test_a_collection_deleted_under_an_open_index_is_created_again_empty(tmp_pat
         ix.close()
 
 
+@pytest.mark.slow
 @pytest.mark.usefixtures("no_network")
 def test_a_chroma_server_restarted_empty_is_used_again(tmp_path: Path) -> None:
     server = ChromaServer(chroma_binary(), tmp_path / "first")

@@ -328,6 +328,7 @@ def embedder() -> MiniLMEmbedder:
     return MiniLMEmbedder()
 
 
+@pytest.mark.slow
 def test_item_store_behaves_like_a_dict_model(
     kv: KVStore, tmp_path: Path, embedder: MiniLMEmbedder
 ) -> None:

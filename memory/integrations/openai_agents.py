@@ -90,6 +90,7 @@ from agents.memory.session_settings import (  # noqa: E402
 )
 
 from memory.facade import AsyncMemory, Memory  # noqa: E402
+from tiers import cas  # noqa: E402
 from tiers.errors import (  # noqa: E402
     ConflictError,
     InvalidInputError,
@@ -110,7 +111,7 @@ ITEMS_STEP = "items"
 POP_STEP = "pop"
 """Step name of a checkpoint hiding the newest visible item: output ``{"pop": 1}``."""
 
-_WRITE_ATTEMPTS = 5
+_WRITE_ATTEMPTS = cas.ATTEMPTS
 _FOLD_PAGE = 512
 _MAX_PAGE = 1024
 # Most items a session object keeps in memory to serve reads while the run head is unchanged.
@@ -401,10 +402,12 @@ class TiermemSession:
                 return fn(handle)
             except (StaleWriterError, RunNotFoundError):
                 # Another session object took the run over, or the run was cleared or
-                # ended: nothing was written. Take the lease again and redo it all.
+                # ended: nothing was written. Take the lease again and redo it all, after a
+                # jittered wait so that two writers taking it from each other settle.
                 self._handle = None
                 if attempt == _WRITE_ATTEMPTS - 1:
                     raise
+                cas.backoff(attempt)
         raise AssertionError("unreachable")  # pragma: no cover
 
     def _append(self, batches: list[list[tuple[Any, str]]]) -> None:

@@ -410,16 +410,13 @@ class TiermemSession:
                 cas.backoff(attempt)
         raise AssertionError("unreachable")  # pragma: no cover
 
-    def _append(self, batches: list[list[tuple[Any, str]]]) -> None:
+    def _append(self, batches: list[list[Any]]) -> None:
         for batch in batches:
 
-            def append(handle: RunHandle, batch: list[tuple[Any, str]] = batch) -> None:
-                ckpt = handle.append_checkpoint(ITEMS_STEP, {"items": [item for item, _ in batch]})
-                texts = [text for _, text in batch]
-                if self._memory.redactor.enabled:
-                    # The items as stored (redacted), which is what every other reader gets.
-                    texts = [_json(item) for item in _items(ckpt)]
-                self._advance(handle.info, texts, popped=0)
+            def append(handle: RunHandle, batch: list[Any] = batch) -> None:
+                ckpt = handle.append_checkpoint(ITEMS_STEP, {"items": batch})
+                # The items as stored (redacted), which is what every other reader gets.
+                self._advance(handle.info, [_json(item) for item in _items(ckpt)], popped=0)
 
             self._write(append)
 
@@ -472,16 +469,15 @@ class TiermemSession:
         self._memory.delete_run(self.run_id)
         return summary
 
-    def _batches(self, items: list[Any]) -> list[list[tuple[Any, str]]]:
-        """Items (with their JSON) in batches that each fit one stored checkpoint (usually one)."""
+    def _batches(self, items: list[Any]) -> list[list[Any]]:
+        """Items in batches that each fit one stored checkpoint (usually one batch)."""
         budget = self._memory.kv.max_value_bytes - _CHECKPOINT_OVERHEAD
-        batches: list[list[tuple[Any, str]]] = [[]]
+        batches: list[list[Any]] = [[]]
         size = 0
         for index, item in enumerate(items):
             try:
                 # The checkpoint stores the items as JSON; its size is what must fit.
-                text = _json(item)
-                length = len(text.encode())
+                length = len(_json(item).encode())
             except (TypeError, ValueError) as exc:
                 raise InvalidInputError(
                     f"items[{index}] is not JSON: {exc}", field=f"items[{index}]"
@@ -495,7 +491,7 @@ class TiermemSession:
             if batches[-1] and size + length > budget:
                 batches.append([])
                 size = 0
-            batches[-1].append((item, text))
+            batches[-1].append(item)
             size += length + 1
         return batches
 

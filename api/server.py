@@ -182,19 +182,38 @@ def _expire(transport: asyncio.Transport, timer: _HeadTimer, timeout: float) -> 
     transport.close()
 
 
+class _HeadTimeout:
+    """What both parsers' guarded protocols share: the timer, armed while a head is awaited.
+
+    Mixed in before a uvicorn protocol class, which provides ``loop`` and ``transport``.
+    """
+
+    head_timeout = 10.0
+    loop: asyncio.AbstractEventLoop
+    transport: asyncio.Transport
+
+    def connection_made(self, transport: asyncio.Transport) -> None:
+        super().connection_made(transport)  # type: ignore[misc]
+        self._head = _HeadTimer()
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._head.cancel()
+        super().connection_lost(exc)  # type: ignore[misc]
+
+    def send_400_response(self, msg: str) -> None:
+        self._head.cancel()
+        _refuse_unparsable(self.transport)
+
+    def _arm(self) -> None:
+        if self._head.handle is None:
+            self._head.handle = self.loop.call_later(
+                self.head_timeout, _expire, self.transport, self._head, self.head_timeout
+            )
+
+
 def _httptools_guard(base: type[Any]) -> type[asyncio.Protocol]:
-    class HeadTimeoutHttpToolsProtocol(base):  # type: ignore[misc]
-        head_timeout = 10.0
-
-        def connection_made(self, transport: asyncio.Transport) -> None:
-            super().connection_made(transport)
-            self._head = _HeadTimer()
-            self._arm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._head.cancel()
-            super().connection_lost(exc)
-
+    class HeadTimeoutHttpToolsProtocol(_HeadTimeout, base):  # type: ignore[misc]
         def on_message_begin(self) -> None:
             super().on_message_begin()
             self._arm()
@@ -204,34 +223,13 @@ def _httptools_guard(base: type[Any]) -> type[asyncio.Protocol]:
             self._head.cancel()
             super().on_headers_complete()
 
-        def send_400_response(self, msg: str) -> None:
-            self._head.cancel()
-            _refuse_unparsable(self.transport)
-
-        def _arm(self) -> None:
-            if self._head.handle is None:
-                self._head.handle = self.loop.call_later(
-                    self.head_timeout, _expire, self.transport, self._head, self.head_timeout
-                )
-
     return HeadTimeoutHttpToolsProtocol
 
 
 def _h11_guard(base: type[Any]) -> type[asyncio.Protocol]:
     import h11
 
-    class HeadTimeoutH11Protocol(base):  # type: ignore[misc]
-        head_timeout = 10.0
-
-        def connection_made(self, transport: asyncio.Transport) -> None:
-            super().connection_made(transport)
-            self._head = _HeadTimer()
-            self._arm()
-
-        def connection_lost(self, exc: Exception | None) -> None:
-            self._head.cancel()
-            super().connection_lost(exc)
-
+    class HeadTimeoutH11Protocol(_HeadTimeout, base):  # type: ignore[misc]
         def data_received(self, data: bytes) -> None:
             # h11 has no "message begins" event: a request's head is pending while the
             # peer's state is IDLE (between requests, before its Request event).
@@ -242,15 +240,5 @@ def _h11_guard(base: type[Any]) -> type[asyncio.Protocol]:
             super().data_received(data)
             if self.conn.their_state is not h11.IDLE:
                 self._head.cancel()
-
-        def send_400_response(self, msg: str) -> None:
-            self._head.cancel()
-            _refuse_unparsable(self.transport)
-
-        def _arm(self) -> None:
-            if self._head.handle is None:
-                self._head.handle = self.loop.call_later(
-                    self.head_timeout, _expire, self.transport, self._head, self.head_timeout
-                )
 
     return HeadTimeoutH11Protocol

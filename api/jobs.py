@@ -1,6 +1,6 @@
 """Background summary jobs of the service: durable in the KV store, run by every replica.
 
-A posted transcript and its job are stored in one commit (:mod:`tiers.jobs`),
+A posted transcript and its job are stored in one commit (:mod:`tiers.session._jobs`),
 so a 202 means both are durable; a refusal (429: the tenant has
 ``max_pending`` unfinished jobs, or this replica is shutting down) comes
 before anything is stored, and only for that tenant. Any replica answers a
@@ -38,8 +38,8 @@ from memory.facade import Memory
 from summarizer.errors import InvalidTranscriptError
 from tiers.backends.base import KVStore
 from tiers.errors import CorruptRecordError, InvalidInputError, SessionNotFoundError
-from tiers.jobs import Claim, JobState, SummaryJob, job_tenants, retire_tenant, unfinished_jobs
 from tiers.models import Message, SessionSummary, utcnow
+from tiers.session import Claim, JobState, SummaryJob, job_tenants, retire_tenant, unfinished_jobs
 
 __all__ = ["Job", "JobRegistry"]
 

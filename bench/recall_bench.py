@@ -48,10 +48,8 @@ from tiers.backends.base import Embedder
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.backends.sqlite_kv import SqliteKVStore
-from tiers.chunking import summary_text, transcript_text
-from tiers.keyword import BM25Index, tokenize
 from tiers.models import Message, SessionSummary
-from tiers.session import SessionTier
+from tiers.session import BM25Index, SessionTier, summary_text, tokenize, transcript_text
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "recall-dev"
 DATASETS = {

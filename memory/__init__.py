@@ -78,8 +78,7 @@ from tiers.models import (
 from tiers.redaction import Redactor
 from tiers.retention import RetentionPolicy, SweepReport
 from tiers.session import RecalledSession
-from tiers.task import RunHandle
-from tiers.task_events import NOT_DONE, Approval, Charged
+from tiers.task import NOT_DONE, Approval, Charged, RunHandle
 
 __all__ = [
     "NOT_DONE",

@@ -83,8 +83,7 @@ from tiers.errors import (
 from tiers.ids import check_id
 from tiers.models import Checkpoint, Message, RunInfo, RunStatus, SessionSummary, UserFact
 from tiers.session import RecalledSession
-from tiers.task import UNSET
-from tiers.task_events import Approval, Charged, EffectRecord, EffectStart, Event
+from tiers.task import UNSET, Approval, Charged, EffectRecord, EffectStart, Event
 
 __all__ = [
     "AuthenticationError",

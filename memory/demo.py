@@ -35,7 +35,7 @@ from rich.panel import Panel
 from rich.table import Table
 
 from memory.facade import Memory
-from tiers.task_events import NOT_DONE, NotDone
+from tiers.task import NOT_DONE, NotDone
 
 USER = "maria"
 RUN_PREFIX = "refund-ord-5521"

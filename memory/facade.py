@@ -38,7 +38,6 @@ from tiers.index_check import (
     registered_tenants,
 )
 from tiers.items import ItemStore
-from tiers.jobs import SummaryJobs
 from tiers.models import (
     Checkpoint,
     Message,
@@ -57,10 +56,17 @@ from tiers.retention import (
     set_overrides,
     sweep_expired,
 )
-from tiers.session import RecalledSession, SessionTier, check_top_k
-from tiers.session_index import users_of
-from tiers.task import DEFAULT_RETENTION, DEFAULT_SNAPSHOT_EVERY, UNSET, RunHandle, TaskTier
-from tiers.task_events import Approval, EffectRecord, Event
+from tiers.session import RecalledSession, SessionTier, SummaryJobs, check_top_k, users_of
+from tiers.task import (
+    DEFAULT_RETENTION,
+    DEFAULT_SNAPSHOT_EVERY,
+    UNSET,
+    Approval,
+    EffectRecord,
+    Event,
+    RunHandle,
+    TaskTier,
+)
 from tiers.threads import ThreadTier
 from tiers.user import UserTier
 from tiers.values import check_datetime

@@ -78,6 +78,41 @@ def test_drivers_stay_in_their_room(driver: str) -> None:
     assert offenders == []
 
 
+def private_module_of(name: str) -> str | None:
+    """The package whose private module ``name`` is (``tiers.task._tier`` -> ``tiers.task``)."""
+    parts = name.split(".")
+    for i, part in enumerate(parts):
+        if part.startswith("_") and not part.startswith("__"):
+            return ".".join(parts[:i])
+    return None
+
+
+def package_of(path: Path) -> str:
+    return ".".join(path.relative_to(ROOT).with_suffix("").parts[:-1])
+
+
+@pytest.mark.parametrize("package", LAYERS)
+def test_no_imports_of_another_packages_private_modules(package: str) -> None:
+    # A package's private modules (a leading underscore) are its own: others import its public face.
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in package_files(package)
+        for name in imports_of(path)
+        if (owner := private_module_of(name)) is not None
+        and owner.split(".")[0] in LAYERS
+        and not package_of(path).startswith(owner)
+    ]
+    assert offenders == []
+
+
+def test_private_import_check_sees_a_violation() -> None:
+    assert private_module_of("tiers.task._tier") == "tiers.task"
+    assert private_module_of("tiers.task") is None
+    assert private_module_of("tiers.__init__") is None
+    assert package_of(ROOT / "tiers" / "task" / "_tier.py") == "tiers.task"
+    assert package_of(ROOT / "memory" / "facade.py") == "memory"
+
+
 def test_layer_check_sees_a_violation(tmp_path: Path) -> None:
     # The checker itself must be able to fail.
     bad = tmp_path / "bad.py"

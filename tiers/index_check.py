@@ -1,7 +1,7 @@
 """Is the vector index in line with the KV store? Find out per tenant, and queue the repair.
 
 The KV store is the truth (invariant 4); the vector index is derived from it and
-converges through outboxes (:mod:`tiers.session_index`, :mod:`tiers.items`). An
+converges through outboxes (:mod:`tiers.session._index`, :mod:`tiers.items`). An
 index that was lost (a Chroma server restarted on an empty volume, a deleted
 collection, an old backup restored) is otherwise silent: recall falls back to
 keyword order and every probe says ok. :func:`check_index` compares one
@@ -10,7 +10,7 @@ tenant's KV records with what the index holds:
 - **missing**: a vector the KV store says is indexed is not in the index;
 - **stale**: a vector is there but was made from other content: a session
   vector whose ``rev`` is not the fingerprint of the stored summary and
-  transcript header (:func:`~tiers.session_index.session_fingerprint`), an item
+  transcript header (:func:`~tiers.session._index.session_fingerprint`), an item
   vector whose embedding is not the stored one;
 - **orphans**: a vector of the tenant with no record behind it (a deleted
   session or item, a window past the session's count, an unknown id).
@@ -45,8 +45,7 @@ from tiers.codec import decode
 from tiers.errors import BackendUnavailableError, ConflictError, CorruptRecordError
 from tiers.items import ItemRecord, _box, _box_bound  # the item outbox's value format
 from tiers.models import SessionSummary, utcnow
-from tiers.session_index import FINGERPRINT_KEY, Ref, session_fingerprint
-from tiers.transcripts import header_key
+from tiers.session import FINGERPRINT_KEY, Ref, header_key, session_fingerprint
 
 __all__ = [
     "IndexRepair",

@@ -338,7 +338,7 @@ def thread_chunk_key(key: str, n: int) -> str:
     return f"x:{key}#{n}"
 
 
-# -- durable summary jobs (tiers.jobs) ----------------------------------------------------------
+# -- durable summary jobs (tiers.session._jobs) ----------------------------------------------------------
 
 
 def jobs_space(tenant: str) -> str:

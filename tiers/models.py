@@ -183,7 +183,7 @@ class Checkpoint(Record):
     kind: Annotated[str, Field(min_length=1, max_length=32)] = "step"
     # Keys this checkpoint set in the run's state (a shallow merge); only the change is stored.
     state_delta: dict[str, JsonValue] | None = None
-    # Seq of the event (tiers.task_events.Event) that committed this checkpoint.
+    # Seq of the event (tiers.task._records.Event) that committed this checkpoint.
     event_seq: int | None = Field(default=None, ge=1)
 
     @field_validator("input_hash")

@@ -10,7 +10,7 @@ from pydantic import Field, JsonValue
 from api.schemas.common import NO_CONTROL_NON_BLANK, NON_BLANK, Id, RequestModel, ResponseModel
 from tiers.ids import MAX_EXTERNAL_ID
 from tiers.models import MAX_TEXT, RunStatus
-from tiers.task_events import MAX_NOTE, EffectStatus, EventKind
+from tiers.task import MAX_NOTE, EffectStatus, EventKind
 
 StepName = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_CONTROL_NON_BLANK)]
 IdempotencyKey = Annotated[str, Field(min_length=1, max_length=512, pattern=NO_CONTROL_NON_BLANK)]

@@ -79,7 +79,7 @@ from tiers.errors import (  # noqa: E402
     InvalidInputError,
     ThreadConflictError,
 )
-from tiers.task_events import NOT_DONE, NotDone  # noqa: E402
+from tiers.task import NOT_DONE, NotDone  # noqa: E402
 from tiers.threads import Blob, EffectEntry, NewCheckpoint, StoredCheckpoint  # noqa: E402
 
 __all__ = ["NOT_DONE", "TiermemSaver", "TiermemStore", "effect"]

@@ -57,7 +57,7 @@ from tiers.errors import BackendUnavailableError, CorruptRecordError, InvalidInp
 from tiers.ids import ID_RULE
 from tiers.models import RunInfo, RunStatus, SessionSummary, UserFact
 from tiers.session import RecalledSession
-from tiers.task_events import MAX_NOTE, Approval
+from tiers.task import MAX_NOTE, Approval
 
 require("mcp", "mcp")
 

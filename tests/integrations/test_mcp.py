@@ -31,7 +31,7 @@ from memory.apikeys import ApiKeyRegistry
 from memory.integrations.mcp import TOOL_NAMES, McpCaller, build_server
 from tests.conftest import free_port
 from tiers.backends import open_kv_store
-from tiers.task_events import EventKind
+from tiers.task import EventKind
 
 TIERMEM = str(Path(sys.executable).parent / "tiermem")
 CLIENT = Implementation(name="tiermem-tests", version="1.0")

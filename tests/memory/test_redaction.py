@@ -23,7 +23,7 @@ from summarizer import ExtractiveSummarizer, Summarization
 from tests.memory.test_erasure import found_in_files, found_in_redis
 from tiers.models import FactCandidate, Message
 from tiers.redaction import luhn_valid
-from tiers.task_events import Charged, output_digest
+from tiers.task import Charged, output_digest
 
 _rng = random.Random(1414)
 ALNUM = string.ascii_letters + string.digits

@@ -1,4 +1,4 @@
-"""Durable summary jobs (tiers.jobs) on every KV backend: leases, retries, fairness, erasure."""
+"""Durable summary jobs (tiers.session._jobs) on every KV backend: leases, retries, fairness, erasure."""
 
 from __future__ import annotations
 
@@ -13,9 +13,15 @@ from tiers.backends.base import KVStore
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.errors import SessionNotFoundError
-from tiers.jobs import JobState, SummaryJobs, job_tenants, retire_tenant, unfinished_jobs
 from tiers.models import utcnow
-from tiers.session import SessionTier
+from tiers.session import (
+    JobState,
+    SessionTier,
+    SummaryJobs,
+    job_tenants,
+    retire_tenant,
+    unfinished_jobs,
+)
 
 LEASE = timedelta(seconds=30)
 SAID = [{"role": "user", "content": "We moved the billing database to Postgres."}]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from tests.tiers.test_task_lifecycle import Clock
-from tiers import keys, task_retention
+from tiers import keys
 from tiers.backends.base import KVStore
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
@@ -30,9 +30,9 @@ from tiers.retention import (
     set_overrides,
     sweep_expired,
 )
-from tiers.session import SessionTier
+from tiers.session import SessionTier, header_key
 from tiers.task import TaskTier
-from tiers.transcripts import header_key
+from tiers.task import _retention as task_retention
 from tiers.user import UserTier
 
 T0 = datetime(2030, 1, 1, tzinfo=UTC)

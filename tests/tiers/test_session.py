@@ -23,7 +23,6 @@ from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.backends.redis_kv import RedisKVStore
 from tiers.backends.sqlite_kv import SqliteKVStore
-from tiers.chunking import session_windows
 from tiers.errors import (
     BackendUnavailableError,
     CorruptRecordError,
@@ -31,7 +30,7 @@ from tiers.errors import (
     SessionNotFoundError,
     ValueTooLargeError,
 )
-from tiers.session import RecalledSession, SessionSummary, SessionTier
+from tiers.session import RecalledSession, SessionSummary, SessionTier, session_windows
 
 
 @pytest.fixture(scope="module")
@@ -379,7 +378,7 @@ import itertools, sys
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.backends.redis_kv import RedisKVStore
-from tiers.chunking import session_windows
+from tiers.session import session_windows
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.session import SessionSummary, SessionTier
 

@@ -8,19 +8,26 @@ import numpy as np
 import pytest
 
 from tiers.backends.base import Delete, KVStore, Put
-from tiers.chunking import keyword_text, session_windows, summary_text, transcript_text, windows
 from tiers.errors import CorruptRecordError, InvalidInputError
-from tiers.keyword import BM25Index, tokenize
 from tiers.models import Message, SessionSummary
-from tiers.recall import FusionWeights, fuse
-from tiers.session_view import UserView, ViewCache
-from tiers.transcripts import (
+from tiers.session import (
+    BM25Index,
+    FusionWeights,
+    UserView,
+    ViewCache,
     decode_header,
     decode_transcript,
+    fuse,
     header_key,
+    keyword_text,
     page_key,
     parse_messages,
+    session_windows,
+    summary_text,
+    tokenize,
+    transcript_text,
     transcript_writes,
+    windows,
 )
 
 # -- tokenizer and BM25 -----------------------------------------------------------------------

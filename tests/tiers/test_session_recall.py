@@ -16,10 +16,9 @@ from tiers import keys
 from tiers.backends.base import Delete, KVStore, Put, VectorItem
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
-from tiers.chunking import session_windows
 from tiers.errors import BackendUnavailableError, SessionNotFoundError
 from tiers.models import Message
-from tiers.session import ReindexProgress, SessionSummary, SessionTier
+from tiers.session import ReindexProgress, SessionSummary, SessionTier, session_windows
 
 
 @pytest.fixture(scope="module")

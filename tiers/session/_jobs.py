@@ -48,8 +48,8 @@ from tiers.codec import decode, encode
 from tiers.errors import ConflictError, CorruptRecordError, InvalidInputError, SessionNotFoundError
 from tiers.ids import Id, check_id
 from tiers.models import Message, Record, UtcDatetime, utcnow
-from tiers.session import SessionTier
-from tiers.transcripts import header_key
+from tiers.session._tier import SessionTier
+from tiers.session._transcripts import header_key
 
 __all__ = [
     "JOB_ID_PATTERN",

@@ -16,7 +16,7 @@ from tiers.errors import (
     ValueTooLargeError,
 )
 from tiers.models import RunInfo
-from tiers.task_events import (
+from tiers.task._records import (
     Charged,
     EffectRecord,
     Event,

@@ -28,11 +28,11 @@ import numpy.typing as npt
 
 from tiers import keys
 from tiers.backends.base import KVStore, VectorIndex
-from tiers.chunking import keyword_text
 from tiers.errors import CorruptRecordError
-from tiers.keyword import BM25Index, tokenize
 from tiers.models import Message
-from tiers.transcripts import TranscriptHeader, is_header_key
+from tiers.session._chunking import keyword_text
+from tiers.session._keyword import BM25Index, tokenize
+from tiers.session._transcripts import TranscriptHeader, is_header_key
 
 __all__ = ["UserView", "ViewCache", "build_view"]
 

@@ -27,7 +27,8 @@ from tiers.errors import (
 )
 from tiers.ids import check_id
 from tiers.models import RunInfo, RunStatus
-from tiers.task_events import (
+from tiers.task._handle_core import HandleCore
+from tiers.task._records import (
     MAX_NOTE,
     NOT_DONE,
     EffectRecord,
@@ -41,9 +42,8 @@ from tiers.task_events import (
     output_digest,
     to_json,
 )
-from tiers.task_handle_core import HandleCore
-from tiers.task_storage import TierCore
-from tiers.task_txn import _UNSET, Txn, _check_fits, _unpack, _with
+from tiers.task._storage import TierCore
+from tiers.task._txn import _UNSET, Txn, _check_fits, _unpack, _with
 
 __all__ = ["EffectsMixin", "HandleEffectsMixin", "Reconcile"]
 
@@ -171,7 +171,7 @@ class EffectsMixin(TierCore):
 
 
 class HandleEffectsMixin(HandleCore):
-    """The worker side of effects (:class:`~tiers.task_handle.RunHandle`)."""
+    """The worker side of effects (:class:`~tiers.task._handle.RunHandle`)."""
 
     def effect(
         self,

@@ -15,17 +15,17 @@ Storage (every format is in :mod:`tiers.keys`):
 - ``run_space(tenant, run_id)`` holds, each written in the same commit as the
   head change it belongs to:
 
-  - ``ev:<seq>`` -> :class:`~tiers.task_events.Event`: the append-only event
+  - ``ev:<seq>`` -> :class:`~tiers.task._records.Event`: the append-only event
     log, gap-free seqs, never changed (``compact`` may drop events already
     folded into a snapshot);
   - ``ckpt:<seq>`` -> :class:`~tiers.models.Checkpoint`: one per committed
     step, with the step's output and only the *change* to the run's state;
   - ``idem:<key>`` -> which checkpoint committed an idempotency key;
-  - ``eff:<key>`` -> :class:`~tiers.task_events.EffectRecord`: the effect ledger;
-  - ``snap:<seq>`` -> :class:`~tiers.task_events.Snapshot`: the run's state
+  - ``eff:<key>`` -> :class:`~tiers.task._records.EffectRecord`: the effect ledger;
+  - ``snap:<seq>`` -> :class:`~tiers.task._records.Snapshot`: the run's state
     every ``snapshot_every`` events and at each branch root, so loading the
     state reads one snapshot and at most K checkpoints, however long the run;
-  - ``appr:<key>`` -> :class:`~tiers.task_events.ApprovalRecord`: approval gates.
+  - ``appr:<key>`` -> :class:`~tiers.task._records.ApprovalRecord`: approval gates.
 
 **Costs.** A step with no effect is one durable commit; a top-level effect
 is two (``EffectInvoked`` before the call, ``EffectRecorded`` + checkpoint
@@ -80,11 +80,11 @@ Recorded effects stay recorded (they happened), so they are not repeated.
 **Threads.** :class:`TaskTier` is stateless beyond its store and may be
 shared by threads. A :class:`RunHandle` is driven by one thread at a time.
 
-**Modules.** :class:`TaskTier` is assembled from :mod:`tiers.task_storage`
-(configuration, reads, the write path), :mod:`tiers.task_queries`,
-:mod:`tiers.task_time_travel`, :mod:`tiers.task_retention`, :mod:`tiers.task_approvals`
-and :mod:`tiers.task_effects`; this module adds taking runs (leases) and the
-run lifecycle. Records and pure helpers are in :mod:`tiers.task_events`.
+**Modules.** :class:`TaskTier` is assembled from :mod:`tiers.task._storage`
+(configuration, reads, the write path), :mod:`tiers.task._queries`,
+:mod:`tiers.task._time_travel`, :mod:`tiers.task._retention`, :mod:`tiers.task._approvals`
+and :mod:`tiers.task._effects`; this module adds taking runs (leases) and the
+run lifecycle. Records and pure helpers are in :mod:`tiers.task._records`.
 """
 
 from __future__ import annotations
@@ -107,9 +107,12 @@ from tiers.errors import (
 )
 from tiers.ids import check_external_id, check_id, run_id_for
 from tiers.models import RunInfo, RunStatus
-from tiers.task_approvals import ApprovalsMixin
-from tiers.task_effects import EffectsMixin
-from tiers.task_events import (
+from tiers.task._approvals import ApprovalsMixin
+from tiers.task._effects import EffectsMixin
+from tiers.task._handle import RunHandle
+from tiers.task._handle_core import COMPENSATABLE
+from tiers.task._queries import QueriesMixin, RebuiltRun
+from tiers.task._records import (
     NOT_DONE,
     Approval,
     Charged,
@@ -125,19 +128,16 @@ from tiers.task_events import (
     new_incarnation,
     new_run_id,
 )
-from tiers.task_handle import RunHandle
-from tiers.task_handle_core import COMPENSATABLE
-from tiers.task_queries import QueriesMixin, RebuiltRun
-from tiers.task_retention import RetentionMixin
-from tiers.task_storage import (
+from tiers.task._retention import RetentionMixin
+from tiers.task._storage import (
     DEFAULT_RETENTION,
     DEFAULT_SNAPSHOT_EVERY,
     TierCore,
     _budget,
     _positive,
 )
-from tiers.task_time_travel import TimeTravelMixin
-from tiers.task_txn import _UNSET, UNSET, Txn
+from tiers.task._time_travel import TimeTravelMixin
+from tiers.task._txn import _UNSET, UNSET, Txn
 
 __all__ = [
     "DEFAULT_RETENTION",
@@ -241,7 +241,7 @@ class TaskTier(
                 may retake its own live lease. Default: a new holder for this
                 call (:func:`new_worker_id`), so another call, thread or
                 process never counts as the same worker; pass the returned
-                handle's :attr:`~tiers.task_handle.RunHandle.worker_id` back to
+                handle's :attr:`~tiers.task._handle.RunHandle.worker_id` back to
                 retake this lease while it is live.
             lease_ttl: Seconds the lease lives without a heartbeat or commit, at
                 most a year (default: the tier's; ``None`` there means no expiry).

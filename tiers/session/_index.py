@@ -36,11 +36,11 @@ from tiers.backends.base import (
     VectorItem,
     Write,
 )
-from tiers.chunking import session_windows
 from tiers.codec import decode
 from tiers.errors import BackendUnavailableError, ConflictError, CorruptRecordError
 from tiers.models import Message, SessionSummary
-from tiers.transcripts import decode_transcript, header_key, page_key, read_header
+from tiers.session._chunking import session_windows
+from tiers.session._transcripts import decode_transcript, header_key, page_key, read_header
 
 __all__ = ["FINGERPRINT_KEY", "Ref", "SessionIndexer", "session_fingerprint"]
 

@@ -1,4 +1,4 @@
-"""The state and write path of a :class:`~tiers.task_handle.RunHandle`, shared by its feature mixins."""
+"""The state and write path of a :class:`~tiers.task._handle.RunHandle`, shared by its feature mixins."""
 
 from __future__ import annotations
 
@@ -26,14 +26,14 @@ from tiers.errors import (
     StaleWriterError,
 )
 from tiers.models import Checkpoint, RunInfo, RunStatus
-from tiers.task_events import (
+from tiers.task._records import (
     EventKind,
     IdempotencyEntry,
     Snapshot,
     checkpoint_id,
 )
-from tiers.task_storage import TierCore
-from tiers.task_txn import Txn, _check_fits
+from tiers.task._storage import TierCore
+from tiers.task._txn import Txn, _check_fits
 
 __all__ = ["COMPENSATABLE", "HandleCore"]
 

@@ -1,6 +1,6 @@
 """The storage core of :class:`~tiers.task.TaskTier`: configuration, reads, and the one write path.
 
-Every change to a run goes through :meth:`TierCore._apply` (a :class:`~tiers.task_txn.Txn`
+Every change to a run goes through :meth:`TierCore._apply` (a :class:`~tiers.task._txn.Txn`
 committed against the head's exact bytes); operator actions retry it with
 :meth:`TierCore._operate`. The feature modules (queries, time travel,
 retention, approvals, effects) are mixins over this class.
@@ -28,13 +28,13 @@ from tiers.errors import (
 from tiers.ids import check_id
 from tiers.models import Checkpoint, RunInfo, utcnow
 from tiers.redaction import OFF, Redactor
-from tiers.task_events import (
+from tiers.task._records import (
     EffectRecord,
     IdempotencyEntry,
     Snapshot,
     seq_of_checkpoint_id,
 )
-from tiers.task_txn import Txn
+from tiers.task._txn import Txn
 
 __all__ = ["DEFAULT_RETENTION", "DEFAULT_SNAPSHOT_EVERY", "TierCore"]
 

@@ -1,9 +1,9 @@
 """A worker's handle on one run: steps, exactly-once effects, approval gates, leases.
 
 See :mod:`tiers.task` for the storage layout and the guarantees. :class:`RunHandle`
-is assembled from :mod:`tiers.task_handle_core` (state and the write path),
-:mod:`tiers.task_effects` and :mod:`tiers.task_approvals`; :class:`Txn` is
-re-exported from :mod:`tiers.task_txn`.
+is assembled from :mod:`tiers.task._handle_core` (state and the write path),
+:mod:`tiers.task._effects` and :mod:`tiers.task._approvals`; :class:`Txn` is
+re-exported from :mod:`tiers.task._txn`.
 """
 
 from __future__ import annotations
@@ -22,9 +22,10 @@ from tiers.errors import (
     InvalidInputError,
 )
 from tiers.models import MAX_TEXT, Checkpoint, RunInfo, RunStatus
-from tiers.task_approvals import HandleApprovalsMixin
-from tiers.task_effects import HandleEffectsMixin
-from tiers.task_events import (
+from tiers.task._approvals import HandleApprovalsMixin
+from tiers.task._effects import HandleEffectsMixin
+from tiers.task._handle_core import _ActiveStep
+from tiers.task._records import (
     EventKind,
     check_key,
     check_name,
@@ -32,8 +33,7 @@ from tiers.task_events import (
     to_json,
     to_json_dict,
 )
-from tiers.task_handle_core import _ActiveStep
-from tiers.task_txn import Txn, _unpack
+from tiers.task._txn import Txn, _unpack
 
 __all__ = ["RunHandle", "Txn"]
 

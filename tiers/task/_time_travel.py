@@ -7,7 +7,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
-from tiers import keys, task_events
+from tiers import keys
 from tiers.backends.base import Check, Put
 from tiers.codec import encode
 from tiers.errors import (
@@ -17,7 +17,8 @@ from tiers.errors import (
 )
 from tiers.ids import check_id
 from tiers.models import Checkpoint, RunInfo, RunStatus
-from tiers.task_events import (
+from tiers.task import _records as task_events
+from tiers.task._records import (
     EventKind,
     IdempotencyEntry,
     Snapshot,
@@ -25,8 +26,8 @@ from tiers.task_events import (
     input_hash,
     to_json_dict,
 )
-from tiers.task_storage import TierCore
-from tiers.task_txn import Txn
+from tiers.task._storage import TierCore
+from tiers.task._txn import Txn
 
 __all__ = ["TimeTravelMixin"]
 

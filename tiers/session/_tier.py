@@ -2,10 +2,10 @@
 
 **Storage.** The KV store is the truth: per user, the summaries
 (``sessions_space``) and the raw transcripts (``transcripts_space``, see
-:mod:`tiers.transcripts`). A transcript is saved on its own, before the
+:mod:`tiers.session._transcripts`). A transcript is saved on its own, before the
 summary exists, so a failed summarization never loses it.
 
-**Index.** A session is indexed as several vectors (:mod:`tiers.chunking`):
+**Index.** A session is indexed as several vectors (:mod:`tiers.session._chunking`):
 one for its summary, and one per overlapping window of its transcript, ids
 ``<tenant>/<user>/<session>`` and ``...#1``, ``...#2``. How many window
 vectors a session may have in the index is kept in the KV store
@@ -26,10 +26,10 @@ save returns once the KV commit is durable.
 
 **Recall.** :meth:`SessionTier.recall_relevant` ranks every session of the user
 by dense similarity (best vector), BM25 over summary + transcript, and a mild
-recency prior (:mod:`tiers.recall`). Work still queued for the user is done
+recency prior (:mod:`tiers.session._recall`). Work still queued for the user is done
 first, so a caller always recalls its own acknowledged writes. What ranking
 needs is cached per user and revalidated against the revision token on every
-call (:mod:`tiers.session_view`).
+call (:mod:`tiers.session._view`).
 
 Within one process index updates are serialised, so a slower writer can never
 overwrite a newer vector with an older one.
@@ -75,11 +75,10 @@ from tiers.models import (
     SessionSummary,
     utcnow,
 )
-from tiers.recall import FusionWeights, fuse
 from tiers.redaction import OFF, Redactor
-from tiers.session_index import BATCH, Ref, SessionIndexer, users_of
-from tiers.session_view import UserView, ViewCache, build_view
-from tiers.transcripts import (
+from tiers.session._index import BATCH, Ref, SessionIndexer, users_of
+from tiers.session._recall import FusionWeights, fuse
+from tiers.session._transcripts import (
     TranscriptHeader,
     decode_header,
     decode_transcript,
@@ -91,6 +90,7 @@ from tiers.transcripts import (
     read_header,
     transcript_writes,
 )
+from tiers.session._view import UserView, ViewCache, build_view
 from tiers.values import check_datetime
 
 __all__ = [
@@ -147,7 +147,7 @@ class RecalledSession(BaseModel):
     Attributes:
         summary: The stored summary, read from the KV store.
         score: Fused relevance in [0, 1] (dense similarity, keyword match and
-            recency, see :mod:`tiers.recall`); higher is more relevant.
+            recency, see :mod:`tiers.session._recall`); higher is more relevant.
         similarity: Best cosine similarity between the query and the
             session's vectors (summary or a transcript window), or ``None``
             when the session is not indexed yet.
@@ -527,7 +527,7 @@ class SessionTier:
                 datetime is taken as UTC). Kept in the header, for summarizing
                 later with the right date.
             also: More writes committed atomically with the transcript (a
-                summary job, :mod:`tiers.jobs`): both are stored, or neither.
+                summary job, :mod:`tiers.session._jobs`): both are stored, or neither.
 
         Returns:
             The stored transcript's header (size, pages, checksum).
@@ -1003,7 +1003,7 @@ class SessionTier:
 
         Every session of this tenant's user (and nobody else's) is scored by
         dense similarity, BM25 keyword match over summary and transcript, and
-        recency (see :mod:`tiers.recall`). Index work still queued for the
+        recency (see :mod:`tiers.session._recall`). Index work still queued for the
         user is finished first, so acknowledged saves are always recalled.
 
         Args:

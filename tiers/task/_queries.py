@@ -16,7 +16,7 @@ from tiers.errors import (
 )
 from tiers.ids import check_id
 from tiers.models import Checkpoint, RunInfo, RunStatus
-from tiers.task_events import (
+from tiers.task._records import (
     EffectRecord,
     EffectStatus,
     Event,
@@ -24,7 +24,7 @@ from tiers.task_events import (
     Snapshot,
     check_key,
 )
-from tiers.task_storage import TierCore
+from tiers.task._storage import TierCore
 
 __all__ = ["QueriesMixin", "RebuiltRun"]
 

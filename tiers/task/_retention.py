@@ -11,8 +11,8 @@ from tiers.backends.base import Check, Delete, DeleteSpace, Write
 from tiers.errors import ConflictError, CorruptRecordError, InvalidInputError
 from tiers.ids import check_id
 from tiers.models import RunInfo
-from tiers.task_storage import TierCore
-from tiers.task_txn import Txn
+from tiers.task._storage import TierCore
+from tiers.task._txn import Txn
 
 __all__ = ["RetentionMixin"]
 

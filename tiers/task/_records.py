@@ -1,6 +1,6 @@
 """Records and pure helpers of the task tier: events, the effect ledger, snapshots.
 
-Nothing here does I/O; :mod:`tiers.task` and :mod:`tiers.task_handle` store these
+Nothing here does I/O; :mod:`tiers.task` and :mod:`tiers.task._handle` store these
 records through a :class:`~tiers.backends.base.KVStore` (key formats in :mod:`tiers.keys`).
 
 **Event log.** Every change to a run appends one or more :class:`Event` records

@@ -16,7 +16,8 @@ from tiers.errors import (
 )
 from tiers.ids import check_id
 from tiers.models import PendingApproval, RunInfo, RunStatus
-from tiers.task_events import (
+from tiers.task._handle_core import HandleCore
+from tiers.task._records import (
     MAX_NOTE,
     Approval,
     ApprovalRecord,
@@ -26,9 +27,8 @@ from tiers.task_events import (
     input_hash,
     to_json,
 )
-from tiers.task_handle_core import HandleCore
-from tiers.task_storage import TierCore
-from tiers.task_txn import Txn
+from tiers.task._storage import TierCore
+from tiers.task._txn import Txn
 
 _HEX_SHA256 = re.compile(r"[0-9a-f]{64}")
 
@@ -78,7 +78,7 @@ class ApprovalsMixin(TierCore):
                 :class:`ApprovalPendingError` or ``RunInfo.pending_approval``):
                 the approval is bound to exactly that plan.
             by: Who approves, as the caller names them (kept in the event log and the gate).
-            note: Optional comment, at most :data:`~tiers.task_events.MAX_NOTE` characters.
+            note: Optional comment, at most :data:`~tiers.task._records.MAX_NOTE` characters.
             by_key: Id of the credential the caller was authenticated with (a
                 service passes its API key id), kept beside ``by``; ``None``
                 from the library.
@@ -192,7 +192,7 @@ class ApprovalsMixin(TierCore):
 
 
 class HandleApprovalsMixin(HandleCore):
-    """The worker side of approval gates (:class:`~tiers.task_handle.RunHandle`)."""
+    """The worker side of approval gates (:class:`~tiers.task._handle.RunHandle`)."""
 
     def await_approval(self, plan: object, *, key: str | None = None) -> Approval:
         """Stop at a human-approval gate for ``plan`` until a human decides.

@@ -334,9 +334,11 @@ def new_master_key(
 def encrypt() -> None:
     """Encrypt in place every value the KV store holds unencrypted, with TIERMEM_MASTER_KEY(_FILE).
 
-    Turns encryption on for a store that has data: stop every service that uses
-    the store first. Resumable: run it again after an interruption. The vector
-    index holds no text and is left as it is.
+    Turns encryption on for a store that has data, and renames fact keys to
+    opaque tokens (also upgrading a store encrypted by an earlier tiermem, which
+    left them readable): stop every service that uses the store first.
+    Resumable: run it again after an interruption. The vector index holds no
+    text and is left as it is.
     """
     from tiers.backends.dirlock import DataDirLock
     from tiers.backends.encrypted_kv import OVERHEAD, encrypt_existing
@@ -357,7 +359,8 @@ def encrypt() -> None:
             lock.release()
     typer.echo(
         f"encrypted {report.encrypted} values in {report.spaces} spaces "
-        f"({report.already} were encrypted already) with master key {master.id}"
+        f"({report.already} were encrypted already) and renamed {report.renamed} fact keys to "
+        f"opaque tokens, with master key {master.id}"
     )
     if report.encrypted and not report.scrubbed:
         typer.echo(

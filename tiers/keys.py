@@ -77,13 +77,56 @@ def sessions_space(tenant: str, user_id: str) -> str:
 
 
 def facts_space(tenant: str, user_id: str) -> str:
-    """One user's current facts: key fact key -> UserFact."""
+    """One user's current facts: key fact name -> UserFact.
+
+    A fact's *name* is its key, or on a store that keeps key names opaque (an
+    encrypted one: :class:`~tiers.backends.base.TokenizesKeys`) the store's
+    token of the key in this space; the key itself is inside the UserFact.
+    """
     return f"{tenant}:user:{user_id}:facts"
 
 
 def fact_history_space(tenant: str, user_id: str) -> str:
-    """Every earlier version of a user's facts: key ``<fact key>/<epoch micros>``."""
+    """Every earlier version of a user's facts: key :func:`fact_history_key`."""
     return f"{tenant}:user:{user_id}:fact-history"
+
+
+def fact_history_key(fact_name: str, micros: int, digest: str) -> str:
+    """One earlier version of a fact: ``<fact name>/<epoch micros, 20 digits>-<digest>``.
+
+    The name is the fact's in :func:`facts_space` (its key or token), so one
+    prefix scan (:func:`fact_history_prefix`) finds a fact's history; ``/``
+    occurs in no fact key or token, so no other fact's versions match.
+    """
+    return f"{fact_name}/{micros:020d}-{digest}"
+
+
+def fact_history_prefix(fact_name: str) -> str:
+    """What every history key of the fact named ``fact_name`` starts with."""
+    return f"{fact_name}/"
+
+
+def fact_name_of_history_key(key: str) -> tuple[str, str]:
+    """A :func:`fact_history_key` split into the fact's name and the rest (``/`` included)."""
+    name, slash, rest = key.partition("/")
+    return name, slash + rest
+
+
+def fact_names_space(space: str) -> str | None:
+    """The facts space whose fact names the keys of ``space`` hold, if it is a user's facts space
+    (itself) or fact history space (its facts space); ``None`` for every other space.
+
+    For maintenance that renames facts (``tiermem encrypt``): a fact's history
+    keys use the name the fact has in the facts space.
+    """
+    parts = space.split(":")
+    if len(parts) != 4 or parts[1] != "user":
+        return None
+    if parts[3] == "facts":
+        return space
+    if parts[3] == "fact-history":
+        return facts_space(parts[0], parts[2])
+    return None
 
 
 def users_space(tenant: str) -> str:
@@ -218,6 +261,17 @@ def keyring_space() -> str:
     and writes of it.
     """
     return "_system:keyring"
+
+
+def opaque_names_space() -> str:
+    """Which key names of an encrypted store are opaque tokens (see ``encrypted_kv``).
+
+    Key ``facts`` present: fact names are the store's tokens of the fact keys
+    (a store encrypted by an earlier tiermem kept fact keys readable until
+    ``tiermem encrypt`` renamed them). Outside every tenant, like
+    :func:`keyring_space`, and closed to callers of an encrypted store as it is.
+    """
+    return "_system:opaque-names"
 
 
 def transcripts_space(tenant: str, user_id: str) -> str:

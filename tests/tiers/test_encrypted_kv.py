@@ -102,15 +102,19 @@ def test_a_store_with_plaintext_is_refused_until_encrypted_in_place(kv: KVStore)
         EncryptedKVStore(kv, master)
     report = encrypt_existing(kv, master, page=1)
     assert (report.spaces, report.encrypted, report.already) == (2, 2, 0)
-    (raw,) = kv.get_many("t:user:u:facts", ["card"])
+    # A fact key names its subject: it is renamed to its opaque token as well.
+    assert report.renamed == 1
+    store = EncryptedKVStore(kv, master)
+    token = store.key_token("t:user:u:facts", "card")
+    assert kv.get_many("t:user:u:facts", ["card"]) == [None]
+    (raw,) = kv.get_many("t:user:u:facts", [token])
     assert raw is not None
     assert SECRET not in raw
-    store = EncryptedKVStore(kv, master)
-    assert store.get_many("t:user:u:facts", ["card"]) == [SECRET]
+    assert store.get_many("t:user:u:facts", [token]) == [SECRET]
     assert store.get_many("_system:api-keys", ["id1"]) == [b"{}"]
     # Resumable: a second run finds everything encrypted already.
     again = encrypt_existing(kv, master)
-    assert (again.encrypted, again.already) == (0, 2)
+    assert (again.encrypted, again.already, again.renamed) == (0, 2, 0)
 
 
 def test_a_plaintext_value_in_an_encrypted_store_fails_its_read(kv: KVStore) -> None:

@@ -13,8 +13,10 @@ from collections.abc import Sequence
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from tiers import keys
 from tiers.backends._keyring import (
     DEK_PREFIX,
+    INTERNAL_SPACES,
     KEYRING,
     MASTER,
     NONCE_BYTES,
@@ -22,6 +24,8 @@ from tiers.backends._keyring import (
     MasterKey,
     MasterRecord,
     decode_keyring,
+    fact_names_opaque,
+    mark_fact_names_opaque,
     read_master,
     tenant_label,
     tenant_of,
@@ -46,17 +50,22 @@ OVERHEAD = _HEADER_BYTES + NONCE_BYTES + _TAG_BYTES
 """Bytes an encrypted value takes beyond its plaintext."""
 MIN_INNER_VALUE_BYTES = 512
 """The least ``max_value_bytes`` of an inner store: room for a keyring record (~200 bytes)."""
+OPAQUE_MARK = "~"
+"""What every key token starts with (see :meth:`EncryptedKVStore.key_token`)."""
+_TOKEN_BYTES = 16
 
 
 class _DataKey:
-    """One tenant's unwrapped data key, split into an AES-GCM key and a nonce (MAC) key."""
+    """One tenant's unwrapped data key, split into an AES-GCM key, a nonce (MAC) key and a
+    key-token (MAC) key."""
 
-    __slots__ = ("aead", "id", "mac")
+    __slots__ = ("aead", "id", "mac", "names")
 
     def __init__(self, key_id: bytes, dek: bytes) -> None:
         self.id = key_id
         self.aead = AESGCM(hmac.digest(dek, b"tiermem value encryption v1", "sha256"))
         self.mac = hmac.digest(dek, b"tiermem synthetic nonce v1", "sha256")
+        self.names = hmac.digest(dek, b"tiermem key token v1", "sha256")
 
 
 def _location(header: bytes, space: str, key: str) -> bytes:
@@ -76,13 +85,14 @@ class EncryptedKVStore:
         master_key: The key that wraps the data keys.
         max_value_bytes: Largest plaintext accepted; default and most: the inner
             store's limit less :data:`OVERHEAD`.
-        adopt_plaintext: Open a store that holds unencrypted values (for
-            :func:`encrypt_existing` only: reads of those values fail).
+        adopt_plaintext: Open a store that holds unencrypted values or readable
+            fact keys (for :func:`encrypt_existing` only: reads of those values fail).
 
     Raises:
         EncryptionKeyError: ``master_key`` is not the store's (both ids named),
-            a data key does not unwrap with it, or the store holds data written
-            without encryption and ``adopt_plaintext`` is false.
+            a data key does not unwrap with it, or (unless ``adopt_plaintext``)
+            the store holds data written without encryption, or was encrypted
+            by an earlier tiermem and holds readable fact keys.
         InvalidInputError: The inner store's ``max_value_bytes`` is under
             :data:`MIN_INNER_VALUE_BYTES` (no room for the keyring's records), or
             ``max_value_bytes`` is more than it leaves.
@@ -131,9 +141,15 @@ class EncryptedKVStore:
                 for name, value in self.inner.scan(KEYRING, prefix=DEK_PREFIX):
                     tenant = name[len(DEK_PREFIX) :]
                     self._keys[tenant] = self._unwrap(tenant, value)
+                if not adopt_plaintext:
+                    self._require_opaque_fact_names()
                 return data
             if not adopt_plaintext and isinstance(self.inner, ListsSpaces):
-                held = [s for s in self.inner.spaces(limit=2) if s != KEYRING]
+                held = [
+                    s
+                    for s in self.inner.spaces(limit=len(INTERNAL_SPACES) + 1)
+                    if s not in INTERNAL_SPACES
+                ]
                 if held:
                     raise EncryptionKeyError(
                         "this store holds data written without encryption (space "
@@ -145,7 +161,33 @@ class EncryptedKVStore:
                 self.inner.commit([Put(KEYRING, MASTER, data)], [Check(KEYRING, MASTER, None)])
             except ConflictError:
                 continue  # another process made it first: read theirs
+            if not adopt_plaintext:
+                # A new store: every fact name it will hold is a token. (A store being
+                # encrypted in place is marked once its fact keys are renamed.)
+                mark_fact_names_opaque(self.inner)
             return data
+
+    def _require_opaque_fact_names(self) -> None:
+        """Refuse a store encrypted by an earlier tiermem that holds readable fact keys.
+
+        Read by tokens, such facts would seem gone. A store that holds none is
+        marked as having opaque fact names, and this is not asked again.
+        """
+        if fact_names_opaque(self.inner):
+            return
+        if isinstance(self.inner, ListsSpaces):
+            for space in self.inner.spaces():
+                if keys.fact_names_space(space) is None:
+                    continue
+                # Tokens sort after every readable name ("~" after every id character).
+                first = self.inner.scan(space, limit=1)
+                if first and not first[0][0].startswith(OPAQUE_MARK):
+                    raise EncryptionKeyError(
+                        "this store was encrypted by an earlier tiermem, which left fact keys "
+                        f"readable on disk (space {space!r}): stop every service using it and "
+                        "run `tiermem encrypt` to make them opaque (it is resumable)"
+                    )
+        mark_fact_names_opaque(self.inner)
 
     def _unwrap(self, tenant: str, data: bytes) -> _DataKey:
         record = decode_keyring(DataKeyRecord, data, DEK_PREFIX + tenant)
@@ -266,11 +308,32 @@ class EncryptedKVStore:
 
     @staticmethod
     def _refuse_keyring(space: object) -> None:
-        if space == KEYRING:
+        if space in INTERNAL_SPACES:
             raise InvalidInputError(
-                f"space {KEYRING!r} holds the encryption keys and is not open to callers",
+                f"space {space!r} holds the store's encryption keys or format and is not open "
+                "to callers",
                 field="space",
             )
+
+    def key_token(self, space: str, key: str) -> str:
+        """See :class:`~tiers.backends.base.TokenizesKeys`.
+
+        ``~`` and 26 base32 characters: HMAC-SHA256 of the space and key under a
+        key derived from the data key of the space's tenant, truncated to 128
+        bits. A tenant without a data key gets one, as on its first write, so a
+        token never changes; rotating the master key keeps the data keys, and
+        so the tokens.
+
+        Raises:
+            InvalidInputError: ``space`` is the store's own.
+            EncryptionKeyError: The tenant's data key had to be made and the master
+                key was rotated meanwhile.
+            BackendUnavailableError: The inner store failed.
+        """
+        self._refuse_keyring(space)
+        names = self._key_for_write(tenant_of(space)).names
+        digest = hmac.digest(names, _location(b"", space, key), "sha256")[:_TOKEN_BYTES]
+        return OPAQUE_MARK + base64.b32encode(digest).decode().rstrip("=").lower()
 
     # -- KVStore -------------------------------------------------------------------------------
 
@@ -352,8 +415,10 @@ class EncryptedKVStore:
         return volatility() if volatility is not None else None
 
     def spaces(self, *, limit: int | None = None) -> list[str]:
-        """The inner store's spaces, the keyring left out (see ``ListsSpaces``)."""
+        """The inner store's spaces, its own (keyring, format) left out (see ``ListsSpaces``)."""
         if not isinstance(self.inner, ListsSpaces):
             raise InvalidInputError("this store cannot list its spaces", field="kv")
-        listed = self.inner.spaces(limit=None if limit is None else limit + 1)
-        return [s for s in listed if s != KEYRING][: limit if limit is not None else None]
+        listed = self.inner.spaces(limit=None if limit is None else limit + len(INTERNAL_SPACES))
+        return [s for s in listed if s not in INTERNAL_SPACES][
+            : limit if limit is not None else None
+        ]

@@ -8,21 +8,24 @@ from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidTag
 
-from tiers.backends._encrypted_store import EncryptedKVStore
+from tiers import keys
+from tiers.backends._encrypted_store import OPAQUE_MARK, EncryptedKVStore
 from tiers.backends._keyring import (
     DEK_PREFIX,
+    INTERNAL_SPACES,
     KEYRING,
     MASTER,
     DataKeyRecord,
     MasterKey,
     MasterRecord,
     decode_keyring,
+    mark_fact_names_opaque,
     read_master,
     tenant_label,
     tenant_of,
     wrong_key,
 )
-from tiers.backends.base import Check, KVStore, ListsSpaces, Put, Scrubbable, Write
+from tiers.backends.base import Check, Delete, KVStore, ListsSpaces, Put, Scrubbable, Write
 from tiers.errors import (
     BackendUnavailableError,
     ConflictError,
@@ -124,7 +127,10 @@ class EncryptReport:
     Attributes:
         spaces: Spaces walked.
         encrypted: Values encrypted now.
-        already: Values found encrypted already.
+        already: Values found encrypted already (under their final names).
+        renamed: Fact keys (current or past versions) renamed to their opaque
+            tokens now: on a plaintext store, and on one encrypted by an earlier
+            tiermem that left them readable.
         scrubbed: Whether the store dropped the replaced plaintext from its files
             (SQLite: WAL truncated, the rows' old bytes zeroed; Redis: AOF rewrite started).
     """
@@ -132,16 +138,22 @@ class EncryptReport:
     spaces: int
     encrypted: int
     already: int
+    renamed: int
     scrubbed: bool
 
 
 def encrypt_existing(inner: KVStore, master_key: MasterKey, *, page: int = 500) -> EncryptReport:
-    """Encrypt in place every value of a store written without encryption (``tiermem encrypt``).
+    """Encrypt in place every value of a store written without encryption (``tiermem encrypt``),
+    and rename every fact key to its opaque token (:meth:`EncryptedKVStore.key_token`).
 
-    Resumable: values that are already this store's ciphertext are left as they
-    are, so an interrupted run is simply run again. Each page of a space is one
-    commit checked against what was read. Run it with every service using the
-    store stopped: one still writing without encryption would add plaintext.
+    Also upgrades a store encrypted by an earlier tiermem, which encrypted the
+    values but left fact keys readable in key names: it renames them, and then
+    marks the store so that it opens again. Resumable: values that are already
+    this store's ciphertext under their final names are left as they are, so an
+    interrupted run is simply run again. Each page of a space is one commit
+    checked against what was read. Run it with every service using the store
+    stopped: one still writing without encryption (or by an earlier tiermem)
+    would add plaintext.
 
     Args:
         inner: The store as the backend holds it; it must list its spaces.
@@ -157,11 +169,14 @@ def encrypt_existing(inner: KVStore, master_key: MasterKey, *, page: int = 500) 
     if not isinstance(inner, ListsSpaces):
         raise InvalidInputError("this store cannot list its spaces to encrypt them", field="kv")
     store = EncryptedKVStore(inner, master_key, adopt_plaintext=True)
-    encrypted = already = spaces = 0
+    encrypted = already = renamed = spaces = 0
     for space in inner.spaces():
-        if space == KEYRING:
+        if space in INTERNAL_SPACES:
             continue
         spaces += 1
+        names_space = keys.fact_names_space(space)
+        # Renamed keys sort after the readable ones ("~"): the walk meets them again.
+        moved: set[str] = set()
         after: str | None = None
         while True:
             pairs = inner.scan(space, start_after=after, limit=page)
@@ -169,24 +184,48 @@ def encrypt_existing(inner: KVStore, master_key: MasterKey, *, page: int = 500) 
                 break
             writes: list[Write] = []
             checks: list[Check] = []
+            page_encrypted = page_renamed = 0
             for name, value in pairs:
-                if store._authentic(space, name, value):
+                if name in moved:
+                    continue
+                plain = not store._authentic(space, name, value)
+                to = name if names_space is None else _opaque_name(store, names_space, name)
+                if not plain and to == name:
                     already += 1
                     continue
+                plaintext = value if plain else store._open(space, name, value)
                 key = store._key_for_write(tenant_of(space))
-                writes.append(Put(space, name, store._seal(key, space, name, value)))
+                writes.append(Put(space, to, store._seal(key, space, to, plaintext)))
                 checks.append(Check(space, name, value))
+                page_encrypted += plain
+                if to != name:
+                    writes.append(Delete(space, name))
+                    moved.add(to)
+                    page_renamed += 1
             if writes:
                 try:
                     inner.commit(writes, checks)
                 except ConflictError:
                     continue  # written meanwhile: read the page again
-                encrypted += len(writes)
+                encrypted += page_encrypted
+                renamed += page_renamed
             after = pairs[-1][0]
+    mark_fact_names_opaque(inner)
     scrubbed = False
     if isinstance(inner, Scrubbable):
         try:
             scrubbed = inner.scrub()
         except BackendUnavailableError:
             scrubbed = False
-    return EncryptReport(spaces=spaces, encrypted=encrypted, already=already, scrubbed=scrubbed)
+    return EncryptReport(
+        spaces=spaces, encrypted=encrypted, already=already, renamed=renamed, scrubbed=scrubbed
+    )
+
+
+def _opaque_name(store: EncryptedKVStore, names_space: str, name: str) -> str:
+    """The name a fact's record (current, or a past version: ``<fact name>/...``) has once its
+    fact key is replaced by its token in ``names_space`` (itself if it is a token already)."""
+    fact_name, rest = keys.fact_name_of_history_key(name)
+    if fact_name.startswith(OPAQUE_MARK):
+        return name
+    return store.key_token(names_space, fact_name) + rest

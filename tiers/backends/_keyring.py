@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import contextlib
 import hmac
 import os
 import secrets
@@ -18,14 +19,18 @@ from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from tiers import keys
-from tiers.backends.base import KVStore
-from tiers.errors import EncryptionKeyError, InvalidInputError
+from tiers.backends.base import Check, KVStore, Put
+from tiers.errors import ConflictError, EncryptionKeyError, InvalidInputError
 
 NONCE_BYTES = 12
 KEYRING = keys.keyring_space()
 MASTER = "master"
 DEK_PREFIX = "dek:"
 GLOBAL = ""  # the data key of spaces outside every tenant
+OPAQUE_NAMES = keys.opaque_names_space()
+FACT_NAMES = "facts"
+INTERNAL_SPACES = (KEYRING, OPAQUE_NAMES)
+"""The spaces an encrypted store keeps for itself: closed to callers, not listed, not encrypted."""
 
 
 def tenant_of(space: str) -> str:
@@ -177,3 +182,17 @@ def wrong_key(stored: str, given: MasterKey) -> EncryptionKeyError:
         f"configured key is {given.id}. Set TIERMEM_MASTER_KEY or TIERMEM_MASTER_KEY_FILE to "
         "the key the store was encrypted with (or rotated to last: `tiermem rotate-master-key`)"
     )
+
+
+def fact_names_opaque(kv: KVStore) -> bool:
+    """Whether the store's fact names are tokens (marked by :func:`mark_fact_names_opaque`)."""
+    (data,) = kv.get_many(OPAQUE_NAMES, [FACT_NAMES])
+    return data is not None
+
+
+def mark_fact_names_opaque(kv: KVStore) -> None:
+    """Record that every fact name of the store is a token: a new store's, or one renamed."""
+    record = KeyringRecord().model_dump_json().encode()
+    # Made already by another process: the same record.
+    with contextlib.suppress(ConflictError):
+        kv.commit([Put(OPAQUE_NAMES, FACT_NAMES, record)], [Check(OPAQUE_NAMES, FACT_NAMES, None)])

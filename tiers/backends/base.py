@@ -196,6 +196,31 @@ class ListsSpaces(Protocol):
         ...
 
 
+@runtime_checkable
+class TokenizesKeys(Protocol):
+    """A store that keeps key names opaque: an encrypted store, whose key names are not encrypted.
+
+    A tier whose keys say something of their records' content (a fact's key
+    names its subject) stores them under :meth:`key_token` when its store
+    offers it, and keeps the real key inside the (encrypted) value. Stores
+    that keep names readable need not implement it.
+    """
+
+    def key_token(self, space: str, key: str) -> str:
+        """An opaque, stable name for ``key`` in ``space``: a keyed hash, not reversible.
+
+        The same space and key give the same token for the life of the store
+        (rotating its master key included); different keys give different
+        tokens. A token starts with ``~``, which no id (:mod:`tiers.ids`)
+        does, so a token is never mistaken for a readable name.
+
+        Raises:
+            InvalidInputError: ``space`` is not open to callers.
+            BackendUnavailableError: The store failed or is closed.
+        """
+        ...
+
+
 @dataclass(frozen=True, slots=True)
 class VectorItem:
     """One document of a vector index."""

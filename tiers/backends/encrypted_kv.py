@@ -26,8 +26,17 @@ plaintexts get different nonces unless HMAC collides on 96 bits (the birthday
 bound of random nonces: fine for 2^32 values per data key, and there is one
 data key per tenant). What it leaks: whether the value of one key equals a
 value that key held before (the same plaintext at another key encrypts
-differently). Spaces and keys (ids: tenants, users, sessions, fact keys, step
-names) are not encrypted; the lengths of values are visible.
+differently). Spaces and keys (ids: tenants, users, sessions, step names) are not
+encrypted; the lengths of values are visible.
+
+**Opaque key names.** A key name that says what its record holds (a fact's key
+names its subject) is stored as :meth:`EncryptedKVStore.key_token` by the tier
+that writes it (:class:`~tiers.backends.base.TokenizesKeys`): ``~`` and an
+HMAC-SHA256 of the space and key, truncated to 128 bits, under a key derived
+from the tenant's data key. A store encrypted by an earlier tiermem kept fact
+keys readable: one holding facts is refused at open until :func:`encrypt_existing`
+(``tiermem encrypt``) has renamed them; either marks the store
+(:func:`tiers.keys.opaque_names_space`) so it is not asked again.
 
 **Plaintext.** A store that holds values written without encryption is refused
 at open (when the backend can list its spaces) until :func:`encrypt_existing`

@@ -4,6 +4,12 @@ Each fact is one KV record (``facts_space``). A change never loses the old
 value: the version it replaces is appended to ``fact_history_space`` in the
 same atomic commit. Conflicts are resolved by recency: a write whose
 ``updated_at`` is older than the stored fact's goes to the history only.
+
+A fact key names its subject (``preference.green_tea``), so on a store that
+keeps key names opaque (an encrypted one: :class:`TokenizesKeys`) a fact is
+stored under the store's token of its key instead, the key itself inside the
+encrypted record; its history keys start with the same token. Elsewhere the
+name is the key.
 """
 
 from __future__ import annotations
@@ -16,7 +22,15 @@ from datetime import datetime
 from pydantic import JsonValue, ValidationError
 
 from tiers import cas, keys
-from tiers.backends.base import Check, Delete, DeleteSpace, KVStore, Put, Write
+from tiers.backends.base import (
+    Check,
+    Delete,
+    DeleteSpace,
+    KVStore,
+    Put,
+    TokenizesKeys,
+    Write,
+)
 from tiers.codec import decode, encode
 from tiers.errors import (
     ConflictError,
@@ -61,6 +75,7 @@ class UserTier:
         self._redactor = redactor if redactor is not None else OFF
         self._tenant = check_id(tenant, "tenant")
         self._decoded = decoded if decoded is not None else SHARED
+        self._key_token = kv.key_token if isinstance(kv, TokenizesKeys) else None
 
     def set_fact(
         self,
@@ -77,7 +92,7 @@ class UserTier:
 
         Args:
             user_id: The user.
-            key: The fact's name, e.g. ``"language"`` or ``"preference.tone"``.
+            key: The fact's key, e.g. ``"language"`` or ``"preference.tone"``.
             value: Any JSON value (no NaN or infinity, no lone surrogates in strings).
             source: Provenance, e.g. ``"api"`` or ``"session:<session_id>"``.
             confidence: 0..1, how sure the source is.
@@ -209,27 +224,28 @@ class UserTier:
         every later one. ``guard`` (re-run before each attempt) adds checks.
         """
         space = keys.facts_space(self._tenant, user_id)
+        names = [self._name(space, fact.key) for fact in facts]
         for attempt in range(cas.ATTEMPTS):
-            stored = self._kv.get_many(space, [fact.key for fact in facts])
+            stored = self._kv.get_many(space, names)
             now = utcnow()
             writes: list[Write] = []
             checks: list[Check] = list(guard()) if guard is not None else []
             results: list[UserFact] = []
-            for fact, current_bytes in zip(facts, stored, strict=True):
-                checks.append(Check(space, fact.key, current_bytes))
+            for fact, name, current_bytes in zip(facts, names, stored, strict=True):
+                checks.append(Check(space, name, current_bytes))
                 if current_bytes is None:
-                    writes.append(Put(space, fact.key, encode(fact)))
+                    writes.append(Put(space, name, encode(fact)))
                     results.append(fact)
                     continue
-                current = decode(UserFact, current_bytes, where=f"{space}/{fact.key}")
+                current = decode(UserFact, current_bytes, where=f"{space}/{name}")
                 if current.value == fact.value and current.source == fact.source:
                     results.append(current)
                 elif fact.updated_at < current.updated_at <= now:
-                    writes.append(self._history_put(fact))
+                    writes.append(self._history_put(fact, name))
                     results.append(current)
                 else:
-                    writes.append(self._history_put(current))
-                    writes.append(Put(space, fact.key, encode(fact)))
+                    writes.append(self._history_put(current, name))
+                    writes.append(Put(space, name, encode(fact)))
                     results.append(fact)
             if not writes:
                 return results
@@ -253,16 +269,20 @@ class UserTier:
         check_id(user_id, "user_id")
         check_id(key, "key")
         space = keys.facts_space(self._tenant, user_id)
-        (data,) = self._kv.get_many(space, [key])
+        name = self._name(space, key)
+        (data,) = self._kv.get_many(space, [name])
         if data is None:
             raise FactNotFoundError(f"user {user_id!r} has no fact {key!r}")
-        return self._decoded.decode(data, where=f"{space}/{key}")
+        return self._decoded.decode(data, where=f"{space}/{name}")
 
     def get_facts(self, user_id: str) -> list[UserFact]:
         """Every current fact of the user, sorted by key (empty for an unknown user)."""
         check_id(user_id, "user_id")
         space = keys.facts_space(self._tenant, user_id)
-        return self._decoded.decode_all(space, self._kv.scan(space))
+        facts = self._decoded.decode_all(space, self._kv.scan(space))
+        if self._key_token is not None:
+            facts.sort(key=lambda fact: fact.key)  # tokens are in no order of their keys
+        return facts
 
     def fact_history(self, user_id: str, key: str) -> list[UserFact]:
         """Every earlier version of the fact, oldest first, then the current one if any.
@@ -271,10 +291,11 @@ class UserTier:
         """
         check_id(user_id, "user_id")
         check_id(key, "key")
+        name = self._name(keys.facts_space(self._tenant, user_id), key)
         space = keys.fact_history_space(self._tenant, user_id)
         versions = [
             decode(UserFact, v, where=f"{space}/{k}")
-            for k, v in self._kv.scan(space, prefix=f"{key}/")
+            for k, v in self._kv.scan(space, prefix=keys.fact_history_prefix(name))
         ]
         versions.sort(key=lambda f: f.updated_at)
         with contextlib.suppress(FactNotFoundError):
@@ -290,11 +311,12 @@ class UserTier:
         check_id(user_id, "user_id")
         check_id(key, "key")
         space = keys.facts_space(self._tenant, user_id)
+        name = self._name(space, key)
         for attempt in range(cas.ATTEMPTS):
-            (data,) = self._kv.get_many(space, [key])
+            (data,) = self._kv.get_many(space, [name])
             if data is None:
                 return False
-            current = decode(UserFact, data, where=f"{space}/{key}")
+            current = decode(UserFact, data, where=f"{space}/{name}")
             # The tombstone keeps no evidence: withdrawing the fact's source must find it all.
             tombstone = current.model_copy(
                 update={
@@ -306,8 +328,12 @@ class UserTier:
             )
             try:
                 self._kv.commit(
-                    [self._history_put(current), self._history_put(tombstone), Delete(space, key)],
-                    [Check(space, key, data)],
+                    [
+                        self._history_put(current, name),
+                        self._history_put(tombstone, name),
+                        Delete(space, name),
+                    ],
+                    [Check(space, name, data)],
                 )
             except ConflictError:
                 cas.backoff(attempt)
@@ -337,40 +363,41 @@ class UserTier:
         cutoff = check_datetime(before, "before")
         facts = keys.facts_space(self._tenant, user_id)
         history = keys.fact_history_space(self._tenant, user_id)
-        fact_keys: set[str] = set()
-        for space, strip in ((facts, False), (history, True)):
+        names: set[str] = set()
+        for space in (facts, history):
             after: str | None = None
             while True:
                 rows = self._kv.scan(space, start_after=after, limit=page)
-                fact_keys.update(key.partition("/")[0] if strip else key for key, _ in rows)
+                names.update(keys.fact_name_of_history_key(key)[0] for key, _ in rows)
                 if len(rows) < page:
                     break
                 after = rows[-1][0]
         removed = 0
-        for key in sorted(fact_keys):
-            removed += self._expire_fact(user_id, key, cutoff)
+        for name in sorted(names):
+            removed += self._expire_fact(user_id, name, cutoff)
         return removed
 
-    def _expire_fact(self, user_id: str, key: str, cutoff: datetime) -> int:
-        """Delete what of one fact expired before ``cutoff``; returns the versions deleted."""
+    def _expire_fact(self, user_id: str, name: str, cutoff: datetime) -> int:
+        """Delete what of the fact stored as ``name`` expired before ``cutoff``; returns the
+        versions deleted."""
         facts = keys.facts_space(self._tenant, user_id)
         history = keys.fact_history_space(self._tenant, user_id)
-        (current,) = self._kv.get_many(facts, [key])
+        (current,) = self._kv.get_many(facts, [name])
         past = [
             (hkey, data, decode(UserFact, data, where=f"{history}/{hkey}").updated_at)
-            for hkey, data in self._kv.scan(history, prefix=f"{key}/")
+            for hkey, data in self._kv.scan(history, prefix=keys.fact_history_prefix(name))
         ]
         past.sort(key=lambda entry: entry[2])
         dates = [when for _, _, when in past]
         if current is not None:
-            dates.append(self._decoded.decode(current, where=f"{facts}/{key}").updated_at)
+            dates.append(self._decoded.decode(current, where=f"{facts}/{name}").updated_at)
         if not dates:
             return 0
         writes: list[Write] = []
-        checks: list[Check] = [Check(facts, key, current)]
+        checks: list[Check] = [Check(facts, name, current)]
         if max(dates) < cutoff:
             if current is not None:
-                writes.append(Delete(facts, key))
+                writes.append(Delete(facts, name))
             doomed = past
         else:
             # A past version stopped being current when the next one was written.
@@ -439,24 +466,28 @@ class UserTier:
                     writes.append(Delete(history, key))
                     checks.append(Check(history, key, data))
                     removed += 1
-            for key, data in current:
-                fact = self._decoded.decode(data, where=f"{facts}/{key}")
+            for name, data in current:
+                fact = self._decoded.decode(data, where=f"{facts}/{name}")
                 if fact.source != source:
                     continue
                 removed += 1
-                checks.append(Check(facts, key, data))
+                checks.append(Check(facts, name, data))
                 earlier = sorted(
-                    (entry for entry in past if entry[2].key == key and entry[2].source != source),
+                    (
+                        entry
+                        for entry in past
+                        if entry[2].key == fact.key and entry[2].source != source
+                    ),
                     key=lambda entry: entry[2].updated_at,
                 )
                 if earlier and earlier[-1][2].source != _TOMBSTONE_SOURCE:
                     history_key, version_data, _ = earlier[-1]
                     # Back to current; kept once (a history never holds the current version).
-                    writes.append(Put(facts, key, version_data))
+                    writes.append(Put(facts, name, version_data))
                     writes.append(Delete(history, history_key))
                     checks.append(Check(history, history_key, version_data))
                 else:
-                    writes.append(Delete(facts, key))
+                    writes.append(Delete(facts, name))
             if not writes:
                 return 0
             try:
@@ -467,13 +498,18 @@ class UserTier:
             return removed
         raise ConflictError(f"the facts of user {user_id!r} are changing too fast; retry")
 
-    def _history_put(self, fact: UserFact) -> Put:
+    def _name(self, space: str, key: str) -> str:
+        """The name fact ``key`` is stored under in ``space`` (a facts space; module docstring)."""
+        return key if self._key_token is None else self._key_token(space, key)
+
+    def _history_put(self, fact: UserFact, name: str) -> Put:
+        """The write adding ``fact`` to the history of the fact stored as ``name``."""
         micros = int(fact.updated_at.timestamp() * 1_000_000)
         space = keys.fact_history_space(self._tenant, fact.user_id)
         data = encode(fact)
         # The digest keeps two versions with the same timestamp apart.
         digest = hashlib.sha256(data).hexdigest()[:12]
-        return Put(space, f"{fact.key}/{micros:020d}-{digest}", data)
+        return Put(space, keys.fact_history_key(name, micros, digest), data)
 
     def _build(
         self,

@@ -5,9 +5,12 @@ summary, learned facts), a pending transcript, a run (step output, state, effect
 result), an item and an API key's metadata, each holding a string written nowhere
 else. Then every file of the data directory (SQLite file and ``-wal``, the Chroma
 folder) and every Redis key, value and append-only file is searched for them: none
-may be there. A user id (ids are not encrypted) is the control that the search
-finds what is there. Rotating the master key keeps every record readable; a wrong
-or missing key fails at open with :class:`EncryptionKeyError`.
+may be there, and neither may the fact keys, set or learned from the transcript
+(``preference.green_tea``): they name what a fact is about. A user id (ids are not
+encrypted) is the control that the search finds what is there. Rotating the master
+key keeps every record readable; a wrong or missing key fails at open with
+:class:`EncryptionKeyError`. A store encrypted by the previous release, which left
+fact keys readable, is refused until ``tiermem encrypt`` renames them.
 """
 
 from __future__ import annotations
@@ -22,9 +25,12 @@ from memory.apikeys import ApiKeyRegistry
 from memory.cli import app as cli
 from memory.settings import Settings
 from tests.memory.test_erasure import found_in_files, found_in_redis, redis_aof_dir, said
+from tests.tiers.test_user_encrypted import write_as_the_previous_release
 from tiers.backends import open_kv_backend
 from tiers.backends.encrypted_kv import EncryptedKVStore, MasterKey, rotate_master_key
 from tiers.errors import EncryptionKeyError
+from tiers.models import FactCandidate
+from tiers.user import UserTier
 
 FACT = "quokkafactzanzibar"
 EVIDENCE = "lemurevidencehobart"
@@ -36,7 +42,22 @@ EFFECT = "tapireffectmaseru"
 RESULT = "ibexresultwindhoek"
 ITEM = "narwhalitemthimphu"
 KEY_NAME = "caracalkeynamebern"
-EVERY = (FACT, EVIDENCE, SESSION, PENDING, STEP, STATE, EFFECT, RESULT, ITEM, KEY_NAME)
+FACT_KEY = "wifi_network_name"  # a fact key set by the app
+LEARNED_KEY = "green_tea"  # of "preference.green_tea", learned from "I prefer green tea."
+EVERY = (
+    FACT,
+    EVIDENCE,
+    SESSION,
+    PENDING,
+    STEP,
+    STATE,
+    EFFECT,
+    RESULT,
+    ITEM,
+    KEY_NAME,
+    FACT_KEY,
+    LEARNED_KEY,
+)
 USER = "ocelotcontroluser"  # an id: stored in key names, so the search must find it
 
 
@@ -56,8 +77,9 @@ def open_memory(data: Path, backend: str | None, key: str | None) -> Memory:
 def write_everything(memory: Memory) -> str:
     """Every kind of record, each with its own marker; returns the API key made."""
     memory.set_fact(USER, "nickname", FACT, evidence=f"they said {EVIDENCE}")
-    # A learned fact's key names its subject ("preference.green_tea"): keys are not encrypted,
-    # so the markers stay out of what the summarizer makes keys of.
+    memory.set_fact(USER, FACT_KEY, "HomeNet")
+    memory.set_fact(USER, FACT_KEY, "CafeNet")  # and a past version, keyed by the fact too
+    # A learned fact's key names its subject ("preference.green_tea").
     memory.end_session(
         USER,
         "done",
@@ -99,6 +121,12 @@ def assert_everything_readable(memory: Memory, api_key: str) -> None:
     assert info.name == KEY_NAME
     learned = memory.get_fact(USER, "preference.green_tea")
     assert "done" in learned.source
+    assert [f.key for f in memory.get_facts(USER)] == [
+        "nickname",
+        "preference.green_tea",
+        FACT_KEY,
+    ]
+    assert [f.value for f in memory.fact_history(USER, FACT_KEY)] == ["HomeNet", "CafeNet"]
     hits = memory.recall_relevant(USER, f"{SESSION} trip")
     assert [hit.summary.session_id for hit in hits][:1] == ["done"]
 
@@ -189,8 +217,9 @@ def test_encrypting_a_plaintext_store_and_rotating_from_the_command_line(
         assert SESSION in str(memory.sessions.get_transcript(USER, "done"))
         assert memory.get_fact(USER, "nickname").value == FACT
         assert ApiKeyRegistry(memory.kv).verify(api_key).name == KEY_NAME
-    # The plaintext the values replaced is gone from the files too (zeroed, WAL truncated).
-    assert found_in_files(data, [FACT, SESSION, KEY_NAME, USER]).keys() == {USER}
+    # The plaintext the values replaced is gone from the files too (zeroed, WAL truncated),
+    # and so are the fact keys, renamed to opaque tokens.
+    assert found_in_files(data, [FACT, SESSION, KEY_NAME, LEARNED_KEY, USER]).keys() == {USER}
     assert runner.invoke(cli, ["encrypt"]).stdout.startswith("encrypted 0 values")
 
     assert runner.invoke(cli, ["new-master-key", "--out", str(env / "new.key")]).exit_code == 0
@@ -208,3 +237,39 @@ def test_encrypting_a_plaintext_store_and_rotating_from_the_command_line(
     listed = runner.invoke(cli, ["keys", "list"])
     assert listed.exit_code == 0, listed.output
     assert KEY_NAME in listed.stdout
+
+
+def test_a_store_encrypted_by_the_previous_release_is_upgraded_by_encrypt(
+    env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    data = env / "data"
+    runner = CliRunner()
+    assert runner.invoke(cli, ["new-master-key", "--out", str(env / "k.key")]).exit_code == 0
+    monkeypatch.setenv("TIERMEM_MASTER_KEY_FILE", str(env / "k.key"))
+    master = MasterKey.from_file(env / "k.key")
+    with Memory.open(data):
+        pass  # the data directory as tiermem makes it (an encrypted store)
+
+    def old_facts(users: UserTier) -> None:
+        users.set_fact(USER, FACT_KEY, "HomeNet")
+        users.set_fact(USER, FACT_KEY, FACT, evidence=f"they said {EVIDENCE}")
+        learned = FactCandidate(key="preference.green_tea", value=True, evidence="I prefer it")
+        users.set_learned_facts(USER, [learned], source="session:done")
+
+    kv = open_kv_backend(str(data / "tiermem.sqlite3"))
+    try:
+        write_as_the_previous_release(kv, master, old_facts)
+    finally:
+        kv.close()
+    assert found_in_files(data, [FACT_KEY, LEARNED_KEY]).keys() == {FACT_KEY, LEARNED_KEY}
+    with pytest.raises(EncryptionKeyError, match="tiermem encrypt"):
+        Memory.open(data)
+
+    done = runner.invoke(cli, ["encrypt"])
+    assert done.exit_code == 0, done.output
+    assert "renamed 3 fact keys" in done.stdout  # two facts, one past version
+    with Memory.open(data) as memory:
+        assert memory.get_fact(USER, FACT_KEY).value == FACT
+        assert [f.value for f in memory.fact_history(USER, FACT_KEY)] == ["HomeNet", FACT]
+        assert [f.key for f in memory.get_facts(USER)] == ["preference.green_tea", FACT_KEY]
+    assert found_in_files(data, [FACT_KEY, LEARNED_KEY, FACT, USER]).keys() == {USER}

@@ -14,7 +14,7 @@ import pytest
 
 from memory.settings import Settings
 from tiers.backends import open_kv_store
-from tiers.backends.base import Check, KVStore, Put
+from tiers.backends.base import Check, KVStore, Put, TokenizesKeys
 from tiers.backends.encrypted_kv import (
     OVERHEAD,
     EncryptedKVStore,
@@ -216,6 +216,25 @@ def test_the_keyring_is_closed_to_callers(kv: KVStore) -> None:
     with pytest.raises(InvalidInputError, match="encryption keys"):
         store.commit([], [Check(KEYRING, "master", None)])
     assert kv.get_many(KEYRING, ["master"]) != [None]
+
+
+def test_only_the_encrypted_store_names_keys_opaquely(kv: KVStore) -> None:
+    store = EncryptedKVStore(kv, key())
+    assert isinstance(store, TokenizesKeys)
+    assert not isinstance(kv, TokenizesKeys)  # a plain store keeps names as they are
+    token = store.key_token("t:user:u:facts", "card")
+    assert token.startswith("~")
+    assert "card" not in token
+    assert store.key_token("t:user:u:facts", "card") == token
+    # Its own spaces stay closed, and are neither listed nor counted as the callers'.
+    for own in (KEYRING, "_system:opaque-names"):
+        with pytest.raises(InvalidInputError, match="encryption keys"):
+            store.key_token(own, "master")
+        with pytest.raises(InvalidInputError, match="encryption keys"):
+            store.scan(own)
+    assert kv.get_many("_system:opaque-names", ["facts"]) != [None]  # a new store is marked
+    store.commit([Put("t:s", "k", b"v")])
+    assert store.spaces() == ["t:s"]
 
 
 def test_the_value_limit_shrinks_by_the_overhead(kv: KVStore) -> None:

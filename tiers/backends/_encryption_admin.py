@@ -184,7 +184,8 @@ def encrypt_existing(inner: KVStore, master_key: MasterKey, *, page: int = 500) 
                 break
             writes: list[Write] = []
             checks: list[Check] = []
-            page_encrypted = page_renamed = 0
+            page_encrypted = 0
+            page_moved: set[str] = set()
             for name, value in pairs:
                 if name in moved:
                     continue
@@ -197,18 +198,19 @@ def encrypt_existing(inner: KVStore, master_key: MasterKey, *, page: int = 500) 
                 key = store._key_for_write(tenant_of(space))
                 writes.append(Put(space, to, store._seal(key, space, to, plaintext)))
                 checks.append(Check(space, name, value))
-                page_encrypted += plain
+                if plain:
+                    page_encrypted += 1
                 if to != name:
                     writes.append(Delete(space, name))
-                    moved.add(to)
-                    page_renamed += 1
+                    page_moved.add(to)
             if writes:
                 try:
                     inner.commit(writes, checks)
                 except ConflictError:
                     continue  # written meanwhile: read the page again
                 encrypted += page_encrypted
-                renamed += page_renamed
+                renamed += len(page_moved)
+                moved |= page_moved
             after = pairs[-1][0]
     mark_fact_names_opaque(inner)
     scrubbed = False

@@ -20,7 +20,12 @@ import pytest
 
 from tiers import keys
 from tiers.backends.base import Check, DeleteSpace, KVStore, Put, Write
-from tiers.backends.encrypted_kv import EncryptedKVStore, MasterKey, encrypt_existing
+from tiers.backends.encrypted_kv import (
+    EncryptedKVStore,
+    MasterKey,
+    encrypt_existing,
+    rotate_master_key,
+)
 from tiers.errors import EncryptionKeyError, FactNotFoundError
 from tiers.models import FactCandidate
 from tiers.user import UserTier
@@ -94,6 +99,10 @@ def test_tokens_are_stable_keyed_and_per_user(kv: KVStore, master: MasterKey) ->
     assert store.key_token(bob, "city") != token  # one user's tokens tell nothing of another's
     # Another tenant has another data key, so other tokens for the same user and key.
     assert store.key_token(keys.facts_space("acme", "alice"), "city") != token
+    # Rotating the master key re-wraps the data keys: the tokens stay.
+    new = key()
+    rotate_master_key(kv, master, new)
+    assert EncryptedKVStore(kv, new).key_token(FACTS, "city") == token
 
 
 def test_a_plain_store_keeps_fact_keys_as_names(kv: KVStore) -> None:

@@ -47,9 +47,7 @@ import hashlib
 import json
 import random
 import threading
-from collections import OrderedDict
 from collections.abc import AsyncIterator, Callable, Iterator, Sequence
-from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import anyio.to_thread
@@ -72,6 +70,8 @@ from langgraph.checkpoint.base import (  # noqa: E402
 from langgraph.checkpoint.serde.base import SerializerProtocol  # noqa: E402
 
 from memory.facade import AsyncMemory, Memory  # noqa: E402
+from memory.integrations._langgraph_channels import ChannelCodec, dumps, loads  # noqa: E402
+from memory.integrations._langgraph_views import WriterViews  # noqa: E402
 from memory.integrations.langgraph_store import TiermemStore  # noqa: E402
 from tiers.errors import (  # noqa: E402
     ConflictError,
@@ -80,117 +80,13 @@ from tiers.errors import (  # noqa: E402
     ThreadConflictError,
 )
 from tiers.task import NOT_DONE, NotDone  # noqa: E402
-from tiers.threads import Blob, EffectEntry, NewCheckpoint, StoredCheckpoint  # noqa: E402
+from tiers.threads import EffectEntry, NewCheckpoint, StoredCheckpoint  # noqa: E402
 
 __all__ = ["NOT_DONE", "TiermemSaver", "TiermemStore", "effect"]
 
 T = TypeVar("T")
 
-_FULL = b"F"
-_TAIL = b"T"
-# Thread namespaces this saver keeps writer views and list caches for (least recently used go first).
-_MAX_TRACKED = 10_000
 _ATTEMPTS = 4
-
-
-def _typed(pair: tuple[str, bytes]) -> bytes:
-    kind, data = pair
-    return kind.encode() + b"\x00" + bytes(data)
-
-
-def _untyped(data: bytes) -> tuple[str, bytes]:
-    kind, _, rest = data.partition(b"\x00")
-    return kind.decode(), rest
-
-
-def _contents(items: Sequence[Any]) -> tuple[Any, ...]:
-    """A snapshot of what a list's elements hold: each element's type and attribute values, flat.
-
-    Comparing two snapshots with ``==`` runs in C (identity first, then
-    equality) and tells whether elements still hold what was stored: an
-    element whose attribute was reassigned in place compares unequal.
-    """
-    out: list[Any] = []
-    for item in items:
-        attrs = getattr(item, "__dict__", None)
-        if attrs is None:
-            out.append(item.copy() if isinstance(item, dict) else item)
-        else:
-            out.append(type(item))
-            out.extend(attrs.values())
-    return tuple(out)
-
-
-def _equal(a: tuple[Any, ...], b: tuple[Any, ...]) -> bool:
-    try:
-        return bool(a == b)
-    except (TypeError, ValueError):  # elements whose == is not a bool (arrays)
-        return False
-
-
-@dataclass
-class _ListState:
-    """The newest stored version of a list channel, as this process stored or read it.
-
-    A later version that only appended to it is stored as the tail; a read of
-    this very version is served from ``items`` (a shallow copy) without
-    decoding, when its elements still hold what was stored.
-    """
-
-    version: str
-    items: list[Any]
-    contents: tuple[Any, ...]
-    chain: list[str]
-
-    def tail_of(self, value: list[Any]) -> tuple[list[Any], tuple[Any, ...]] | None:
-        """The items ``value`` appended to this version, and the new version's snapshot."""
-        length = len(self.items)
-        if len(value) < length:
-            return None
-        head = _contents(value[:length])
-        if not _equal(head, self.contents):
-            return None
-        tail = value[length:]
-        return tail, head + _contents(tail)
-
-    def intact(self) -> list[Any] | None:
-        """A copy of the stored value, or ``None`` if an element was changed in place since."""
-        if not _equal(_contents(self.items), self.contents):
-            return None
-        return list(self.items)
-
-
-def _state_of(version: str, value: list[Any], chain: list[str]) -> _ListState:
-    return _ListState(version, list(value), _contents(value), chain)
-
-
-class _Lru(OrderedDict[Any, Any]):
-    def remember(self, key: Any, value: Any) -> None:
-        self[key] = value
-        self.move_to_end(key)
-        if len(self) > _MAX_TRACKED:
-            self.popitem(last=False)
-
-
-class _Lists(OrderedDict[tuple[str, str, str], _ListState]):
-    """The newest list-channel states, least recently used dropped first past a budget of elements."""
-
-    def __init__(self, budget: int) -> None:
-        super().__init__()
-        self.budget = budget
-        self.size = 0
-
-    def remember(self, key: tuple[str, str, str], state: _ListState) -> None:
-        self.forget(key)
-        self[key] = state
-        self.size += len(state.items)
-        while self.size > self.budget and self:
-            self.forget(next(iter(self)))
-
-    def forget(self, key: tuple[str, str, str]) -> None:
-        old = self.pop(key, None)
-        if old is not None:
-            self.size -= len(old.items)
 
 
 def _conf(config: RunnableConfig) -> dict[str, Any]:
@@ -243,15 +139,15 @@ class TiermemSaver(BaseCheckpointSaver[str]):
             raise InvalidInputError("cache_items must be an integer >= 0", field="cache_items")
         self.memory = core
         self._threads = core.threads
-        self._delta = delta
-        self._delta_every = delta_every
+        # One lock for the writer views and the list cache, so a put updates both at once.
         self._lock = threading.Lock()
-        # (thread, ns, checkpoint id | None) this saver told a reader was the newest, or wrote.
-        self._believed: _Lru = _Lru()
-        # (thread, ns, checkpoint id) a reader addressed by id: a child of it is a deliberate branch.
-        self._addressed: _Lru = _Lru()
-        # (thread, ns, channel) -> the newest stored version of a list channel.
-        self._lists = _Lists(cache_items)
+        self._views = WriterViews(self._lock)
+        self._channels = ChannelCodec(
+            delta=delta,
+            delta_every=delta_every,
+            cache_items=cache_items,
+            lock=self._lock,
+        )
 
     # -- reads ----------------------------------------------------------------
 
@@ -263,14 +159,10 @@ class TiermemSaver(BaseCheckpointSaver[str]):
         if checkpoint_id:
             stored = self._threads.get(thread_id, ns, checkpoint_id)
             if stored is not None:
-                with self._lock:
-                    self._addressed.remember((thread_id, ns, checkpoint_id), None)
+                self._views.read_by_id(thread_id, ns, checkpoint_id)
         else:
             stored = self._threads.latest(thread_id, ns)
-            with self._lock:
-                self._believed.remember(
-                    (thread_id, ns, None if stored is None else stored.checkpoint_id), None
-                )
+            self._views.read_latest(thread_id, ns, None if stored is None else stored.checkpoint_id)
         if stored is None:
             return None
         return self._tuple(thread_id, stored, cache=True)
@@ -326,19 +218,19 @@ class TiermemSaver(BaseCheckpointSaver[str]):
 
     def _tuple(self, thread_id: str, stored: StoredCheckpoint, *, cache: bool) -> CheckpointTuple:
         ns, checkpoint_id = stored.ns, stored.checkpoint_id
-        rest = self.serde.loads_typed(_untyped(stored.payload))
+        rest = loads(self.serde, stored.payload)
         values: dict[str, Any] = {}
         wanted: dict[str, str | int | float] = {}
         for channel, version in stored.channel_versions.items():
-            with self._lock:
-                state = self._lists.get((thread_id, ns, channel))
-            hit = state.intact() if state is not None and state.version == str(version) else None
+            hit = self._channels.cached(thread_id, ns, channel, str(version))
             if hit is None:
                 wanted[channel] = version
             else:
                 values[channel] = hit
         for channel, chain in self._threads.blobs(thread_id, ns, wanted).items():
-            values[channel] = self._assemble(thread_id, ns, channel, chain, cache=cache)
+            values[channel] = self._channels.assemble(
+                self.serde, thread_id, ns, channel, chain, cache=cache
+            )
         checkpoint = cast(
             Checkpoint,
             {
@@ -349,7 +241,7 @@ class TiermemSaver(BaseCheckpointSaver[str]):
             },
         )
         writes = [
-            (w.task_id, w.channel, self.serde.loads_typed(_untyped(w.payload)))
+            (w.task_id, w.channel, loads(self.serde, w.payload))
             for w in self._threads.writes(thread_id, ns, checkpoint_id)
         ]
         parent = None
@@ -362,34 +254,6 @@ class TiermemSaver(BaseCheckpointSaver[str]):
             parent_config=parent,
             pending_writes=writes,
         )
-
-    def _assemble(
-        self,
-        thread_id: str,
-        ns: str,
-        channel: str,
-        chain: Sequence[tuple[str, bytes]],
-        *,
-        cache: bool,
-    ) -> Any:
-        """A channel's value from its stored chain: a whole value, then tails appended to it."""
-        first_version, first = chain[0]
-        if first[:1] != _FULL:
-            raise InvalidInputError(
-                f"stored value of channel {channel!r} at version {first_version!r} does not "
-                "start from a whole value",
-                field="channel_values",
-            )
-        value = self.serde.loads_typed(_untyped(first[1:]))
-        for _, data in chain[1:]:
-            value = value + self.serde.loads_typed(_untyped(data[1:]))
-        if cache and self._delta and isinstance(value, list):
-            with self._lock:
-                self._lists.remember(
-                    (thread_id, ns, channel),
-                    _state_of(chain[-1][0], value, [v for v, _ in chain]),
-                )
-        return value
 
     # -- writes ---------------------------------------------------------------
 
@@ -421,14 +285,16 @@ class TiermemSaver(BaseCheckpointSaver[str]):
             parent_id=parent,
             metadata=md,
             channel_versions=dict(checkpoint["channel_versions"]),
-            payload=_typed(self.serde.dumps_typed(rest)),
+            payload=dumps(self.serde, rest),
         )
         run_id = md.get("run_id")
         values = checkpoint["channel_values"]
         run = str(run_id) if run_id else None
         # Fast path: the writer built on the head, as a writer almost always does. The commit
         # checks exactly that (a head rewritten by maintenance carries a token and fails it).
-        blobs, states = self._encode(thread_id, ns, values, new_versions, self._delta)
+        blobs, states = self._channels.encode(
+            self.serde, thread_id, ns, values, new_versions, self._channels.delta
+        )
         try:
             self._threads.put(
                 thread_id,
@@ -441,10 +307,12 @@ class TiermemSaver(BaseCheckpointSaver[str]):
         except ConflictError:
             # The head is elsewhere: decide on the head as read now, and store values whole
             # (maintenance may have removed a value a tail would build on).
-            blobs, states = self._encode(thread_id, ns, values, new_versions, False)
+            blobs, states = self._channels.encode(
+                self.serde, thread_id, ns, values, new_versions, False
+            )
             for _ in range(_ATTEMPTS):
                 head_id, head = self._threads.head(thread_id, ns)
-                self._check_branch(thread_id, ns, parent, head_id)
+                self._views.check_branch(thread_id, ns, parent, head_id)
                 try:
                     self._threads.put(thread_id, ns, record, blobs, expected_head=head, run_id=run)
                 except ConflictError:
@@ -460,70 +328,9 @@ class TiermemSaver(BaseCheckpointSaver[str]):
                     head_id=None,
                 )
         with self._lock:
-            self._believed.remember((thread_id, ns, checkpoint_id), None)
-            self._addressed.pop((thread_id, ns, parent), None)
-            for channel, state in states.items():
-                if state is None:
-                    self._lists.forget((thread_id, ns, channel))
-                else:
-                    self._lists.remember((thread_id, ns, channel), state)
+            self._views.wrote(thread_id, ns, checkpoint_id, parent)
+            self._channels.remember(thread_id, ns, states)
         return _config(thread_id, ns, checkpoint_id)
-
-    def _check_branch(
-        self, thread_id: str, ns: str, parent: str | None, head_id: str | None
-    ) -> None:
-        """Refuse a write that would fork the thread because its writer's view is stale."""
-        if parent == head_id:
-            return
-        with self._lock:
-            if parent is not None and (thread_id, ns, parent) in self._addressed:
-                return  # time travel: the reader addressed this checkpoint to branch from it
-            stale = (thread_id, ns, parent) in self._believed
-        if stale:
-            raise ThreadConflictError(
-                f"thread {thread_id!r} (namespace {ns!r}) moved on: this invocation built on "
-                f"checkpoint {parent!r} but another writer has since appended {head_id!r}. "
-                "Nothing was written. Re-invoke to continue from the newest checkpoint, or pass "
-                "that checkpoint_id in the config to branch from it on purpose",
-                thread_id=thread_id,
-                checkpoint_ns=ns,
-                parent_id=parent,
-                head_id=head_id,
-            )
-
-    def _encode(
-        self,
-        thread_id: str,
-        ns: str,
-        values: dict[str, Any],
-        new_versions: ChannelVersions,
-        use_delta: bool,
-    ) -> tuple[dict[tuple[str, str], Blob], dict[str, _ListState | None]]:
-        blobs: dict[tuple[str, str], Blob] = {}
-        states: dict[str, _ListState | None] = {}
-        for channel, raw_version in new_versions.items():
-            if channel not in values:
-                continue  # empty at this version: nothing to store
-            version = str(raw_version)
-            value = values[channel]
-            if not isinstance(value, list):
-                blobs[(channel, version)] = Blob(_FULL + _typed(self.serde.dumps_typed(value)))
-                states[channel] = None
-                continue
-            with self._lock:
-                last = self._lists.get((thread_id, ns, channel)) if use_delta else None
-            found = None
-            if last is not None and len(last.chain) < self._delta_every:
-                found = last.tail_of(value)
-            if last is None or found is None:
-                blobs[(channel, version)] = Blob(_FULL + _typed(self.serde.dumps_typed(value)))
-                states[channel] = _state_of(version, value, [version]) if self._delta else None
-            else:
-                tail, contents = found
-                data = _TAIL + _typed(self.serde.dumps_typed(tail))
-                blobs[(channel, version)] = Blob(data, tuple(last.chain))
-                states[channel] = _ListState(version, list(value), contents, [*last.chain, version])
-        return blobs, states
 
     def put_writes(
         self,
@@ -542,7 +349,7 @@ class TiermemSaver(BaseCheckpointSaver[str]):
                 "put_writes needs config['configurable']['checkpoint_id']", field="checkpoint_id"
             )
         items = [
-            (WRITES_IDX_MAP.get(channel, idx), channel, _typed(self.serde.dumps_typed(value)))
+            (WRITES_IDX_MAP.get(channel, idx), channel, dumps(self.serde, value))
             for idx, (channel, value) in enumerate(writes)
         ]
         self._threads.put_writes(
@@ -584,11 +391,8 @@ class TiermemSaver(BaseCheckpointSaver[str]):
 
     def _forget(self, match: Callable[[tuple[str, ...]], bool]) -> None:
         with self._lock:
-            for cache in (self._believed, self._addressed):
-                for key in [k for k in cache if match(k)]:
-                    del cache[key]
-            for key in [k for k in self._lists if match(k)]:
-                self._lists.forget(key)
+            self._views.forget(match)
+            self._channels.forget(match)
 
     def get_next_version(self, current: str | None, channel: None) -> str:
         """A new, unique, increasing version: the counter, then a random part (branches never collide)."""
@@ -613,7 +417,7 @@ class TiermemSaver(BaseCheckpointSaver[str]):
         """Run ``fn(key)`` at most once for ``key`` in this thread (see :func:`effect`)."""
         entry, raw = self._threads.effect(thread_id, key)
         if entry is not None and entry.status == "recorded":
-            return cast(T, self.serde.loads_typed(_untyped(entry.payload)))
+            return cast(T, loads(self.serde, entry.payload))
         if entry is not None and entry.status == "invoked":
             if reconcile is None:
                 raise EffectOutcomeUnknownError(
@@ -644,7 +448,7 @@ class TiermemSaver(BaseCheckpointSaver[str]):
     def _record(
         self, thread_id: str, key: str, name: str, result: object, raw: bytes | None
     ) -> None:
-        payload = _typed(self.serde.dumps_typed(result))
+        payload = dumps(self.serde, result)
         self._threads.set_effect(
             thread_id, EffectEntry(key, name, "recorded", payload), expected=raw
         )

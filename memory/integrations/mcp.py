@@ -37,12 +37,10 @@ text names the error and the offending field; nothing stored changes.
 
 from __future__ import annotations
 
-import logging
 import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime
-from importlib.metadata import PackageNotFoundError, version
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import Field, JsonValue
@@ -51,13 +49,23 @@ from memory.binding import allowed, owned_run, refusal, user_filter
 from memory.errors import ScopeError
 from memory.facade import DEFAULT_TOP_K, Memory
 from memory.integrations import require
+from memory.integrations._mcp_results import (
+    approval_result,
+    fact_result,
+    package_version,
+    recalled_result,
+    run_result,
+    summary_result,
+)
+from memory.integrations._mcp_results import (
+    describe_error as _describe,  # the name tests of error hygiene import from here
+)
 from memory.settings import Settings
-from summarizer.errors import SummarizerError, SummaryGenerationError
-from tiers.errors import BackendUnavailableError, CorruptRecordError, InvalidInputError, TierError
+from summarizer.errors import SummarizerError
+from tiers.errors import InvalidInputError, TierError
 from tiers.ids import ID_RULE
-from tiers.models import RunInfo, RunStatus, SessionSummary, UserFact
-from tiers.session import RecalledSession
-from tiers.task import MAX_NOTE, Approval
+from tiers.models import RunStatus
+from tiers.task import MAX_NOTE
 
 require("mcp", "mcp")
 
@@ -66,8 +74,6 @@ from mcp.server.mcpserver.exceptions import ToolError  # noqa: E402
 from mcp_types import ToolAnnotations  # noqa: E402
 
 __all__ = ["TOOL_NAMES", "CallerResolver", "McpCaller", "build_server", "run_stdio"]
-
-logger = logging.getLogger("tiermem.mcp")
 
 T = TypeVar("T")
 
@@ -219,7 +225,7 @@ def build_server(
             f"log_level must be one of {', '.join(_LOG_LEVELS)}", field="log_level"
         )
     server: MCPServer[Any] = MCPServer(
-        name, instructions=INSTRUCTIONS, version=_version(), log_level=level
+        name, instructions=INSTRUCTIONS, version=package_version(), log_level=level
     )
     for tool, hints in _TOOLS.items():
         server.add_tool(getattr(tools, tool), annotations=hints)
@@ -333,7 +339,7 @@ class _Tools:
             writes=False,
             user_id=user_id,
         )
-        return {"user_id": user_id, "query": query, "sessions": [_recalled(h) for h in hits]}
+        return {"user_id": user_id, "query": query, "sessions": [recalled_result(h) for h in hits]}
 
     def save_session(
         self,
@@ -365,7 +371,7 @@ class _Tools:
         saved = self._call(
             ctx, lambda c: c.memory.save_session(fields), writes=True, user_id=user_id
         )
-        return _summary(saved)
+        return summary_result(saved)
 
     def end_session(
         self,
@@ -391,13 +397,13 @@ class _Tools:
             writes=True,
             user_id=user_id,
         )
-        return _summary(saved)
+        return summary_result(saved)
 
     # -- user facts ---------------------------------------------------------------------------
 
     def get_fact(self, user_id: UserId, key: FactKey, ctx: Context[Any, Any]) -> dict[str, Any]:
         """One standing fact or preference of the user, with where it came from."""
-        return _fact(
+        return fact_result(
             self._call(
                 ctx, lambda c: c.memory.get_fact(user_id, key), writes=False, user_id=user_id
             )
@@ -408,7 +414,7 @@ class _Tools:
         facts = self._call(
             ctx, lambda c: c.memory.get_facts(user_id), writes=False, user_id=user_id
         )
-        return {"user_id": user_id, "facts": [_fact(f) for f in facts]}
+        return {"user_id": user_id, "facts": [fact_result(f) for f in facts]}
 
     def set_fact(
         self,
@@ -435,7 +441,7 @@ class _Tools:
             writes=True,
             user_id=user_id,
         )
-        return _fact(fact)
+        return fact_result(fact)
 
     def delete_fact(self, user_id: UserId, key: FactKey, ctx: Context[Any, Any]) -> dict[str, Any]:
         """Delete a fact of the user (its history keeps a tombstone). Says whether it existed."""
@@ -450,13 +456,13 @@ class _Tools:
         history = self._call(
             ctx, lambda c: c.memory.fact_history(user_id, key), writes=False, user_id=user_id
         )
-        return {"user_id": user_id, "key": key, "history": [_fact(f) for f in history]}
+        return {"user_id": user_id, "key": key, "history": [fact_result(f) for f in history]}
 
     # -- task runs ----------------------------------------------------------------------------
 
     def get_run(self, run_id: RunId, ctx: Context[Any, Any]) -> dict[str, Any]:
         """Status and head of a task run (and the approval gate it waits at, if paused)."""
-        return _run(
+        return run_result(
             self._call(ctx, lambda c: c.memory.get_run(run_id), writes=False, run_id=run_id)
         )
 
@@ -473,7 +479,7 @@ class _Tools:
             writes=False,
             user_id=user_id,
         )
-        return {"runs": [_run(r) for r in runs]}
+        return {"runs": [run_result(r) for r in runs]}
 
     def pending_approvals(
         self,
@@ -521,7 +527,7 @@ class _Tools:
             writes=True,
             run_id=run_id,
         )
-        return _approval(run_id, decided)
+        return approval_result(run_id, decided)
 
     def reject_run(
         self, run_id: RunId, plan_hash: PlanHash, ctx: Context[Any, Any], note: Note = None
@@ -534,79 +540,4 @@ class _Tools:
             writes=True,
             run_id=run_id,
         )
-        return _approval(run_id, decided)
-
-
-def _describe(exc: TierError | SummarizerError | ScopeError) -> str:
-    """The text of a tool error: the error's kind, the field at fault, the message."""
-    kind = type(exc).__name__
-    if isinstance(exc, CorruptRecordError) or type(exc) in (TierError, SummarizerError):
-        # Server-side faults: their detail is for the operator's log, not the caller.
-        logger.error("tool failed: %s: %s", kind, exc)
-        return f"{kind}: the server failed; its log has the detail"
-    if isinstance(exc, BackendUnavailableError | SummaryGenerationError):
-        # A store's, embedder's or model's failure names its host, port or file: log it.
-        logger.error("tool failed: %s: %s", kind, exc)
-        return (
-            f"{kind}: a backend of the server is unavailable or failed; retry later (its log "
-            "has the detail)"
-        )
-    field = getattr(exc, "field", None)
-    where = f" (field {field!r})" if isinstance(field, str) and field else ""
-    return f"{kind}{where}: {exc}"
-
-
-def _version() -> str:
-    try:
-        return version("tiermem")
-    except PackageNotFoundError:
-        return "0.0.0"
-
-
-def _fact(fact: UserFact) -> dict[str, Any]:
-    return fact.model_dump(mode="json", exclude={"schema_version"})
-
-
-def _summary(summary: SessionSummary) -> dict[str, Any]:
-    return summary.model_dump(mode="json", exclude={"schema_version"})
-
-
-def _recalled(hit: RecalledSession) -> dict[str, Any]:
-    return {
-        "score": hit.score,
-        "similarity": hit.similarity,
-        "keyword": hit.keyword,
-        "summary": _summary(hit.summary),
-    }
-
-
-# What a caller needs of a run's head; the rest (lease epochs, snapshot and event
-# bookkeeping) is for workers.
-_RUN_FIELDS = {
-    "run_id",
-    "user_id",
-    "status",
-    "head_seq",
-    "head_checkpoint_id",
-    "error",
-    "result",
-    "created_at",
-    "updated_at",
-    "finished_at",
-    "pending_approval",
-    "parent_run_id",
-    "parent_checkpoint_id",
-    "budget_tokens",
-    "budget_cost",
-    "spent_tokens",
-    "spent_cost",
-    "unknown_effects",
-}
-
-
-def _run(info: RunInfo) -> dict[str, Any]:
-    return info.model_dump(mode="json", include=_RUN_FIELDS)
-
-
-def _approval(run_id: str, approval: Approval) -> dict[str, Any]:
-    return {"run_id": run_id, **approval.model_dump(mode="json", exclude={"schema_version"})}
+        return approval_result(run_id, decided)

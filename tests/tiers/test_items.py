@@ -29,8 +29,7 @@ from tiers.backends.base import KVStore
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.errors import InvalidInputError
-from tiers.item_rules import matches_filter
-from tiers.items import ITEM_FACT_SOURCE, ItemStore, ItemWrite
+from tiers.items import ITEM_FACT_SOURCE, ItemStore, ItemWrite, matches_filter
 
 DIMS = 384
 MODEL = "hashed-trigrams"

@@ -8,18 +8,11 @@ thread has ended (noticed when another thread opens one) or when the store is.
 Deleting zeroes the deleted rows in the file (``secure_delete``), and
 :meth:`SqliteKVStore.scrub` truncates the WAL, so erased data leaves the disk.
 
-**Group commit.** Concurrent :meth:`SqliteKVStore.commit` calls share fsyncs: a
-caller queues its transaction, and one caller at a time (the leader) applies
-every queued transaction in one SQLite transaction and commits once. Each
-queued commit's checks are evaluated in order against the database plus the
-writes of the commits before it in the batch, so a failed check drops only its
-own commit (a batch with a ``DeleteSpace`` uses a savepoint per commit
-instead). Each caller returns only after the fsync that made its transaction
-durable; serial callers see no difference. When the last batches had several
-callers, a leader waits briefly (at most one commit's duration, capped at
-:data:`_MAX_GATHER_S`) for the callers of the last batch to queue again:
-otherwise the first caller back after an fsync commits alone and batches
-alternate between one caller and all the others.
+**Group commit.** Concurrent :meth:`SqliteKVStore.commit` calls share fsyncs:
+one caller at a time applies every queued transaction in one SQLite
+transaction, and a failed check drops only its own commit (the details are in
+:mod:`tiers.backends._sqlite_group_commit`; the connections are in
+:mod:`tiers.backends._sqlite_connections`).
 
 **Bounded durability** (``durable=False``): ``synchronous=NORMAL`` acknowledges a
 commit once it is written to the WAL, before the WAL is fsync'd (SQLite syncs
@@ -37,19 +30,19 @@ from __future__ import annotations
 import os
 import sqlite3
 import threading
-import time
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager, suppress
+from collections.abc import Sequence
+from contextlib import suppress
 from pathlib import Path
 
-from tiers.backends.base import (
-    DEFAULT_MAX_VALUE_BYTES,
-    Check,
-    Delete,
-    DeleteSpace,
-    Put,
-    Write,
+from tiers.backends._sqlite_connections import (
+    BUSY_TIMEOUT_S,
+    SqliteConnections,
+    close_readers,
+    enable_wal,
+    end_transaction,
 )
+from tiers.backends._sqlite_group_commit import GroupCommitWriter
+from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, Write
 from tiers.backends.common import (
     check_checks,
     check_reads,
@@ -57,7 +50,7 @@ from tiers.backends.common import (
     check_writes,
     prefix_upper_bound,
 )
-from tiers.errors import BackendUnavailableError, ConflictError, InvalidInputError
+from tiers.errors import BackendUnavailableError, InvalidInputError
 
 # Ordered schema migrations, each one or more statements run in one transaction:
 # the list index + 1 is the schema version (PRAGMA user_version).
@@ -93,40 +86,11 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
     ),
 )
 
-_BUSY_TIMEOUT_S = 30.0
 # Longest scrub() waits for readers of other processes before giving up (commits wait too).
 _SCRUB_BUSY_MS = 2000
 _GET_ONE = "SELECT value FROM kv WHERE space = ? AND key = ?"
-# Longest a group-commit leader waits for the callers of the last batches.
-_MAX_GATHER_S = 0.002
 # Keys per statement in get_many, under SQLite's bound-parameter limit.
 _CHUNK = 500
-# Checks per SELECT and rows per INSERT of a commit (under the same limit).
-_CHECKS_PER_STATEMENT = 100
-_PUTS_PER_STATEMENT = 200
-
-
-class _Reader:
-    """One thread's read connection; ``lock`` lets :meth:`SqliteKVStore.close` wait for it."""
-
-    __slots__ = ("conn", "lock", "thread")
-
-    def __init__(self, conn: sqlite3.Connection, thread: threading.Thread) -> None:
-        self.conn = conn
-        self.lock = threading.Lock()
-        self.thread = thread
-
-
-class _Pending:
-    """One queued commit: its batch, and its outcome once a writer has applied it."""
-
-    __slots__ = ("checks", "done", "error", "writes")
-
-    def __init__(self, writes: Sequence[Write], checks: Sequence[Check]) -> None:
-        self.writes = writes
-        self.checks = checks
-        self.done = False
-        self.error: BaseException | None = None
 
 
 class SqliteKVStore:
@@ -180,36 +144,17 @@ class SqliteKVStore:
         self.durable = durable
         self.flush_interval = None if flush_interval is None else float(flush_interval)
         self._synchronous = "FULL" if durable else "NORMAL"
-        self._write_lock = threading.Lock()
-        # Commits waiting for the writer, and whether a caller is committing a
-        # batch now (the leader); all guarded by the lock of _queue_cond, which
-        # _gather_cond shares (a gathering leader waits on it for arrivals).
-        self._queue: list[_Pending] = []
-        self._leading = False
-        self._gathering = False
-        queue_lock = threading.Lock()
-        self._queue_cond = threading.Condition(queue_lock)
-        self._gather_cond = threading.Condition(queue_lock)
-        # Sizes of the last two batches and how long the last commit took.
-        self._batch_sizes = (1, 1)
-        self._commit_seconds = 0.0
-        # Commits acknowledged (counted after COMMIT) and how many of them are
-        # known durable; _flush_lock serialises flushes.
-        self._acked = 0
+        self._connections = SqliteConnections(self.path)
+        # How many acknowledged commits are known durable; _flush_lock serialises flushes.
         self._flushed = 0
         self._flush_lock = threading.Lock()
         self._stop_flusher = threading.Event()
         self._flusher: threading.Thread | None = None
-        self._local = threading.local()
-        self._readers: list[_Reader] = []
-        # Guards _readers and _closed, so no reader is registered after close().
-        self._readers_lock = threading.Lock()
-        self._closed = False
         writer: sqlite3.Connection | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            writer = self._connect()
-            _enable_wal(writer)
+            writer = self._connections.connect()
+            enable_wal(writer)
             writer.execute(f"PRAGMA synchronous={self._synchronous}")
             # Deleted rows and freed pages are overwritten with zeros, not left in the file.
             writer.execute("PRAGMA secure_delete=ON")
@@ -224,76 +169,21 @@ class SqliteKVStore:
             if writer is not None:
                 writer.close()
             raise
+        # The write connection (the pragma tests read it) and the group commit around it.
         self._writer = writer
+        self._group = GroupCommitWriter(writer, self._connections)
         if self.flush_interval is not None:
             self._flusher = threading.Thread(
                 target=self._flush_loop, name=f"tiermem-flush-{self.path.name}", daemon=True
             )
             self._flusher.start()
 
-    def _connect(self) -> sqlite3.Connection:
-        # check_same_thread=False: close() and the dead-thread sweep close
-        # connections from another thread; every use is serialised by a lock.
-        return sqlite3.connect(
-            self.path, timeout=_BUSY_TIMEOUT_S, isolation_level=None, check_same_thread=False
-        )
-
     @property
     def schema_version(self) -> int:
         """The schema version of the open database."""
-        with self._reading("schema read") as conn:
+        with self._connections.reading("schema read") as conn:
             (version,) = conn.execute("PRAGMA user_version").fetchone()
         return int(version)
-
-    def _ensure_open(self) -> None:
-        if self._closed:
-            raise self._closed_error()
-
-    def _closed_error(self) -> BackendUnavailableError:
-        return BackendUnavailableError(
-            f"the SQLite store at {self.path} is closed; open a new SqliteKVStore"
-        )
-
-    def _thread_reader(self) -> _Reader:
-        reader: _Reader | None = getattr(self._local, "reader", None)
-        if reader is not None:
-            return reader
-        with self._readers_lock:
-            if self._closed:
-                raise self._closed_error()
-            # Connections of ended threads are unreachable (their thread-local
-            # is gone): close them here, or a pool whose idle threads expire
-            # would leak a file descriptor per thread.
-            alive: list[_Reader] = []
-            for other in self._readers:
-                if other.thread.is_alive():
-                    alive.append(other)
-                else:
-                    other.conn.close()
-            conn = self._connect()
-            conn.execute("PRAGMA query_only=ON")
-            reader = _Reader(conn, threading.current_thread())
-            alive.append(reader)
-            self._readers = alive
-        self._local.reader = reader
-        return reader
-
-    @contextmanager
-    def _reading(self, what: str) -> Iterator[sqlite3.Connection]:
-        with self._translate(what):
-            reader = self._thread_reader()
-            with reader.lock:
-                # close() may have run since this thread last read.
-                if self._closed:
-                    raise self._closed_error()
-                yield reader.conn
-
-    @contextmanager
-    def _translate(self, what: str) -> Iterator[None]:
-        try:
-            yield
-        except sqlite3.Error as exc:
-            raise BackendUnavailableError(f"SQLite {what} failed on {self.path}: {exc}") from exc
 
     def get_many(self, space: str, keys: Sequence[str]) -> list[bytes | None]:
         """See :meth:`KVStore.get_many`."""
@@ -302,13 +192,13 @@ class SqliteKVStore:
             # The hot path (a run's head, once per step): one prepared
             # statement, no generator-based context managers.
             try:
-                reader = self._local.reader
+                reader = self._connections.local.reader
             except AttributeError:
-                with self._translate("read"):
-                    reader = self._thread_reader()
+                with self._connections.translate("read"):
+                    reader = self._connections.thread_reader()
             with reader.lock:
-                if self._closed:
-                    raise self._closed_error()
+                if self._connections.closed:
+                    raise self._connections.closed_error()
                 try:
                     row = reader.conn.execute(_GET_ONE, (space, keys[0])).fetchone()
                 except sqlite3.Error as exc:
@@ -317,10 +207,10 @@ class SqliteKVStore:
                     ) from exc
             return [None if row is None else bytes(row[0])]
         if not keys:
-            self._ensure_open()
+            self._connections.ensure_open()
             return []
         found: dict[str, bytes] = {}
-        with self._reading("read") as conn:
+        with self._connections.reading("read") as conn:
             chunked = len(keys) > _CHUNK
             if chunked:
                 # One read transaction, so every chunk sees the same snapshot.
@@ -336,7 +226,7 @@ class SqliteKVStore:
                     found.update((k, bytes(v)) for k, v in rows)
             finally:
                 if chunked:
-                    _end_transaction(conn, "COMMIT")
+                    end_transaction(conn, "COMMIT")
         return [found.get(k) for k in keys]
 
     def scan(
@@ -354,7 +244,7 @@ class SqliteKVStore:
         if start_after is not None:
             check_text(start_after, "start_after")
         if limit is not None and limit <= 0:
-            self._ensure_open()
+            self._connections.ensure_open()
             return []
         # The column's BINARY collation compares the UTF-8 bytes: the protocol's order.
         sql = ["SELECT key, value FROM kv WHERE space = ?"]
@@ -373,7 +263,7 @@ class SqliteKVStore:
         if limit is not None:
             sql.append("LIMIT ?")
             args.append(limit)
-        with self._reading("scan") as conn:
+        with self._connections.reading("scan") as conn:
             rows = conn.execute(" ".join(sql), args).fetchall()
         return [(k, bytes(v)) for k, v in rows]
 
@@ -384,7 +274,7 @@ class SqliteKVStore:
         if limit is not None:
             sql += " LIMIT ?"
             args.append(max(limit, 0))
-        with self._reading("space listing") as conn:
+        with self._connections.reading("space listing") as conn:
             rows = conn.execute(sql, args).fetchall()
         return [space for (space,) in rows]
 
@@ -393,108 +283,9 @@ class SqliteKVStore:
         check_writes(writes, self.max_value_bytes)
         check_checks(checks)
         if not writes and not checks:
-            self._ensure_open()
+            self._connections.ensure_open()
             return
-        pending = _Pending(writes, checks)
-        with self._queue_cond:
-            self._queue.append(pending)
-            if self._gathering:
-                self._gather_cond.notify()
-            # Wait while another caller (the leader) commits; it may take this one along.
-            while not pending.done and self._leading:
-                self._queue_cond.wait()
-            if not pending.done:
-                self._leading = True
-                self._gather()
-                batch, self._queue = self._queue, []
-        if not pending.done:
-            try:
-                with self._write_lock:
-                    began = time.perf_counter()
-                    self._commit_batch(batch, pending)
-                    self._commit_seconds = time.perf_counter() - began
-            finally:
-                with self._queue_cond:
-                    self._batch_sizes = (self._batch_sizes[1], len(batch))
-                    self._leading = False
-                    self._queue_cond.notify_all()
-        if pending.error is not None:
-            raise pending.error
-
-    def _gather(self) -> None:
-        """As the new leader, wait briefly for the callers of the last batches (lock held).
-
-        Callers acknowledged by the last fsync come back one by one (each runs
-        its own code first); committing at once would send the first of them
-        alone. Waiting costs at most about one commit's duration, and only
-        when recent batches had several callers, so a lone writer never waits.
-        """
-        expect = max(self._batch_sizes)
-        if expect <= 1 or len(self._queue) >= expect:
-            return
-        deadline = time.monotonic() + min(_MAX_GATHER_S, self._commit_seconds)
-        self._gathering = True
-        try:
-            while len(self._queue) < expect:
-                left = deadline - time.monotonic()
-                if left <= 0:
-                    break
-                self._gather_cond.wait(left)
-        finally:
-            self._gathering = False
-
-    def _commit_batch(self, batch: list[_Pending], own: _Pending) -> None:
-        """Apply queued commits in one transaction and one fsync; record each one's outcome.
-
-        Raises:
-            BaseException: What failed the whole batch (nothing of it was
-                committed); the other callers of the batch get a
-                :class:`BackendUnavailableError` naming it.
-        """
-        failure: BaseException | None = None
-        try:
-            if self._closed:
-                raise self._closed_error()
-            conn = self._writer
-            try:
-                # IMMEDIATE takes the write lock first, so the checks and the writes
-                # see the same state even with other processes on the file.
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    if len(batch) == 1:
-                        # Alone: a failed check rolls the whole transaction back.
-                        try:
-                            _apply(conn, batch[0].writes, batch[0].checks)
-                        except ConflictError as exc:
-                            batch[0].error = exc
-                            conn.execute("ROLLBACK")
-                            return
-                    elif any(isinstance(w, DeleteSpace) for p in batch for w in p.writes):
-                        _apply_with_savepoints(conn, batch)
-                    else:
-                        _apply_merged(conn, batch)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    _end_transaction(conn, "ROLLBACK")
-                    raise
-            except sqlite3.Error as exc:
-                raise BackendUnavailableError(
-                    f"SQLite commit failed on {self.path}: {exc}"
-                ) from exc
-            self._acked += sum(1 for p in batch if p.error is None)
-        except BaseException as exc:
-            failure = exc
-        finally:
-            for pending in batch:
-                if failure is not None and pending is not own:
-                    error = BackendUnavailableError(
-                        f"SQLite commit failed on {self.path} (in a group commit): {failure}"
-                    )
-                    error.__cause__ = failure
-                    pending.error = error
-                pending.done = True
-        if failure is not None:
-            raise failure
+        self._group.commit(writes, checks)
 
     def flush(self) -> None:
         """Block until every commit acknowledged before this call is durable (survives a power cut).
@@ -507,18 +298,18 @@ class SqliteKVStore:
             BackendUnavailableError: The store is closed, or the fsync failed
                 (then nothing is known to be durable beyond the last flush).
         """
-        self._ensure_open()
+        self._connections.ensure_open()
         self._flush()
 
     def _flush(self) -> None:
-        target = self._acked
+        target = self._group.acked
         if self.durable or self._flushed >= target:
             return
         with self._flush_lock:
             if self._flushed >= target:
                 return
             # Read again under the lock: everything acknowledged by now is covered.
-            target = self._acked
+            target = self._group.acked
             wal = self.path.with_name(self.path.name + "-wal")
             try:
                 fd = os.open(wal, os.O_RDONLY)
@@ -540,7 +331,7 @@ class SqliteKVStore:
     @property
     def unflushed(self) -> int:
         """How many acknowledged commits are not known to be durable yet (0 with ``durable=True``)."""
-        return 0 if self.durable else self._acked - self._flushed
+        return 0 if self.durable else self._group.acked - self._flushed
 
     def _flush_loop(self) -> None:
         interval = self.flush_interval or 0.0
@@ -548,7 +339,7 @@ class SqliteKVStore:
             try:
                 self.flush()
             except BackendUnavailableError:
-                if self._closed:
+                if self._connections.closed:
                     return
                 # A failed fsync is retried next period; flush() callers see it too.
 
@@ -583,17 +374,17 @@ class SqliteKVStore:
         Raises:
             BackendUnavailableError: The store is closed or the checkpoint failed.
         """
-        self._ensure_open()
-        with self._write_lock:
-            if self._closed:
-                raise self._closed_error()
+        self._connections.ensure_open()
+        with self._group.lock:
+            if self._connections.closed:
+                raise self._connections.closed_error()
             conn = self._writer
             try:
                 conn.execute(f"PRAGMA busy_timeout={_SCRUB_BUSY_MS}")
                 try:
                     (busy, _, _) = conn.execute("PRAGMA wal_checkpoint(TRUNCATE)").fetchone()
                 finally:
-                    conn.execute(f"PRAGMA busy_timeout={int(_BUSY_TIMEOUT_S * 1000)}")
+                    conn.execute(f"PRAGMA busy_timeout={int(BUSY_TIMEOUT_S * 1000)}")
             except sqlite3.Error as exc:
                 raise BackendUnavailableError(
                     f"SQLite checkpoint failed on {self.path}: {exc}"
@@ -602,7 +393,7 @@ class SqliteKVStore:
 
     def ping(self) -> None:
         """See :meth:`KVStore.ping`."""
-        with self._reading("ping") as conn:
+        with self._connections.reading("ping") as conn:
             conn.execute("SELECT 1").fetchone()
 
     def close(self) -> None:
@@ -611,163 +402,19 @@ class SqliteKVStore:
         Waits for a commit or read in progress in another thread; after it, every
         method raises :class:`BackendUnavailableError`.
         """
-        with self._readers_lock:
-            if self._closed:
-                return
-            self._closed = True
-            readers, self._readers = self._readers, []
+        readers = self._connections.mark_closed()
+        if readers is None:
+            return
         self._stop_flusher.set()
         if self._flusher is not None and self._flusher is not threading.current_thread():
             self._flusher.join()
-        with self._write_lock:
+        with self._group.lock:
             # A last flush, so a clean close leaves every acknowledged commit durable;
             # if it fails, the commits stay in the WAL for the next open.
             with suppress(BackendUnavailableError):
                 self._flush()
             self._writer.close()
-        for reader in readers:
-            with reader.lock:
-                reader.conn.close()
-
-
-def _apply_with_savepoints(conn: sqlite3.Connection, batch: list[_Pending]) -> None:
-    """Apply each queued commit in its own savepoint: a failed check undoes only its writes."""
-    for pending in batch:
-        conn.execute("SAVEPOINT one")
-        try:
-            _apply(conn, pending.writes, pending.checks)
-        except ConflictError as exc:
-            conn.execute("ROLLBACK TO one")
-            pending.error = exc
-        conn.execute("RELEASE one")
-
-
-_ABSENT = object()
-
-
-def _apply_merged(conn: sqlite3.Connection, batch: list[_Pending]) -> None:
-    """Apply queued commits (no ``DeleteSpace``) with one read and as few writes as fit.
-
-    Every check of the batch is read in one pass; each commit's checks are then
-    evaluated in order against those values overlaid with the writes of the
-    commits accepted before it, exactly what a savepoint per commit would see.
-    A commit whose check fails gets a :class:`ConflictError` and writes nothing.
-    """
-    wanted = list({(c.space, c.key): None for p in batch for c in p.checks})
-    stored: dict[tuple[str, str], bytes] = {}
-    for start in range(0, len(wanted), _CHECKS_PER_STATEMENT):
-        chunk = wanted[start : start + _CHECKS_PER_STATEMENT]
-        where = " OR ".join(["(space = ? AND key = ?)"] * len(chunk))
-        args: list[object] = []
-        for space, key in chunk:
-            args += [space, key]
-        stored.update(
-            ((space, key), bytes(value))
-            for space, key, value in conn.execute(
-                f"SELECT space, key, value FROM kv WHERE {where}",  # noqa: S608
-                args,
-            )
-        )
-    overlay: dict[tuple[str, str], bytes | None] = {}
-    accepted: list[Write] = []
-    for pending in batch:
-        failed: Check | None = None
-        for check in pending.checks:
-            address = (check.space, check.key)
-            current = overlay.get(address, _ABSENT)
-            if current is _ABSENT:
-                current = stored.get(address)
-            if current != check.expected:
-                failed = check
-                break
-        if failed is not None:
-            pending.error = _conflict(failed)
-            continue
-        for write in pending.writes:
-            if isinstance(write, Put):
-                overlay[(write.space, write.key)] = write.value
-            elif isinstance(write, Delete):
-                overlay[(write.space, write.key)] = None
-        accepted.extend(pending.writes)
-    _apply(conn, accepted, ())
-
-
-def _conflict(check: Check) -> ConflictError:
-    return ConflictError(
-        f"check failed on {check.space!r}/{check.key!r}: the value changed; re-read and retry"
-    )
-
-
-def _apply(conn: sqlite3.Connection, writes: Sequence[Write], checks: Sequence[Check]) -> None:
-    """Run one commit's checks, then its writes (the caller holds a transaction).
-
-    Checks are read with one statement and runs of puts are written with one
-    multi-row statement: on a busy machine each statement costs as much as the
-    row it writes, so a checkpoint of 4 rows and 3 checks takes 2 statements, not 7.
-    """
-    for start in range(0, len(checks), _CHECKS_PER_STATEMENT):
-        chunk = checks[start : start + _CHECKS_PER_STATEMENT]
-        where = " OR ".join(["(space = ? AND key = ?)"] * len(chunk))
-        args: list[object] = []
-        for check in chunk:
-            args += [check.space, check.key]
-        found = {
-            (space, key): bytes(value)
-            for space, key, value in conn.execute(
-                f"SELECT space, key, value FROM kv WHERE {where}",  # noqa: S608
-                args,
-            )
-        }
-        for check in chunk:
-            if found.get((check.space, check.key)) != check.expected:
-                raise _conflict(check)
-    puts: list[Put] = []
-    for write in writes:
-        if isinstance(write, Put):
-            puts.append(write)
-            continue
-        _put_rows(conn, puts)
-        puts = []
-        if isinstance(write, Delete):
-            conn.execute("DELETE FROM kv WHERE space = ? AND key = ?", (write.space, write.key))
-        elif isinstance(write, DeleteSpace):
-            conn.execute("DELETE FROM kv WHERE space = ?", (write.space,))
-    _put_rows(conn, puts)
-
-
-def _put_rows(conn: sqlite3.Connection, puts: list[Put]) -> None:
-    """Upsert ``puts`` in order (a later put of the same key wins), in as few statements as fit."""
-    for start in range(0, len(puts), _PUTS_PER_STATEMENT):
-        chunk = puts[start : start + _PUTS_PER_STATEMENT]
-        args: list[object] = []
-        for put in chunk:
-            args += [put.space, put.key, put.value]
-        rows = ",".join(["(?, ?, ?)"] * len(chunk))
-        conn.execute(
-            f"INSERT INTO kv (space, key, value) VALUES {rows} "  # noqa: S608
-            "ON CONFLICT (space, key) DO UPDATE SET value = excluded.value",
-            args,
-        )
-
-
-def _enable_wal(conn: sqlite3.Connection) -> None:
-    """Switch the file to WAL, waiting (up to the busy timeout) for other processes opening it.
-
-    Changing the journal mode of a new file needs an exclusive lock, and SQLite
-    answers SQLITE_BUSY at once instead of calling the busy handler: processes
-    opening one new file together would fail without this retry.
-    """
-    deadline = time.monotonic() + _BUSY_TIMEOUT_S
-    delay = 0.001
-    while True:
-        try:
-            conn.execute("PRAGMA journal_mode=WAL")
-            return
-        except sqlite3.OperationalError as exc:
-            if exc.sqlite_errorcode != sqlite3.SQLITE_BUSY or time.monotonic() >= deadline:
-                raise
-        time.sleep(delay)
-        delay = min(delay * 2, 0.05)
+        close_readers(readers)
 
 
 def _migrate(conn: sqlite3.Connection, path: Path) -> None:
@@ -788,17 +435,5 @@ def _migrate(conn: sqlite3.Connection, path: Path) -> None:
             conn.execute(f"PRAGMA user_version={len(MIGRATIONS)}")
         conn.execute("COMMIT")
     except BaseException:
-        _end_transaction(conn, "ROLLBACK")
+        end_transaction(conn, "ROLLBACK")
         raise
-
-
-def _end_transaction(conn: sqlite3.Connection, how: str) -> None:
-    """End the open transaction, if any, without masking the error being raised."""
-    if not conn.in_transaction:
-        return
-    try:
-        conn.execute(how)
-    except sqlite3.Error:
-        # The connection is broken; the error that brought us here says more.
-        if how != "ROLLBACK":
-            raise

@@ -1,0 +1,300 @@
+"""Group commit for :class:`~tiers.backends.sqlite_kv.SqliteKVStore`: concurrent commits share fsyncs.
+
+A caller queues its transaction, and one caller at a time (the leader) applies
+every queued transaction in one SQLite transaction and commits once. Each
+queued commit's checks are evaluated in order against the database plus the
+writes of the commits before it in the batch, so a failed check drops only its
+own commit (a batch with a ``DeleteSpace`` uses a savepoint per commit
+instead). Each caller returns only after the fsync that made its transaction
+durable; serial callers see no difference. When the last batches had several
+callers, a leader waits briefly (at most one commit's duration, capped at
+:data:`_MAX_GATHER_S`) for the callers of the last batch to queue again:
+otherwise the first caller back after an fsync commits alone and batches
+alternate between one caller and all the others.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from collections.abc import Sequence
+
+from tiers.backends._sqlite_connections import SqliteConnections, end_transaction
+from tiers.backends.base import Check, Delete, DeleteSpace, Put, Write
+from tiers.errors import BackendUnavailableError, ConflictError
+
+# Longest a group-commit leader waits for the callers of the last batches.
+_MAX_GATHER_S = 0.002
+# Checks per SELECT and rows per INSERT of a commit (under SQLite's bound-parameter limit).
+_CHECKS_PER_STATEMENT = 100
+_PUTS_PER_STATEMENT = 200
+
+
+class _Pending:
+    """One queued commit: its batch, and its outcome once a writer has applied it."""
+
+    __slots__ = ("checks", "done", "error", "writes")
+
+    def __init__(self, writes: Sequence[Write], checks: Sequence[Check]) -> None:
+        self.writes = writes
+        self.checks = checks
+        self.done = False
+        self.error: BaseException | None = None
+
+
+class GroupCommitWriter:
+    """The write connection of one store, and the queue of commits waiting for it.
+
+    Args:
+        conn: The write connection (its transactions are begun explicitly).
+        connections: The store's connections, which say whether it is closed.
+    """
+
+    def __init__(self, conn: sqlite3.Connection, connections: SqliteConnections) -> None:
+        self.conn = conn
+        self._connections = connections
+        # Held while a batch is committed, and by whoever else uses the write connection.
+        self.lock = threading.Lock()
+        # Commits waiting for the writer, and whether a caller is committing a
+        # batch now (the leader); all guarded by the lock of _queue_cond, which
+        # _gather_cond shares (a gathering leader waits on it for arrivals).
+        self._queue: list[_Pending] = []
+        self._leading = False
+        self._gathering = False
+        queue_lock = threading.Lock()
+        self._queue_cond = threading.Condition(queue_lock)
+        self._gather_cond = threading.Condition(queue_lock)
+        # Sizes of the last two batches and how long the last commit took.
+        self._batch_sizes = (1, 1)
+        self._commit_seconds = 0.0
+        # Commits acknowledged (counted after COMMIT).
+        self.acked = 0
+
+    def commit(self, writes: Sequence[Write], checks: Sequence[Check]) -> None:
+        """Commit one validated, non-empty transaction, in a batch with any concurrent ones.
+
+        Raises:
+            ConflictError: A check failed; nothing of this transaction was written.
+            BackendUnavailableError: The store is closed or SQLite failed.
+        """
+        pending = _Pending(writes, checks)
+        with self._queue_cond:
+            self._queue.append(pending)
+            if self._gathering:
+                self._gather_cond.notify()
+            # Wait while another caller (the leader) commits; it may take this one along.
+            while not pending.done and self._leading:
+                self._queue_cond.wait()
+            if not pending.done:
+                self._leading = True
+                self._gather()
+                batch, self._queue = self._queue, []
+        if not pending.done:
+            try:
+                with self.lock:
+                    began = time.perf_counter()
+                    self._commit_batch(batch, pending)
+                    self._commit_seconds = time.perf_counter() - began
+            finally:
+                with self._queue_cond:
+                    self._batch_sizes = (self._batch_sizes[1], len(batch))
+                    self._leading = False
+                    self._queue_cond.notify_all()
+        if pending.error is not None:
+            raise pending.error
+
+    def _gather(self) -> None:
+        """As the new leader, wait briefly for the callers of the last batches (lock held).
+
+        Callers acknowledged by the last fsync come back one by one (each runs
+        its own code first); committing at once would send the first of them
+        alone. Waiting costs at most about one commit's duration, and only
+        when recent batches had several callers, so a lone writer never waits.
+        """
+        expect = max(self._batch_sizes)
+        if expect <= 1 or len(self._queue) >= expect:
+            return
+        deadline = time.monotonic() + min(_MAX_GATHER_S, self._commit_seconds)
+        self._gathering = True
+        try:
+            while len(self._queue) < expect:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    break
+                self._gather_cond.wait(left)
+        finally:
+            self._gathering = False
+
+    def _commit_batch(self, batch: list[_Pending], own: _Pending) -> None:
+        """Apply queued commits in one transaction and one fsync; record each one's outcome.
+
+        Raises:
+            BaseException: What failed the whole batch (nothing of it was
+                committed); the other callers of the batch get a
+                :class:`BackendUnavailableError` naming it.
+        """
+        failure: BaseException | None = None
+        try:
+            if self._connections.closed:
+                raise self._connections.closed_error()
+            conn = self.conn
+            try:
+                # IMMEDIATE takes the write lock first, so the checks and the writes
+                # see the same state even with other processes on the file.
+                conn.execute("BEGIN IMMEDIATE")
+                try:
+                    if len(batch) == 1:
+                        # Alone: a failed check rolls the whole transaction back.
+                        try:
+                            _apply(conn, batch[0].writes, batch[0].checks)
+                        except ConflictError as exc:
+                            batch[0].error = exc
+                            conn.execute("ROLLBACK")
+                            return
+                    elif any(isinstance(w, DeleteSpace) for p in batch for w in p.writes):
+                        _apply_with_savepoints(conn, batch)
+                    else:
+                        _apply_merged(conn, batch)
+                    conn.execute("COMMIT")
+                except BaseException:
+                    end_transaction(conn, "ROLLBACK")
+                    raise
+            except sqlite3.Error as exc:
+                raise BackendUnavailableError(
+                    f"SQLite commit failed on {self._connections.path}: {exc}"
+                ) from exc
+            self.acked += sum(1 for p in batch if p.error is None)
+        except BaseException as exc:
+            failure = exc
+        finally:
+            for pending in batch:
+                if failure is not None and pending is not own:
+                    error = BackendUnavailableError(
+                        f"SQLite commit failed on {self._connections.path} (in a group commit): {failure}"
+                    )
+                    error.__cause__ = failure
+                    pending.error = error
+                pending.done = True
+        if failure is not None:
+            raise failure
+
+
+def _apply_with_savepoints(conn: sqlite3.Connection, batch: list[_Pending]) -> None:
+    """Apply each queued commit in its own savepoint: a failed check undoes only its writes."""
+    for pending in batch:
+        conn.execute("SAVEPOINT one")
+        try:
+            _apply(conn, pending.writes, pending.checks)
+        except ConflictError as exc:
+            conn.execute("ROLLBACK TO one")
+            pending.error = exc
+        conn.execute("RELEASE one")
+
+
+_ABSENT = object()
+
+
+def _apply_merged(conn: sqlite3.Connection, batch: list[_Pending]) -> None:
+    """Apply queued commits (no ``DeleteSpace``) with one read and as few writes as fit.
+
+    Every check of the batch is read in one pass; each commit's checks are then
+    evaluated in order against those values overlaid with the writes of the
+    commits accepted before it, exactly what a savepoint per commit would see.
+    A commit whose check fails gets a :class:`ConflictError` and writes nothing.
+    """
+    wanted = list({(c.space, c.key): None for p in batch for c in p.checks})
+    stored: dict[tuple[str, str], bytes] = {}
+    for start in range(0, len(wanted), _CHECKS_PER_STATEMENT):
+        chunk = wanted[start : start + _CHECKS_PER_STATEMENT]
+        where = " OR ".join(["(space = ? AND key = ?)"] * len(chunk))
+        args: list[object] = []
+        for space, key in chunk:
+            args += [space, key]
+        stored.update(
+            ((space, key), bytes(value))
+            for space, key, value in conn.execute(
+                f"SELECT space, key, value FROM kv WHERE {where}",  # noqa: S608
+                args,
+            )
+        )
+    overlay: dict[tuple[str, str], bytes | None] = {}
+    accepted: list[Write] = []
+    for pending in batch:
+        failed: Check | None = None
+        for check in pending.checks:
+            address = (check.space, check.key)
+            current = overlay.get(address, _ABSENT)
+            if current is _ABSENT:
+                current = stored.get(address)
+            if current != check.expected:
+                failed = check
+                break
+        if failed is not None:
+            pending.error = _conflict(failed)
+            continue
+        for write in pending.writes:
+            if isinstance(write, Put):
+                overlay[(write.space, write.key)] = write.value
+            elif isinstance(write, Delete):
+                overlay[(write.space, write.key)] = None
+        accepted.extend(pending.writes)
+    _apply(conn, accepted, ())
+
+
+def _conflict(check: Check) -> ConflictError:
+    return ConflictError(
+        f"check failed on {check.space!r}/{check.key!r}: the value changed; re-read and retry"
+    )
+
+
+def _apply(conn: sqlite3.Connection, writes: Sequence[Write], checks: Sequence[Check]) -> None:
+    """Run one commit's checks, then its writes (the caller holds a transaction).
+
+    Checks are read with one statement and runs of puts are written with one
+    multi-row statement: on a busy machine each statement costs as much as the
+    row it writes, so a checkpoint of 4 rows and 3 checks takes 2 statements, not 7.
+    """
+    for start in range(0, len(checks), _CHECKS_PER_STATEMENT):
+        chunk = checks[start : start + _CHECKS_PER_STATEMENT]
+        where = " OR ".join(["(space = ? AND key = ?)"] * len(chunk))
+        args: list[object] = []
+        for check in chunk:
+            args += [check.space, check.key]
+        found = {
+            (space, key): bytes(value)
+            for space, key, value in conn.execute(
+                f"SELECT space, key, value FROM kv WHERE {where}",  # noqa: S608
+                args,
+            )
+        }
+        for check in chunk:
+            if found.get((check.space, check.key)) != check.expected:
+                raise _conflict(check)
+    puts: list[Put] = []
+    for write in writes:
+        if isinstance(write, Put):
+            puts.append(write)
+            continue
+        _put_rows(conn, puts)
+        puts = []
+        if isinstance(write, Delete):
+            conn.execute("DELETE FROM kv WHERE space = ? AND key = ?", (write.space, write.key))
+        elif isinstance(write, DeleteSpace):
+            conn.execute("DELETE FROM kv WHERE space = ?", (write.space,))
+    _put_rows(conn, puts)
+
+
+def _put_rows(conn: sqlite3.Connection, puts: list[Put]) -> None:
+    """Upsert ``puts`` in order (a later put of the same key wins), in as few statements as fit."""
+    for start in range(0, len(puts), _PUTS_PER_STATEMENT):
+        chunk = puts[start : start + _PUTS_PER_STATEMENT]
+        args: list[object] = []
+        for put in chunk:
+            args += [put.space, put.key, put.value]
+        rows = ",".join(["(?, ?, ?)"] * len(chunk))
+        conn.execute(
+            f"INSERT INTO kv (space, key, value) VALUES {rows} "  # noqa: S608
+            "ON CONFLICT (space, key) DO UPDATE SET value = excluded.value",
+            args,
+        )

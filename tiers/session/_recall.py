@@ -26,8 +26,8 @@ are cut by :func:`tiers.session._keyword.tokenize`. From those inputs,
    Bruch et al., "An Analysis of Fusion Functions for Hybrid Retrieval", 2023):
 
    - dense: rescaled so the query's best session is 1 and its worst is 0
-     (one candidate, or all equally similar: 1 for every session that has
-     vectors; 0 for a session without);
+     (one candidate, or all equally similar: 1 each); a session without
+     vectors counts 0;
    - keyword: the session's BM25 score divided by the query's best BM25
      score (0 when no session shares a word with the query);
    - ``dense * weights.dense + keyword * (1 - weights.dense)``, plus

@@ -63,6 +63,14 @@ def _redact_messages(messages: list[Message], redactor: Redactor) -> list[Messag
     return out
 
 
+def _same_transcript(stored: TranscriptHeader | None, other: TranscriptHeader) -> bool:
+    """Whether ``stored`` heads the very transcript ``other`` describes (same content and date)."""
+    return stored is not None and (stored.sha256, stored.created_at) == (
+        other.sha256,
+        other.created_at,
+    )
+
+
 class SessionWriter:
     """Every change of a tenant's session records (see :class:`~tiers.session.SessionTier`).
 
@@ -111,10 +119,7 @@ class SessionWriter:
         space = self._store.transcripts_space(user_id)
         (raw,) = self._store.kv.get_many(space, [header_key(session_id)])
         current = read_header(raw, where=f"{space}/{session_id}")
-        if current is None or (current.sha256, current.created_at) != (
-            transcript.sha256,
-            transcript.created_at,
-        ):
+        if not _same_transcript(current, transcript):
             raise ConflictError(
                 f"the transcript of session {session_id!r} of user {user_id!r} was replaced "
                 "or deleted while it was being summarized: summarize it again"
@@ -273,14 +278,12 @@ class SessionWriter:
                 old_header=previous,
                 created_at=when,
             )
+            replaced = not _same_transcript(previous, header)
             token = self._store.new_token()
             writes.extend(self._store.touch_users([user_id], token))
             writes.extend(also)
             if summary is not None:
-                if previous is None or (previous.sha256, previous.created_at) != (
-                    header.sha256,
-                    header.created_at,
-                ):
+                if replaced:
                     # The summary describes a transcript that is gone: stale from this commit on.
                     writes.append(Delete(sessions, session_id))
                 writes.append(self._store.mark_stale(user_id, session_id, token))
@@ -299,10 +302,7 @@ class SessionWriter:
                 continue
             if summary is not None:
                 self._store.index_later([(user_id, session_id)])
-            if old_header is not None and (
-                previous is None
-                or (previous.sha256, previous.created_at) != (header.sha256, header.created_at)
-            ):
+            if old_header is not None and replaced:
                 self._store.transcript_removed(user_id, session_id)
             return header
         raise ConflictError(

@@ -71,6 +71,18 @@ def _same_transcript(stored: TranscriptHeader | None, other: TranscriptHeader) -
     )
 
 
+def _transcript_deletes(space: str, session_id: str, raw_header: bytes | None) -> list[Write]:
+    """The writes deleting a session's stored transcript, if it has one.
+
+    A header too damaged to name its pages is deleted alone: the session then
+    reads as having no transcript.
+    """
+    header = read_header(raw_header, where=f"{space}/{session_id}")
+    if header is not None:
+        return delete_writes(space, header)
+    return [] if raw_header is None else [Delete(space, header_key(session_id))]
+
+
 class SessionWriter:
     """Every change of a tenant's session records (see :class:`~tiers.session.SessionTier`).
 
@@ -175,11 +187,7 @@ class SessionWriter:
                     if old is None or old == data or raw is None:
                         continue  # new, unchanged, or no transcript to drop
                     checks.append(Check(transcripts, header_key(session_id), raw))
-                    header = read_header(raw, where=f"{transcripts}/{session_id}")
-                    if header is not None:
-                        drops.extend(delete_writes(transcripts, header))
-                    else:
-                        drops.append(Delete(transcripts, header_key(session_id)))
+                    drops.extend(_transcript_deletes(transcripts, session_id, raw))
                     replaced.append((user_id, session_id))
             try:
                 self._store.kv.commit([*self._summary_writes(chunk), *drops], checks)
@@ -342,17 +350,13 @@ class SessionWriter:
             (raw_header,) = self._store.kv.get_many(transcripts, [header_key(session_id)])
             if expected is not None and (existing, raw_header) != expected:
                 return False  # changed since the caller decided: not what it meant to delete
-            header = read_header(raw_header, where=f"{transcripts}/{session_id}")
             token = self._store.new_token()
             writes: list[Write] = [
                 Delete(space, session_id),
                 self._store.mark_stale(user_id, session_id, token),
                 self._store.new_revision(user_id, token),
+                *_transcript_deletes(transcripts, session_id, raw_header),
             ]
-            if header is not None:
-                writes.extend(delete_writes(transcripts, header))
-            elif raw_header is not None:
-                writes.append(Delete(transcripts, header_key(session_id)))
             checks = [Check(transcripts, header_key(session_id), raw_header)]
             if expected is not None:
                 checks.append(Check(space, session_id, existing))

@@ -2,14 +2,23 @@
 
 The public face of the package; the modules beside it are private. Where to look:
 
-- ``_tier.py``: :class:`SessionTier` (save, end, delete, recall, reindex);
-- ``_recall.py``: how recall ranks (dense, BM25 and recency fused);
-- ``_index.py``: the vector index kept in line with the KV store (outbox, fingerprints);
-- ``_view.py``, ``_keyword.py``: the per-user view and its BM25 index;
+- ``_tier.py``: :class:`SessionTier`, whose docstrings hold every contract of the tier;
+  it composes the parts below around one store core;
+- ``_store.py``: that core (KV store, index, embedder, outbox entries, revisions, views);
+- ``_writes.py``: save, replace and delete summaries and transcripts (the commits);
+- ``_reads.py``: stored summaries and transcripts, listing, and recall's read path;
+- ``_recall.py``: how recall ranks: dense similarity per session, BM25, recency prior,
+  fusion weights and tie-breaks, all in one file;
+- ``_retention.py``: sessions and transcripts expiring after a cutoff;
+- ``_reindex.py``: rebuilding the vector index from the KV store;
+- ``_index.py``: the vector index kept in line with the KV store (outbox, fingerprints, repair);
+- ``_view.py``: the per-user cache of what recall and listing read;
+- ``_keyword.py``: the tokenizer keyword search matches on;
 - ``_chunking.py``, ``_transcripts.py``: transcript windows and stored transcripts;
 - ``_jobs.py``: durable summary jobs.
 """
 
+from tiers.models import SessionSummary
 from tiers.session._chunking import (
     keyword_text,
     session_windows,
@@ -32,22 +41,11 @@ from tiers.session._jobs import (
     retire_tenant,
     unfinished_jobs,
 )
-from tiers.session._keyword import (
-    BM25Index,
-    tokenize,
-)
-from tiers.session._recall import (
-    FusionWeights,
-    fuse,
-)
-from tiers.session._tier import (
-    MAX_TOP_K,
-    RecalledSession,
-    ReindexProgress,
-    SessionSummary,
-    SessionTier,
-    check_top_k,
-)
+from tiers.session._keyword import tokenize
+from tiers.session._reads import MAX_TOP_K, RecalledSession, check_top_k
+from tiers.session._recall import BM25Index, FusionWeights, fuse
+from tiers.session._reindex import ReindexProgress
+from tiers.session._tier import SessionTier
 from tiers.session._transcripts import (
     decode_header,
     decode_transcript,

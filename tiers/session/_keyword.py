@@ -1,20 +1,16 @@
-"""Keyword relevance: a tokenizer and an Okapi BM25 index over a small set of documents.
+"""The words keyword search matches on: a tokenizer (stopwords dropped, plurals folded).
 
-Used by the session tier to score one user's sessions against a query by the
-words they share, which finds what dense vectors miss: rare proper nouns,
-numbers, product names. Everything here is pure Python and deterministic.
+Recall's BM25 scoring over these tokens is in :mod:`tiers.session._recall`;
+the per-user term counts it scores are built and cached by
+:mod:`tiers.session._view`. Everything here is pure Python and deterministic.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 import re
-from collections import Counter
-from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
 
-__all__ = ["BM25Index", "tokenize"]
+__all__ = ["tokenize"]
 
 # Words of letters and digits; an inner apostrophe keeps "don't" whole (it is a stopword).
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)*")
@@ -61,73 +57,3 @@ def tokenize(text: str) -> list[str]:
     """Lower-cased, stemmed content words of ``text``, in order (stopwords dropped)."""
     words = _WORD.findall(text.lower().replace("’", "'"))
     return [_stem(word) for word in words if word not in STOPWORDS]
-
-
-@dataclass(slots=True)
-class BM25Index:
-    """Okapi BM25 over a fixed set of documents, each held as its term counts.
-
-    Scoring walks every document once per query term: for the few hundred
-    documents of one user that is cheaper than building postings lists,
-    which a cache rebuilt on every change would pay for again and again.
-
-    Args:
-        k1: Term-frequency saturation.
-        b: Length normalisation (0: none, 1: full).
-    """
-
-    k1: float = 1.2
-    b: float = 0.75
-    _doc_ids: list[str] = field(default_factory=list)
-    _counts: list[Mapping[str, int]] = field(default_factory=list)
-    _lengths: list[int] = field(default_factory=list)
-
-    @classmethod
-    def build(
-        cls, docs: Iterable[tuple[str, Sequence[str]]], *, k1: float = 1.2, b: float = 0.75
-    ) -> BM25Index:
-        """Index ``(doc_id, tokens)`` pairs; a repeated doc_id is indexed twice."""
-        return cls.from_counts(((doc_id, Counter(tokens)) for doc_id, tokens in docs), k1=k1, b=b)
-
-    @classmethod
-    def from_counts(
-        cls, docs: Iterable[tuple[str, Mapping[str, int]]], *, k1: float = 1.2, b: float = 0.75
-    ) -> BM25Index:
-        """Index ``(doc_id, term counts)`` pairs (counts as made by :func:`collections.Counter`)."""
-        index = cls(k1=k1, b=b)
-        for doc_id, counts in docs:
-            index._doc_ids.append(doc_id)
-            index._counts.append(counts)
-            index._lengths.append(sum(counts.values()))
-        return index
-
-    def __len__(self) -> int:
-        return len(self._doc_ids)
-
-    def entries(self) -> int:
-        """Total distinct terms over all documents (a measure of memory held)."""
-        return sum(len(counts) for counts in self._counts)
-
-    def scores(self, query_tokens: Sequence[str]) -> dict[str, float]:
-        """BM25 score of every document sharing a term with the query (others score 0).
-
-        A query term repeated counts once: queries are short and a repeat is
-        rarely deliberate emphasis.
-        """
-        n = len(self._doc_ids)
-        if n == 0:
-            return {}
-        avg_length = max(sum(self._lengths) / n, 1e-9)
-        norms = [
-            self.k1 * (1.0 - self.b + self.b * length / avg_length) for length in self._lengths
-        ]
-        totals: dict[int, float] = {}
-        for term in dict.fromkeys(query_tokens):
-            hits = [(i, tf) for i, counts in enumerate(self._counts) if (tf := counts.get(term))]
-            if not hits:
-                continue
-            # The "+1" form of IDF stays positive even for a term in every document.
-            idf = math.log(1.0 + (n - len(hits) + 0.5) / (len(hits) + 0.5))
-            for i, tf in hits:
-                totals[i] = totals.get(i, 0.0) + idf * tf * (self.k1 + 1) / (tf + norms[i])
-        return {self._doc_ids[i]: score for i, score in totals.items()}

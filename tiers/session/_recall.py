@@ -1,30 +1,56 @@
-"""Hybrid ranking of one user's sessions: dense similarity + BM25 + a mild recency prior.
+"""How recall ranks one user's sessions against a query: everything that decides the order.
 
-Dense vectors find paraphrases ("vacation" for "holiday"); BM25 finds the
-exact rare words vectors blur (names, numbers, error codes). Neither is
-reliably better, so both are normalised to [0, 1] per query and combined
-convexly (the fusion found most robust in Bruch et al., "An Analysis of Fusion
-Functions for Hybrid Retrieval", 2023):
+Recall scores *every* stored session of the user exactly (no approximate
+search: one user's few hundred sessions are cheap to score); the tier first
+finishes index work still queued for the user, so its acknowledged writes
+count. What ranking needs is read and cached per user by
+:mod:`tiers.session._view` (creation times, vectors, term counts); the words
+are cut by :func:`tiers.session._keyword.tokenize`. From those inputs,
+:func:`rank` orders the sessions in four steps, each written once below:
 
-- dense: the session's best cosine over its vectors (summary and transcript
-  windows), rescaled so the query's best session is 1 and its worst is 0;
-- keyword: the session's BM25 score divided by the query's best BM25 score
-  (0 when no session shares a word with the query);
-- recency: ``0.5 ** (age / half_life)``, age counted back from the user's
-  newest session; weighted lightly, so it mostly breaks near-ties.
+1. **Dense similarity** (:func:`best_similarity`): a session is stored as
+   several vectors (its summary, and windows of its transcript, see
+   :mod:`tiers.session._chunking`); its similarity is the *best* cosine of
+   the query with any of them, so one matching passage of a long session
+   counts fully. A session with no vector indexed yet has none (NaN).
+2. **Keyword match** (:class:`BM25Index`): Okapi BM25 (``k1`` 1.2, ``b``
+   0.75, the "+1" IDF that stays positive) over the tokens of the summary
+   text and transcript; a query word repeated counts once.
+3. **Recency prior**: ``0.5 ** (age / half_life_days)``, age counted back
+   from the user's newest session; weighted lightly (:class:`FusionWeights`),
+   so it mostly breaks near-ties.
+4. **Fusion** (:func:`fuse`): dense vectors find paraphrases ("vacation" for
+   "holiday"); BM25 finds the exact rare words vectors blur (names, numbers,
+   error codes). Neither is reliably better, so both are normalised to
+   [0, 1] per query and combined convexly (the fusion found most robust in
+   Bruch et al., "An Analysis of Fusion Functions for Hybrid Retrieval", 2023):
 
-The fused score is rescaled into [0, 1].
+   - dense: rescaled so the query's best session is 1 and its worst is 0
+     (one candidate, or all equally similar: 1 each); a session without
+     vectors counts 0;
+   - keyword: the session's BM25 score divided by the query's best BM25
+     score (0 when no session shares a word with the query);
+   - ``dense * weights.dense + keyword * (1 - weights.dense)``, plus
+     ``weights.recency * recency``, divided by ``1 + weights.recency`` so the
+     fused score stays in [0, 1].
+
+   **Tie-breaks**: equal scores go to the newer session, then to the smaller
+   session id, so a ranking is deterministic.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+import math
+from collections import Counter
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 
 import numpy as np
 import numpy.typing as npt
 
-__all__ = ["FusionWeights", "Ranked", "fuse"]
+from tiers.session._keyword import tokenize
+
+__all__ = ["BM25Index", "FusionWeights", "Ranked", "best_similarity", "fuse", "rank"]
 
 _SECONDS_PER_DAY = 86_400.0
 
@@ -115,3 +141,126 @@ def fuse(
         )
         for i in order
     ]
+
+
+def best_similarity(
+    sessions: int,
+    vectors: npt.NDArray[np.float32],
+    owner: npt.NDArray[np.intp],
+    query_vector: Sequence[float],
+) -> npt.NDArray[np.float64]:
+    """Per session, the best cosine of ``query_vector`` with its vectors (NaN: none indexed).
+
+    Args:
+        sessions: How many sessions are ranked.
+        vectors: One row per stored vector, unit length (so a dot product is the cosine).
+        owner: Per row of ``vectors``, the position of its session.
+        query_vector: The query's embedding, unit length.
+    """
+    best = np.full(sessions, np.nan)
+    if len(owner):
+        query = np.asarray(query_vector, dtype=np.float32)
+        np.fmax.at(best, owner, (vectors @ query).astype(np.float64))
+    return best
+
+
+@dataclass(slots=True)
+class BM25Index:
+    """Okapi BM25 over a fixed set of documents, each held as its term counts.
+
+    Scoring walks every document once per query term: for the few hundred
+    documents of one user that is cheaper than building postings lists,
+    which a cache rebuilt on every change would pay for again and again.
+
+    Args:
+        k1: Term-frequency saturation.
+        b: Length normalisation (0: none, 1: full).
+    """
+
+    k1: float = 1.2
+    b: float = 0.75
+    _doc_ids: list[str] = field(default_factory=list)
+    _counts: list[Mapping[str, int]] = field(default_factory=list)
+    _lengths: list[int] = field(default_factory=list)
+
+    @classmethod
+    def build(
+        cls, docs: Iterable[tuple[str, Sequence[str]]], *, k1: float = 1.2, b: float = 0.75
+    ) -> BM25Index:
+        """Index ``(doc_id, tokens)`` pairs; a repeated doc_id is indexed twice."""
+        return cls.from_counts(((doc_id, Counter(tokens)) for doc_id, tokens in docs), k1=k1, b=b)
+
+    @classmethod
+    def from_counts(
+        cls, docs: Iterable[tuple[str, Mapping[str, int]]], *, k1: float = 1.2, b: float = 0.75
+    ) -> BM25Index:
+        """Index ``(doc_id, term counts)`` pairs (counts as made by :func:`collections.Counter`)."""
+        index = cls(k1=k1, b=b)
+        for doc_id, counts in docs:
+            index._doc_ids.append(doc_id)
+            index._counts.append(counts)
+            index._lengths.append(sum(counts.values()))
+        return index
+
+    def __len__(self) -> int:
+        return len(self._doc_ids)
+
+    def entries(self) -> int:
+        """Total distinct terms over all documents (a measure of memory held)."""
+        return sum(len(counts) for counts in self._counts)
+
+    def scores(self, query_tokens: Sequence[str]) -> dict[str, float]:
+        """BM25 score of every document sharing a term with the query (others score 0).
+
+        A query term repeated counts once: queries are short and a repeat is
+        rarely deliberate emphasis.
+        """
+        n = len(self._doc_ids)
+        if n == 0:
+            return {}
+        avg_length = max(sum(self._lengths) / n, 1e-9)
+        norms = [
+            self.k1 * (1.0 - self.b + self.b * length / avg_length) for length in self._lengths
+        ]
+        totals: dict[int, float] = {}
+        for term in dict.fromkeys(query_tokens):
+            hits = [(i, tf) for i, counts in enumerate(self._counts) if (tf := counts.get(term))]
+            if not hits:
+                continue
+            # The "+1" form of IDF stays positive even for a term in every document.
+            idf = math.log(1.0 + (n - len(hits) + 0.5) / (len(hits) + 0.5))
+            for i, tf in hits:
+                totals[i] = totals.get(i, 0.0) + idf * tf * (self.k1 + 1) / (tf + norms[i])
+        return {self._doc_ids[i]: score for i, score in totals.items()}
+
+
+def rank(
+    session_ids: Sequence[str],
+    *,
+    created_at: npt.NDArray[np.float64],
+    vectors: npt.NDArray[np.float32],
+    owner: npt.NDArray[np.intp],
+    query_vector: Sequence[float],
+    keywords: BM25Index,
+    query: str,
+    weights: FusionWeights,
+) -> list[Ranked]:
+    """Rank one user's sessions against a query, best first (the steps of the module docstring).
+
+    Args:
+        session_ids: Every session of the user.
+        created_at: Per session, its creation time as a POSIX timestamp.
+        vectors: The sessions' stored vectors, one per row.
+        owner: Per row of ``vectors``, the position of its session in ``session_ids``.
+        query_vector: The query's embedding.
+        keywords: BM25 over the sessions' summary and transcript text.
+        query: The query text.
+        weights: The fusion weights.
+    """
+    return fuse(
+        session_ids,
+        similarity=best_similarity(len(session_ids), vectors, owner, query_vector),
+        keyword=keywords.scores(tokenize(query)),
+        created_at=created_at,
+        weights=weights,
+    )

@@ -1,10 +1,10 @@
-"""An in-memory, per-user view of the session tier, for fast recall and listing.
+"""An in-memory, per-user view of the session tier: the inputs of recall and listing.
 
 A view holds what ranking one user's sessions needs: each session's creation
 time, a BM25 index over its summary and transcript text, and its vectors
 (fetched from the index by id, which is fast, rather than with a metadata
-filter, which scans). Recall then scores every session of the user exactly,
-with no approximate search.
+filter, which scans). It only reads and caches them; how they are scored is
+:mod:`tiers.session._recall`.
 
 Views are only a cache. Each is stamped with the user's *revision*: a token
 the session tier replaces in the same KV commit as any change of the user's
@@ -31,10 +31,11 @@ from tiers.backends.base import KVStore, VectorIndex
 from tiers.errors import CorruptRecordError
 from tiers.models import Message
 from tiers.session._chunking import keyword_text
-from tiers.session._keyword import BM25Index, tokenize
+from tiers.session._keyword import tokenize
+from tiers.session._recall import BM25Index
 from tiers.session._transcripts import TranscriptHeader, is_header_key
 
-__all__ = ["UserView", "ViewCache", "build_view"]
+__all__ = ["SessionVectors", "UserView", "ViewCache", "build_view"]
 
 logger = logging.getLogger(__name__)
 
@@ -92,8 +93,13 @@ def _transcripts(pairs: Sequence[tuple[str, bytes]], where: str) -> dict[str, li
 
 
 @dataclass
-class _Vectors:
-    """The user's session vectors: one row per vector, ``owner`` = the row's session position."""
+class SessionVectors:
+    """The user's session vectors: one row per vector, ``owner`` = the row's session position.
+
+    Attributes:
+        matrix: One stored vector per row.
+        owner: Per row, the position of its session in :attr:`UserView.session_ids`.
+    """
 
     matrix: npt.NDArray[np.float32]
     owner: npt.NDArray[np.intp]
@@ -119,7 +125,7 @@ class UserView:
     nbytes: int = 0
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _bm25: BM25Index | None = field(default=None, repr=False)
-    _vectors: _Vectors | None = field(default=None, repr=False)
+    _vectors: SessionVectors | None = field(default=None, repr=False)
 
     def newest_first(self) -> list[str]:
         """Session ids, newest first (ties: larger id first, like the full listing)."""
@@ -130,10 +136,8 @@ class UserView:
         )
         return [self.session_ids[i] for i in order]
 
-    def keyword_scores(
-        self, kv: KVStore, tenant: str, user_id: str, query: str
-    ) -> dict[str, float]:
-        """BM25 score of each session sharing a word with ``query`` (summary + transcript text)."""
+    def keywords(self, kv: KVStore, tenant: str, user_id: str) -> BM25Index:
+        """BM25 over each session's summary and transcript text (built on first use)."""
         with self._lock:
             if self._bm25 is None:
                 space = keys.transcripts_space(tenant, user_id)
@@ -143,32 +147,19 @@ class UserView:
                     for sid, text in zip(self.session_ids, self.texts, strict=True)
                 )
                 self.nbytes += _ENTRY_BYTES * self._bm25.entries()
-            bm25 = self._bm25
-        return bm25.scores(tokenize(query))
+            return self._bm25
 
-    def similarities(
-        self,
-        kv: KVStore,
-        index: VectorIndex,
-        tenant: str,
-        user_id: str,
-        query_vector: Sequence[float],
-    ) -> npt.NDArray[np.float64]:
-        """Per session, the best cosine of ``query_vector`` with its vectors (NaN: none indexed)."""
+    def vectors(self, kv: KVStore, index: VectorIndex, tenant: str, user_id: str) -> SessionVectors:
+        """Every indexed vector of the user's sessions (fetched on first use)."""
         with self._lock:
             if self._vectors is None:
                 self._vectors = self._fetch_vectors(kv, index, tenant, user_id)
                 self.nbytes += self._vectors.matrix.nbytes + self._vectors.owner.nbytes
-            vectors = self._vectors
-        best = np.full(len(self.session_ids), np.nan)
-        if len(vectors.owner):
-            query = np.asarray(query_vector, dtype=np.float32)
-            np.fmax.at(best, vectors.owner, (vectors.matrix @ query).astype(np.float64))
-        return best
+            return self._vectors
 
     def _fetch_vectors(
         self, kv: KVStore, index: VectorIndex, tenant: str, user_id: str
-    ) -> _Vectors:
+    ) -> SessionVectors:
         counts = dict(kv.scan(keys.session_vectors_space(tenant, user_id)))
         position = {sid: n for n, sid in enumerate(self.session_ids)}
         wanted: dict[str, int] = {}
@@ -179,7 +170,7 @@ class UserView:
                 wanted[keys.session_chunk_vector_id(tenant, user_id, sid, chunk)] = n
         found, matrix = index.get_embeddings(list(wanted))
         owner = np.fromiter((wanted[vid] for vid in found), dtype=np.intp, count=len(found))
-        return _Vectors(matrix=np.ascontiguousarray(matrix, dtype=np.float32), owner=owner)
+        return SessionVectors(matrix=np.ascontiguousarray(matrix, dtype=np.float32), owner=owner)
 
 
 def build_view(kv: KVStore, tenant: str, user_id: str, revision: bytes | None) -> UserView:

@@ -1,0 +1,206 @@
+"""The session tier's read paths: stored summaries and transcripts, listing, and recall.
+
+:class:`SessionReader` reads the KV store (the truth) and, for listing and
+recall, the user's cached view (:mod:`tiers.session._view`). Recall checks
+its input, settles the user's queued index work, embeds the query, and hands
+the view's inputs to :func:`tiers.session._recall.rank`, which decides the
+order; it then reads the best records in small rounds. The contracts are
+documented on :class:`~tiers.session.SessionTier`.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from tiers.codec import decode
+from tiers.errors import InvalidInputError, SessionNotFoundError
+from tiers.ids import check_id
+from tiers.models import MAX_TEXT, Message, SessionSummary
+from tiers.session._recall import FusionWeights, Ranked, rank
+from tiers.session._store import SessionStore
+from tiers.session._transcripts import (
+    TranscriptHeader,
+    decode_header,
+    decode_transcript,
+    header_key,
+    is_header_key,
+    page_key,
+)
+
+__all__ = ["MAX_TOP_K", "RecalledSession", "SessionReader", "check_top_k"]
+
+MAX_TOP_K = 100
+
+
+def check_top_k(top_k: object) -> int:
+    """``top_k`` if it is an integer from 1 to :data:`MAX_TOP_K` (not a bool).
+
+    Raises:
+        InvalidInputError: Anything else; ``field`` is ``top_k``.
+    """
+    if not isinstance(top_k, int) or isinstance(top_k, bool) or not 1 <= top_k <= MAX_TOP_K:
+        raise InvalidInputError(
+            f"top_k must be an integer from 1 to {MAX_TOP_K}, got {top_k!r}", field="top_k"
+        )
+    return top_k
+
+
+class RecalledSession(BaseModel):
+    """A session returned by :meth:`SessionTier.recall_relevant`.
+
+    Attributes:
+        summary: The stored summary, read from the KV store.
+        score: Fused relevance in [0, 1] (dense similarity, keyword match and
+            recency, see :mod:`tiers.session._recall`); higher is more relevant.
+        similarity: Best cosine similarity between the query and the
+            session's vectors (summary or a transcript window), or ``None``
+            when the session is not indexed yet.
+        keyword: The session's BM25 score relative to the query's best
+            keyword match, in [0, 1].
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    summary: SessionSummary
+    score: Annotated[float, Field(ge=-1.0, le=1.0)]
+    similarity: Annotated[float, Field(ge=-1.0, le=1.0)] | None = None
+    keyword: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+
+
+class SessionReader:
+    """Reads of a tenant's sessions (see :class:`~tiers.session.SessionTier`).
+
+    Args:
+        store: The store core it reads through.
+        weights: How recall fuses its signals.
+    """
+
+    def __init__(self, store: SessionStore, weights: FusionWeights) -> None:
+        self._store = store
+        self._weights = weights
+
+    def get_session(self, user_id: str, session_id: str) -> SessionSummary:
+        """Read one stored summary."""
+        check_id(user_id, "user_id")
+        check_id(session_id, "session_id")
+        space = self._store.sessions_space(user_id)
+        (data,) = self._store.kv.get_many(space, [session_id])
+        if data is None:
+            raise SessionNotFoundError(f"user {user_id!r} has no session {session_id!r}")
+        return decode(SessionSummary, data, where=f"{space}/{session_id}")
+
+    def transcript_header(self, user_id: str, session_id: str) -> TranscriptHeader:
+        """Describe a session's stored transcript."""
+        check_id(user_id, "user_id")
+        check_id(session_id, "session_id")
+        space = self._store.transcripts_space(user_id)
+        (raw,) = self._store.kv.get_many(space, [header_key(session_id)])
+        if raw is None:
+            raise SessionNotFoundError(
+                f"user {user_id!r} has no transcript stored for session {session_id!r}"
+            )
+        return decode_header(raw, where=f"{space}/{session_id}")
+
+    def get_transcript(self, user_id: str, session_id: str) -> list[Message]:
+        """Read a session's stored transcript."""
+        header = self.transcript_header(user_id, session_id)
+        space = self._store.transcripts_space(user_id)
+        pages = self._store.kv.get_many(
+            space, [page_key(session_id, n) for n in range(header.pages)]
+        )
+        return decode_transcript(header, pages, where=f"{space}/{session_id}")
+
+    def unsummarized_sessions(self, user_id: str) -> list[str]:
+        """Sessions of the user with a stored transcript but no summary."""
+        check_id(user_id, "user_id")
+        space = self._store.transcripts_space(user_id)
+        with_transcript = [key for key, _ in self._store.kv.scan(space) if is_header_key(key)]
+        if not with_transcript:
+            return []
+        summaries = self._store.kv.get_many(self._store.sessions_space(user_id), with_transcript)
+        return [sid for sid, data in zip(with_transcript, summaries, strict=True) if data is None]
+
+    def list_sessions(self, user_id: str, limit: int | None = None) -> list[SessionSummary]:
+        """A user's summaries, newest first by ``created_at``."""
+        check_id(user_id, "user_id")
+        if limit is not None and (
+            not isinstance(limit, int) or isinstance(limit, bool) or limit < 0
+        ):
+            raise InvalidInputError("limit must be a non-negative integer or None", field="limit")
+        space = self._store.sessions_space(user_id)
+        if limit is not None:
+            # The newest few by the cached order, then read for real: cheap for a long history.
+            chosen = self._store.view(user_id).newest_first()[:limit]
+            records = self._store.kv.get_many(space, chosen)
+            if all(data is not None for data in records):
+                return [
+                    decode(SessionSummary, data, where=f"{space}/{sid}")
+                    for sid, data in zip(chosen, records, strict=True)
+                    if data is not None
+                ]
+            # A record vanished without a revision change (written around this tier): read all.
+        summaries = [
+            decode(SessionSummary, data, where=f"{space}/{key}")
+            for key, data in self._store.kv.scan(space)
+        ]
+        summaries.sort(key=lambda s: (s.created_at, s.session_id), reverse=True)
+        return summaries if limit is None else summaries[:limit]
+
+    def recall(self, user_id: str, query: str, top_k: int) -> list[RecalledSession]:
+        """The user's sessions most relevant to ``query``, best first (see :func:`.rank`)."""
+        check_id(user_id, "user_id")
+        if not isinstance(query, str) or not query.strip():
+            raise InvalidInputError("query must be a non-empty string", field="query")
+        if len(query) > MAX_TEXT:
+            raise InvalidInputError(
+                f"query is {len(query)} characters, over the limit of {MAX_TEXT}", field="query"
+            )
+        check_top_k(top_k)
+        store = self._store
+        store.indexer.repair_if_needed()
+        view = store.view(user_id, settle=True)
+        if not view.session_ids:
+            return []
+        (query_vector,) = store.embedder.embed([query])
+        vectors = view.vectors(store.kv, store.index, store.tenant, user_id)
+        keywords = view.keywords(store.kv, store.tenant, user_id)
+        store.views.trim()
+        ranked = rank(
+            view.session_ids,
+            created_at=view.created_at,
+            vectors=vectors.matrix,
+            owner=vectors.owner,
+            query_vector=query_vector,
+            keywords=keywords,
+            query=query,
+            weights=self._weights,
+        )
+        return self._read_best(user_id, ranked, top_k)
+
+    def _read_best(self, user_id: str, ranked: list[Ranked], top_k: int) -> list[RecalledSession]:
+        """The first ``top_k`` ranked sessions whose summary is still stored, read and decoded."""
+        space = self._store.sessions_space(user_id)
+        results: list[RecalledSession] = []
+        position = 0
+        # Read in small rounds: a hit whose record is gone (deleted around this tier) is skipped.
+        while position < len(ranked) and len(results) < top_k:
+            batch = ranked[position : position + top_k - len(results) + 2]
+            position += len(batch)
+            records = self._store.kv.get_many(space, [hit.session_id for hit in batch])
+            for hit, data in zip(batch, records, strict=True):
+                if data is None:
+                    continue
+                summary = decode(SessionSummary, data, where=f"{space}/{hit.session_id}")
+                results.append(
+                    RecalledSession(
+                        summary=summary,
+                        score=hit.score,
+                        similarity=hit.similarity,
+                        keyword=hit.keyword,
+                    )
+                )
+                if len(results) == top_k:
+                    break
+        return results

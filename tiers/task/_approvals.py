@@ -15,7 +15,7 @@ from tiers.errors import (
     RunStateError,
 )
 from tiers.ids import check_id
-from tiers.models import PendingApproval, RunInfo, RunStatus
+from tiers.models import PendingApproval, RunInfo
 from tiers.task._handle_core import HandleCore
 from tiers.task._records import (
     MAX_NOTE,
@@ -176,7 +176,7 @@ class ApprovalsMixin(TierCore):
             txn.add_event(kind, key=pending.key, plan_hash=plan_hash, by=by, by_key=by_key)
             txn.puts.append(Put(space, keys.approval_key(pending.key), encode(new)))
             txn.checks.append(Check(space, keys.approval_key(pending.key), data))
-            txn.update.update(pending_approval=None, status=RunStatus.RESUMABLE)
+            txn.update.pending_approval = None
             return txn
 
         self._operate(run_id, build, "decide")
@@ -263,11 +263,8 @@ class HandleApprovalsMixin(HandleCore):
             txn.add_event(EventKind.RUN_PAUSED, reason="approval", key=gate)
             txn.puts.append(Put(space, keys.approval_key(gate), encode(record)))
             txn.checks.append(Check(space, keys.approval_key(gate), None))
-            txn.update.update(
-                status=RunStatus.PAUSED,
-                pending_approval=PendingApproval(
-                    key=gate, plan_hash=plan_hash, requested_at=txn.now
-                ),
+            txn.update.pending_approval = PendingApproval(
+                key=gate, plan_hash=plan_hash, requested_at=txn.now
             )
             return txn
 

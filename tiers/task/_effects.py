@@ -43,7 +43,7 @@ from tiers.task._records import (
     to_json,
 )
 from tiers.task._storage import TierCore
-from tiers.task._txn import _UNSET, Txn, _check_fits, _unpack, _with
+from tiers.task._txn import UNSET, Txn, check_fits, unpack_output, with_changes
 
 __all__ = ["EffectsMixin", "HandleEffectsMixin", "Reconcile"]
 
@@ -74,7 +74,7 @@ class EffectsMixin(TierCore):
         run_id: str,
         key: str,
         *,
-        output: object = _UNSET,
+        output: object = UNSET,
         rerun: bool = False,
         by: str = "operator",
         by_key: str | None = None,
@@ -105,12 +105,12 @@ class EffectsMixin(TierCore):
         check_id(run_id, "run_id")
         key = check_key(key)
         by, by_key = check_decider(by, by_key)
-        if (output is _UNSET) == (not rerun):
+        if (output is UNSET) == (not rerun):
             raise InvalidInputError(
                 "give exactly one of output=... (the effect happened) or rerun=True (it did not)",
                 field="output",
             )
-        value = None if output is _UNSET else to_json(output, field="output")
+        value = None if output is UNSET else to_json(output, field="output")
         # The response digest is of the output as given; the ledger keeps it redacted.
         digest = output_digest(value)
         value = self.redactor.redact_json(value)
@@ -381,7 +381,9 @@ class HandleEffectsMixin(HandleCore):
                 old = self._tier._read_effect_bytes(self.run_id, rec.key)
                 txn.add_event(EventKind.COMPENSATED, key=rec.key, name=rec.name)
                 txn.puts.append(
-                    Put(space, keys.effect_key(rec.key), encode(_with(rec, compensated=True)))
+                    Put(
+                        space, keys.effect_key(rec.key), encode(with_changes(rec, compensated=True))
+                    )
                 )
                 txn.checks.append(Check(space, keys.effect_key(rec.key), old))
 
@@ -531,7 +533,7 @@ class HandleEffectsMixin(HandleCore):
                 f"effect {key!r} of run {self.run_id!r} is a compensation: compensate() records it"
             )
         if rec.status is EffectStatus.RECORDED:
-            value, _, _, _ = _unpack(output, rec.name)
+            value, _, _, _ = unpack_output(output, rec.name)
             if rec.response_hash != output_digest(value):
                 raise ConflictError(
                     f"effect {key!r} of run {self.run_id!r} is recorded already with another "
@@ -764,13 +766,13 @@ class HandleEffectsMixin(HandleCore):
                         Put(
                             space,
                             keys.effect_key(rec.key),
-                            encode(_with(rec, flagged_unknown=True)),
+                            encode(with_changes(rec, flagged_unknown=True)),
                         )
                     )
                     txn.checks.append(Check(space, keys.effect_key(rec.key), rec_bytes))
                 if rec.key not in flagged:
                     flagged.append(rec.key)
-            txn.update["unknown_effects"] = flagged
+            txn.update.unknown_effects = flagged
             return txn
 
         # Flagging records a fact about the past: whatever the run's status, if the lease holds.
@@ -785,7 +787,7 @@ class HandleEffectsMixin(HandleCore):
         worker stops. Only a takeover (a new lease epoch) makes it write
         nothing: the new holder reconciles the effect.
         """
-        output, tokens, cost, delta = _unpack(raw, call.name)
+        output, tokens, cost, delta = unpack_output(raw, call.name)
         # The ledger keeps the response's digest and a redacted output: a credential an
         # effect returned is not stored, and a retried record_effect still matches by digest.
         # What this returns is what was stored, as a replay returns it.
@@ -815,7 +817,7 @@ class HandleEffectsMixin(HandleCore):
                 response_hash=response_hash,
                 source=source,
             )
-            new = _with(
+            new = with_changes(
                 rec,
                 status=EffectStatus.RECORDED,
                 output=output,
@@ -824,7 +826,7 @@ class HandleEffectsMixin(HandleCore):
                 recorded_seq=txn.base.event_seq + len(txn.events),
             )
             data = encode(new)
-            _check_fits(
+            check_fits(
                 self._tier._kv.max_value_bytes, data, f"output of effect {call.name!r}", "output"
             )
             txn.puts.append(Put(space, keys.effect_key(call.key), data))
@@ -866,9 +868,9 @@ class HandleEffectsMixin(HandleCore):
 
 def _settled(txn: Txn, key: str) -> None:
     """Drop ``key`` from the run's unknown effects, in the commit that settles it."""
-    current: list[str] = txn.update.get("unknown_effects", txn.base.unknown_effects)
+    current = txn.head().unknown_effects
     if key in current:
-        txn.update["unknown_effects"] = [k for k in current if k != key]
+        txn.update.unknown_effects = [k for k in current if k != key]
 
 
 def _call(fn: Callable[..., Any], key: str) -> Any:

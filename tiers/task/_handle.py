@@ -21,7 +21,7 @@ from tiers.errors import (
     ConflictError,
     InvalidInputError,
 )
-from tiers.models import MAX_TEXT, Checkpoint, RunInfo, RunStatus
+from tiers.models import MAX_TEXT, Checkpoint, RunInfo
 from tiers.task._approvals import HandleApprovalsMixin
 from tiers.task._effects import HandleEffectsMixin
 from tiers.task._handle_core import _ActiveStep
@@ -33,7 +33,7 @@ from tiers.task._records import (
     to_json,
     to_json_dict,
 )
-from tiers.task._txn import Txn, _unpack
+from tiers.task._txn import Txn, unpack_output
 
 __all__ = ["RunHandle", "Txn"]
 
@@ -131,7 +131,7 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
             raw = fn()
         finally:
             self._active = None
-        output, tokens, cost, delta = _unpack(raw, step)
+        output, tokens, cost, delta = unpack_output(raw, step)
         if callable(scope):
             scope_value = _scope_json(scope(), step)
         made: list[Checkpoint] = []
@@ -280,9 +280,8 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
         def build() -> Txn:
             txn = self._txn()
             txn.add_event(EventKind.RUN_RELEASED, owner=txn.base.lease_owner)
-            txn.update.update(lease_owner=None, lease_expires_at=None)
-            if txn.base.status is RunStatus.RUNNING:
-                txn.update["status"] = RunStatus.RESUMABLE
+            txn.update.lease_owner = None
+            txn.update.lease_expires_at = None
             return txn
 
         def recheck(info: RunInfo) -> None:
@@ -302,7 +301,7 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
             RunStateError: The run is already finished, cancelled or paused.
         """
         value = self._tier.redactor.redact_json(to_json(result, field="result"))
-        return self._finish(RunStatus.COMPLETED, EventKind.RUN_COMPLETED, {"result": value})
+        return self._finish(EventKind.RUN_COMPLETED, result=value)
 
     def fail(self, error: str) -> RunInfo:
         """Mark the run failed. ``error`` is kept (truncated to 20,000 characters).
@@ -317,7 +316,7 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
                 f"error must be a string, got {type(error).__name__}", field="error"
             )
         error = self._tier.redactor.redact(error)[:MAX_TEXT]
-        return self._finish(RunStatus.FAILED, EventKind.RUN_FAILED, {"error": error})
+        return self._finish(EventKind.RUN_FAILED, error=error)
 
 
 def _scope_json(scope: object, step: str) -> dict[str, JsonValue]:

@@ -33,7 +33,7 @@ from tiers.task._records import (
     checkpoint_id,
 )
 from tiers.task._storage import TierCore
-from tiers.task._txn import Txn, _check_fits
+from tiers.task._txn import Txn, check_fits
 
 __all__ = ["COMPENSATABLE", "HandleCore"]
 
@@ -284,9 +284,7 @@ class HandleCore:
         info = self._info
         txn = Txn(self.run_id, self._epoch, info, self._tier._now())
         if self._lease_ttl is not None and info.lease_owner is not None:
-            txn.update["lease_expires_at"] = txn.now + timedelta(seconds=self._lease_ttl)
-        if info.status is RunStatus.RESUMABLE:
-            txn.update["status"] = RunStatus.RUNNING
+            txn.update.lease_expires_at = txn.now + timedelta(seconds=self._lease_ttl)
         return txn
 
     def _commit(
@@ -401,14 +399,16 @@ class HandleCore:
                 f"step {step!r}: invalid checkpoint: {where}: {first['msg']}", field=where
             ) from exc
         data = encode(ckpt)
-        _check_fits(tier._kv.max_value_bytes, data, f"checkpoint of step {step!r}", "output")
+        check_fits(tier._kv.max_value_bytes, data, f"checkpoint of step {step!r}", "output")
         space = keys.run_space(tier.tenant, self.run_id)
         ckpt_key = keys.checkpoint_key(seq)
         index_key = keys.idempotency_key(key)
         index = IdempotencyEntry(seq=seq, checkpoint_id=ckpt_id, input_hash=digest)
         txn.puts += [Put(space, ckpt_key, data), Put(space, index_key, encode(index))]
         txn.checks += [Check(space, ckpt_key, None), Check(space, index_key, entry)]
-        txn.update.update(head_seq=seq, head_checkpoint_id=ckpt_id, last_checkpoint_at=txn.now)
+        txn.update.head_seq = seq
+        txn.update.head_checkpoint_id = ckpt_id
+        txn.update.last_checkpoint_at = txn.now
         self._own_keys.add(key)
         if delta:
             values = self._load_values() if self._values is None else self._values
@@ -416,22 +416,23 @@ class HandleCore:
         new_event_seq = info.event_seq + len(txn.events)
         if new_event_seq - info.snapshot_event_seq >= tier.snapshot_every:
             values = self._load_values() if self._values is None else self._values
+            current = txn.head()
             snap = Snapshot(
                 run_id=self.run_id,
                 seq=seq,
                 checkpoint_id=ckpt_id,
                 event_seq=event_seq,
                 values=values,
-                status=RunStatus.RUNNING.value,
-                spent_tokens=txn.update.get("spent_tokens", info.spent_tokens),
-                spent_cost=txn.update.get("spent_cost", info.spent_cost),
-                unknown_effects=txn.update.get("unknown_effects", info.unknown_effects),
+                status=current.status.value,
+                spent_tokens=current.spent_tokens,
+                spent_cost=current.spent_cost,
+                unknown_effects=current.unknown_effects,
             )
             snap_data = encode(snap)
             if len(snap_data) <= tier._kv.max_value_bytes:
                 # A state too large for one value is folded from checkpoints instead.
                 txn.puts.append(Put(space, keys.snapshot_key(seq), snap_data))
-                txn.update["snapshot_event_seq"] = event_seq
+                txn.update.snapshot_event_seq = event_seq
         return ckpt
 
     def _add_debit(self, txn: Txn, tokens: int, cost: float, key: str) -> None:
@@ -447,23 +448,28 @@ class HandleCore:
             spent_tokens=spent_tokens,
             spent_cost=spent_cost,
         )
-        txn.update.update(spent_tokens=spent_tokens, spent_cost=spent_cost)
+        txn.update.spent_tokens = spent_tokens
+        txn.update.spent_cost = spent_cost
 
-    def _finish(self, status: RunStatus, kind: EventKind, update: dict[str, Any]) -> RunInfo:
-        self._refuse_nesting(status.value)
+    def _finish(
+        self, kind: EventKind, *, result: JsonValue = None, error: str | None = None
+    ) -> RunInfo:
+        """Complete (``RunCompleted`` with ``result``) or fail (``RunFailed`` with ``error``) the run."""
+        self._refuse_nesting("failed" if kind is EventKind.RUN_FAILED else "completed")
 
         def build() -> Txn:
             txn = self._txn()
-            txn.add_event(kind, **({"error": update["error"]} if "error" in update else {}))
-            txn.update.update(
-                status=status,
-                finished_at=txn.now,
-                lease_owner=None,
-                lease_expires_at=None,
-                **update,
-            )
+            if kind is EventKind.RUN_FAILED:
+                txn.add_event(kind, error=error)
+                txn.update.error = error
+            else:
+                txn.add_event(kind)
+                txn.update.result = result
+            txn.update.finished_at = txn.now
+            txn.update.lease_owner = None
+            txn.update.lease_expires_at = None
             head = encode(txn.head())
-            _check_fits(
+            check_fits(
                 self._tier._kv.max_value_bytes,
                 head,
                 f"run {self.run_id!r} with its result",

@@ -16,6 +16,8 @@ from tiers.errors import (
 )
 from tiers.ids import check_id
 from tiers.models import Checkpoint, RunInfo, RunStatus
+from tiers.task import _lifecycle as lifecycle
+from tiers.task._lifecycle import INITIAL
 from tiers.task._records import (
     EffectRecord,
     EffectStatus,
@@ -241,105 +243,65 @@ class QueriesMixin(TierCore):
 
         The head (``RunInfo``) is this fold kept up to date in every commit;
         this recomputes it from the log, for audits and consistency checks.
+        The status is the lifecycle table's fold of the events
+        (:mod:`tiers.task._lifecycle`), as every commit moves it.
 
         Raises:
             RunNotFoundError: No such run.
         """
         info = self.get_run(run_id)
         space = keys.run_space(self._tenant, run_id)
-        snaps = self._kv.scan(space, prefix=keys.SNAPSHOT_PREFIX)
-        latest: Snapshot | None = None
-        for key, raw in snaps:
-            snap = decode(Snapshot, raw, where=f"{space}/{key}")
-            if latest is None or snap.event_seq > latest.event_seq:
-                latest = snap
-        status = RunStatus.RUNNING
-        head_seq, head_id, spent_tokens, spent_cost = 0, None, 0, 0.0
-        values: dict[str, JsonValue] = {}
-        unknown: list[str] = []
-        after = 0
-        if latest is not None:
-            status = RunStatus(latest.status)
-            head_seq, head_id = latest.seq, latest.checkpoint_id
-            spent_tokens, spent_cost = latest.spent_tokens, latest.spent_cost
-            values = dict(latest.values)
-            unknown = list(latest.unknown_effects)
-            after = latest.event_seq
-        pending: str | None = None if latest is None else latest.pending_plan_hash
-        if after < info.compacted_through:
+        snaps = [
+            decode(Snapshot, raw, where=f"{space}/{key}")
+            for key, raw in self._kv.scan(space, prefix=keys.SNAPSHOT_PREFIX)
+        ]
+        latest = max(snaps, key=lambda snap: snap.event_seq, default=None)
+        base = Snapshot(run_id=run_id, seq=0, checkpoint_id=None, event_seq=0, status=INITIAL)
+        start = base if latest is None else latest
+        if start.event_seq < info.compacted_through:
             raise CorruptRecordError(
                 f"run {run_id!r}: events up to {info.compacted_through} were compacted but the "
-                f"latest snapshot is at event {after}"
+                f"latest snapshot is at event {start.event_seq}"
             )
-        tail = self.events(run_id, after_seq=after)
-        handle_kinds = {
-            EventKind.STEP_STARTED,
-            EventKind.STEP_COMMITTED,
-            EventKind.EFFECT_INVOKED,
-            EventKind.EFFECT_RECORDED,
-            EventKind.EFFECT_NOT_DONE,
-            EventKind.EFFECT_OUTCOME_UNKNOWN,
-            EventKind.BUDGET_DEBITED,
-            EventKind.COMPENSATED,
-        }
+        tail = self.events(run_id, after_seq=start.event_seq)
+        head_seq, head_id = start.seq, start.checkpoint_id
+        spent_tokens, spent_cost = start.spent_tokens, start.spent_cost
+        pending, values = start.pending_plan_hash, dict(start.values)
+        unknown = list(start.unknown_effects)
         for event in tail:
-            kind, data = event.kind, event.data
-            by_worker = kind in handle_kinds and data.get("source") != "operator"
-            if by_worker and status is RunStatus.RESUMABLE:
-                status = RunStatus.RUNNING
-            if kind is EventKind.EFFECT_OUTCOME_UNKNOWN:
-                if data["key"] not in unknown:
+            data = event.data
+            match event.kind:
+                case EventKind.STEP_COMMITTED:
+                    head_seq = int(str(data["seq"]))
+                    ckpt = self._read_checkpoint(run_id, head_seq)
+                    if ckpt is None:
+                        raise CorruptRecordError(
+                            f"run {run_id!r}: event {event.seq} names no checkpoint"
+                        )
+                    head_id = ckpt.checkpoint_id
+                    values.update(ckpt.state_delta or {})
+                case EventKind.STATE_UPDATED:
+                    head_seq, head_id = int(str(data["seq"])), str(data["checkpoint_id"])
+                    values = self._values_at(run_id, head_seq)
+                case EventKind.BUDGET_DEBITED:
+                    spent_tokens = int(str(data["spent_tokens"]))
+                    spent_cost = float(str(data["spent_cost"]))
+                case EventKind.APPROVAL_REQUESTED:
+                    pending = str(data["plan_hash"])
+                case EventKind.APPROVAL_GRANTED | EventKind.APPROVAL_REJECTED:
+                    pending = None
+                case EventKind.EFFECT_OUTCOME_UNKNOWN if data["key"] not in unknown:
                     unknown.append(str(data["key"]))
-            elif kind in (
-                EventKind.EFFECT_INVOKED,
-                EventKind.EFFECT_RECORDED,
-                EventKind.EFFECT_NOT_DONE,
-            ):
-                unknown = [k for k in unknown if k != data["key"]]
-            if kind is EventKind.STEP_COMMITTED:
-                seq = int(str(data["seq"]))
-                ckpt = self._read_checkpoint(run_id, seq)
-                if ckpt is None:
-                    raise CorruptRecordError(
-                        f"run {run_id!r}: event {event.seq} names no checkpoint"
-                    )
-                head_seq, head_id = seq, ckpt.checkpoint_id
-                if ckpt.state_delta:
-                    values.update(ckpt.state_delta)
-            elif kind is EventKind.STATE_UPDATED:
-                seq = int(str(data["seq"]))
-                head_seq, head_id = seq, str(data["checkpoint_id"])
-                values = self._values_at(run_id, seq)
-                if status is not RunStatus.PAUSED:
-                    status = RunStatus.RESUMABLE
-            elif kind is EventKind.BUDGET_DEBITED:
-                spent_tokens = int(str(data["spent_tokens"]))
-                spent_cost = float(str(data["spent_cost"]))
-            elif kind in (EventKind.RUN_STARTED, EventKind.RUN_RESUMED):
-                if status is not RunStatus.PAUSED:
-                    status = RunStatus.RUNNING
-            elif kind is EventKind.RUN_FORKED:
-                status = RunStatus.RESUMABLE
-            elif kind is EventKind.APPROVAL_REQUESTED:
-                pending = str(data["plan_hash"])
-            elif kind is EventKind.RUN_PAUSED:
-                status = RunStatus.PAUSED
-            elif kind in (EventKind.APPROVAL_GRANTED, EventKind.APPROVAL_REJECTED):
-                pending, status = None, RunStatus.RESUMABLE
-            elif kind is EventKind.RUN_RELEASED:
-                if status is RunStatus.RUNNING:
-                    status = RunStatus.RESUMABLE
-            elif kind is EventKind.RUN_COMPLETED:
-                status = RunStatus.COMPLETED
-            elif kind is EventKind.RUN_FAILED:
-                status = RunStatus.FAILED
-            elif kind is EventKind.RUN_CANCELLED:
-                status = RunStatus.CANCELLED
+                case (
+                    EventKind.EFFECT_INVOKED | EventKind.EFFECT_RECORDED | EventKind.EFFECT_NOT_DONE
+                ):
+                    unknown = [k for k in unknown if k != data["key"]]
+        events = ((event.kind, event.data) for event in tail)
         return RebuiltRun(
-            status=status,
+            status=lifecycle.fold(RunStatus(start.status), events, run_id=run_id),
             head_seq=head_seq,
             head_checkpoint_id=head_id,
-            event_seq=tail[-1].seq if tail else after,
+            event_seq=tail[-1].seq if tail else start.event_seq,
             spent_tokens=spent_tokens,
             spent_cost=spent_cost,
             pending_plan_hash=pending,

@@ -166,7 +166,7 @@ class RetentionMixin(TierCore):
             ) -> Txn | RunInfo:
                 txn = Txn(run_id, current.lease_epoch, current, now)
                 txn.puts += writes
-                txn.update["compacted_through"] = max(current.compacted_through, end)
+                txn.update.compacted_through = max(current.compacted_through, end)
                 return txn
 
             self._operate(run_id, build, "compact")

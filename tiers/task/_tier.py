@@ -93,7 +93,6 @@ import os
 import secrets
 import socket
 from datetime import datetime, timedelta
-from typing import Any
 
 from tiers import cas
 from tiers.errors import (
@@ -137,7 +136,7 @@ from tiers.task._storage import (
     _positive,
 )
 from tiers.task._time_travel import TimeTravelMixin
-from tiers.task._txn import _UNSET, UNSET, Txn
+from tiers.task._txn import UNSET, HeadUpdate, Txn
 
 __all__ = [
     "DEFAULT_RETENTION",
@@ -405,14 +404,10 @@ class TaskTier(
                     previous_owner=current.lease_owner,
                     stolen=bool(live and current.lease_owner != worker),
                 )
-                txn.update.update(
-                    lease_epoch=epoch,
-                    lease_owner=worker,
-                    lease_expires_at=expires,
-                    lease_ttl_s=ttl,
-                )
-                if current.status is not RunStatus.PAUSED and not for_compensation:
-                    txn.update["status"] = RunStatus.RUNNING
+                txn.update.lease_epoch = epoch
+                txn.update.lease_owner = worker
+                txn.update.lease_expires_at = expires
+                txn.update.lease_ttl_s = ttl
             try:
                 info, head = self._apply(txn, data)
             except ConflictError:
@@ -501,15 +496,15 @@ class TaskTier(
                 )
             txn = Txn(run_id, info.lease_epoch, info, now)
             txn.add_event(EventKind.RUN_CANCELLED)
-            txn.update.update(
-                status=RunStatus.CANCELLED, finished_at=now, lease_owner=None, lease_expires_at=None
-            )
+            txn.update.finished_at = now
+            txn.update.lease_owner = None
+            txn.update.lease_expires_at = None
             return txn
 
         return self._operate(run_id, build, "cancel")
 
     def set_budget(
-        self, run_id: str, *, tokens: int | None = _UNSET, cost: float | None = _UNSET
+        self, run_id: str, *, tokens: int | None = UNSET, cost: float | None = UNSET
     ) -> RunInfo:
         """Change a run's token and/or cost budget (``None``: unlimited).
 
@@ -518,15 +513,14 @@ class TaskTier(
             RunNotFoundError: No such run.
         """
         check_id(run_id, "run_id")
-        update: dict[str, Any] = {}
-        if tokens is not _UNSET:
-            update["budget_tokens"] = _budget(tokens, "budget_tokens", integer=True)
-        if cost is not _UNSET:
-            update["budget_cost"] = _budget(cost, "budget_cost", integer=False)
+        update = HeadUpdate()
+        if tokens is not UNSET:
+            limit = _budget(tokens, "budget_tokens", integer=True)
+            update.budget_tokens = None if limit is None else int(limit)
+        if cost is not UNSET:
+            update.budget_cost = _budget(cost, "budget_cost", integer=False)
 
         def build(info: RunInfo, now: datetime) -> Txn | RunInfo:
-            txn = Txn(run_id, info.lease_epoch, info, now)
-            txn.update.update(update)
-            return txn
+            return Txn(run_id, info.lease_epoch, info, now, update=update)
 
         return self._operate(run_id, build, "set the budget of")

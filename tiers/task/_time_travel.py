@@ -16,7 +16,8 @@ from tiers.errors import (
     RunStateError,
 )
 from tiers.ids import check_id
-from tiers.models import Checkpoint, RunInfo, RunStatus
+from tiers.models import Checkpoint, RunInfo
+from tiers.task import _lifecycle as lifecycle
 from tiers.task import _records as task_events
 from tiers.task._records import (
     EventKind,
@@ -93,7 +94,7 @@ class TimeTravelMixin(TierCore):
         base = RunInfo(
             run_id=new_id,
             user_id=source.user_id,
-            status=RunStatus.RESUMABLE,
+            status=lifecycle.INITIAL,  # RunForked moves it
             parent_run_id=run_id,
             parent_checkpoint_id=target.checkpoint_id,
             budget_tokens=source.budget_tokens,
@@ -139,15 +140,13 @@ class TimeTravelMixin(TierCore):
                 checkpoint_id=parent,
                 event_seq=event_seq,
                 values=values,
-                status=RunStatus.RESUMABLE.value,
+                status=txn.status.value,
             )
             txn.puts.append(Put(new_space, keys.snapshot_key(len(path)), self._fit(encode(snap))))
-        txn.update.update(
-            head_seq=len(path),
-            head_checkpoint_id=parent,
-            last_checkpoint_at=now if path else None,
-            snapshot_event_seq=event_seq if path else 0,
-        )
+        txn.update.head_seq = len(path)
+        txn.update.head_checkpoint_id = parent
+        txn.update.last_checkpoint_at = now if path else None
+        txn.update.snapshot_event_seq = event_seq if path else 0
         try:
             info, _ = self._apply(txn, None)
         except ConflictError as exc:
@@ -236,14 +235,13 @@ class TimeTravelMixin(TierCore):
                 state_delta=delta,
                 event_seq=ev,
             )
-            status = RunStatus.PAUSED if info.status is RunStatus.PAUSED else RunStatus.RESUMABLE
             snap = Snapshot(
                 run_id=run_id,
                 seq=seq,
                 checkpoint_id=ckpt_id,
                 event_seq=ev,
                 values={**base_values, **delta},
-                status=status.value,
+                status=txn.status.value,
                 pending_plan_hash=(
                     info.pending_approval.plan_hash if info.pending_approval else None
                 ),
@@ -264,17 +262,14 @@ class TimeTravelMixin(TierCore):
                 Check(space, keys.checkpoint_key(seq), None),
                 Check(space, keys.idempotency_key(key), None),
             ]
-            txn.update.update(
-                lease_epoch=info.lease_epoch + 1,
-                lease_owner=None,
-                lease_expires_at=None,
-                status=status,
-                head_seq=seq,
-                head_checkpoint_id=ckpt_id,
-                last_checkpoint_at=now,
-                snapshot_event_seq=ev,
-                superseded=superseded,
-            )
+            txn.update.lease_epoch = info.lease_epoch + 1
+            txn.update.lease_owner = None
+            txn.update.lease_expires_at = None
+            txn.update.head_seq = seq
+            txn.update.head_checkpoint_id = ckpt_id
+            txn.update.last_checkpoint_at = now
+            txn.update.snapshot_event_seq = ev
+            txn.update.superseded = superseded
             made.append(ckpt)
             return txn
 

@@ -59,4 +59,4 @@ def test_every_event_kind_is_in_the_table_and_the_table_prints() -> None:
     assert set(TRANSITIONS) == set(EventKind)
     table = lifecycle_table()
     assert "RunCancelled: running -> cancelled" in table
-    assert "ApprovalGranted: " in table
+    assert "ApprovalGranted, ApprovalRejected: running -> resumable" in table

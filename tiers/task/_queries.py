@@ -26,9 +26,9 @@ from tiers.task._records import (
     Snapshot,
     check_key,
 )
-from tiers.task._storage import TierCore
+from tiers.task._store import RunStore
 
-__all__ = ["QueriesMixin", "RebuiltRun"]
+__all__ = ["Queries", "RebuiltRun"]
 
 
 @dataclass(frozen=True)
@@ -47,8 +47,11 @@ class RebuiltRun:
     unknown_effects: list[str] = field(default_factory=list)
 
 
-class QueriesMixin(TierCore):
-    """Queries of :class:`~tiers.task.TaskTier`."""
+class Queries:
+    """Read-only views of a tier's runs (what :class:`~tiers.task.TaskTier` answers)."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
 
     def latest_checkpoint(self, run_id: str) -> Checkpoint | None:
         """The run's head checkpoint, or ``None`` if it has none yet.
@@ -56,14 +59,14 @@ class QueriesMixin(TierCore):
         Raises:
             RunNotFoundError: No such run.
         """
-        info = self.get_run(run_id)
+        info = self.store.get_run(run_id)
         if info.head_seq == 0:
             return None
-        ckpt = self._read_checkpoint(run_id, info.head_seq)
+        ckpt = self.store.read_checkpoint(run_id, info.head_seq)
         if ckpt is None:
             raise CorruptRecordError(
                 f"run {run_id!r} has head_seq {info.head_seq} but no checkpoint at "
-                f"{keys.run_space(self._tenant, run_id)}/{keys.checkpoint_key(info.head_seq)}"
+                f"{keys.run_space(self.store.tenant, run_id)}/{keys.checkpoint_key(info.head_seq)}"
             )
         return ckpt
 
@@ -96,7 +99,7 @@ class QueriesMixin(TierCore):
             InvalidInputError: Negative ``limit``, ``after_seq`` or ``before_seq``.
         """
         _check_paging(limit, after_seq, before_seq)
-        info = self.get_run(run_id)
+        info = self.store.get_run(run_id)
         low = after_seq or 0
         high = info.head_seq + 1 if before_seq is None else min(before_seq, info.head_seq + 1)
         count = high - low - 1
@@ -104,19 +107,19 @@ class QueriesMixin(TierCore):
             count = min(count, limit)
         if count <= 0:
             return []
-        space = keys.run_space(self._tenant, run_id)
+        space = keys.run_space(self.store.tenant, run_id)
         if newest_first:
             start: str | None = keys.checkpoint_key(high)
         else:
             start = keys.checkpoint_key(low) if low else None
-        items = self._kv.scan(
+        items = self.store.kv.scan(
             space,
             prefix=keys.CHECKPOINT_PREFIX,
             start_after=start,
             limit=count,
             reverse=newest_first,
         )
-        return [self._decode_checkpoint(run_id, key, data) for key, data in items]
+        return [self.store.decode_checkpoint(run_id, key, data) for key, data in items]
 
     def checkpoint_for_key(self, run_id: str, idempotency_key: str) -> Checkpoint | None:
         """The checkpoint on the run's current branch that committed an idempotency key.
@@ -133,8 +136,8 @@ class QueriesMixin(TierCore):
             InvalidInputError: Bad ``idempotency_key`` (1-512 characters, no control characters).
         """
         key = check_key(idempotency_key)
-        info = self.get_run(run_id)
-        ckpt, _ = self._lookup(run_id, key, info)
+        info = self.store.get_run(run_id)
+        ckpt, _ = self.store.lookup(run_id, key, info)
         return ckpt
 
     def events(
@@ -147,10 +150,10 @@ class QueriesMixin(TierCore):
             InvalidInputError: Negative ``limit`` or ``after_seq``.
         """
         _check_paging(limit, after_seq)
-        self.get_run(run_id)
-        space = keys.run_space(self._tenant, run_id)
+        self.store.get_run(run_id)
+        space = keys.run_space(self.store.tenant, run_id)
         start = keys.event_key(after_seq) if after_seq else None
-        items = self._kv.scan(space, prefix=keys.EVENT_PREFIX, start_after=start, limit=limit)
+        items = self.store.kv.scan(space, prefix=keys.EVENT_PREFIX, start_after=start, limit=limit)
         return [decode(Event, data, where=f"{space}/{key}") for key, data in items]
 
     def effects(self, run_id: str) -> list[EffectRecord]:
@@ -159,8 +162,8 @@ class QueriesMixin(TierCore):
         Raises:
             RunNotFoundError: No such run.
         """
-        self.get_run(run_id)
-        return self._effect_records(run_id)
+        self.store.get_run(run_id)
+        return self.store.effect_records(run_id)
 
     def get_effect(self, run_id: str, key: str) -> EffectRecord:
         """One entry of the run's effect ledger, by idempotency key.
@@ -169,8 +172,8 @@ class QueriesMixin(TierCore):
             RunNotFoundError: No such run.
             EffectNotFoundError: The run has no effect with that key.
         """
-        self.get_run(run_id)
-        rec, _ = self._read_effect(run_id, check_key(key))
+        self.store.get_run(run_id)
+        rec, _ = self.store.read_effect(run_id, check_key(key))
         if rec is None:
             raise EffectNotFoundError(f"run {run_id!r} has no effect with key {key!r}")
         return rec
@@ -199,8 +202,8 @@ class QueriesMixin(TierCore):
                     f"unknown run status {status!r}: use one of {choices}", field="status"
                 ) from exc
         runs = [
-            decode(RunInfo, data, where=f"{self._runs}/{key}")
-            for key, data in self._kv.scan(self._runs)
+            decode(RunInfo, data, where=f"{self.store.runs}/{key}")
+            for key, data in self.store.kv.scan(self.store.runs)
         ]
         runs = [
             r
@@ -226,7 +229,7 @@ class QueriesMixin(TierCore):
         until a worker finds that out: one with a ``reconcile`` callback may
         settle it on its own.
         """
-        at = self._now() if now is None else now
+        at = self.store.now() if now is None else now
         runs = [
             r
             for r in self.list_runs()
@@ -249,11 +252,11 @@ class QueriesMixin(TierCore):
         Raises:
             RunNotFoundError: No such run.
         """
-        info = self.get_run(run_id)
-        space = keys.run_space(self._tenant, run_id)
+        info = self.store.get_run(run_id)
+        space = keys.run_space(self.store.tenant, run_id)
         snaps = [
             decode(Snapshot, raw, where=f"{space}/{key}")
-            for key, raw in self._kv.scan(space, prefix=keys.SNAPSHOT_PREFIX)
+            for key, raw in self.store.kv.scan(space, prefix=keys.SNAPSHOT_PREFIX)
         ]
         latest = max(snaps, key=lambda snap: snap.event_seq, default=None)
         base = Snapshot(run_id=run_id, seq=0, checkpoint_id=None, event_seq=0, status=INITIAL)
@@ -273,7 +276,7 @@ class QueriesMixin(TierCore):
             match event.kind:
                 case EventKind.STEP_COMMITTED:
                     head_seq = int(str(data["seq"]))
-                    ckpt = self._read_checkpoint(run_id, head_seq)
+                    ckpt = self.store.read_checkpoint(run_id, head_seq)
                     if ckpt is None:
                         raise CorruptRecordError(
                             f"run {run_id!r}: event {event.seq} names no checkpoint"
@@ -282,7 +285,7 @@ class QueriesMixin(TierCore):
                     values.update(ckpt.state_delta or {})
                 case EventKind.STATE_UPDATED:
                     head_seq, head_id = int(str(data["seq"])), str(data["checkpoint_id"])
-                    values = self._values_at(run_id, head_seq)
+                    values = self.store.values_at(run_id, head_seq)
                 case EventKind.BUDGET_DEBITED:
                     spent_tokens = int(str(data["spent_tokens"]))
                     spent_cost = float(str(data["spent_cost"]))

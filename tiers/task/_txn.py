@@ -8,9 +8,10 @@ appends, as :mod:`tiers.task._lifecycle` declares.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from pydantic import BaseModel, ConfigDict, JsonValue
 
@@ -27,7 +28,17 @@ from tiers.task._records import (
     to_json_dict,
 )
 
-__all__ = ["UNSET", "HeadUpdate", "Txn", "check_fits", "unpack_output", "with_changes"]
+__all__ = [
+    "UNSET",
+    "HeadUpdate",
+    "Txn",
+    "check_fits",
+    "doc_from",
+    "unpack_output",
+    "with_changes",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 
 class HeadUpdate(BaseModel):
@@ -152,3 +163,17 @@ def check_fits(limit: int, data: bytes, what: str, field: str) -> None:
             "large data elsewhere and record a reference, or raise max_value_bytes",
             field=field,
         )
+
+
+def doc_from(source: Callable[..., Any]) -> Callable[[F], F]:
+    """Give a delegating method the docstring of ``source``, the method it forwards to.
+
+    ``TaskTier`` and ``RunHandle`` are thin faces over the objects that do the
+    work; a docstring is written once, beside its code, and read on the face.
+    """
+
+    def decorate(fn: F) -> F:
+        fn.__doc__ = source.__doc__
+        return fn
+
+    return decorate

@@ -4,8 +4,11 @@ from __future__ import annotations
 
 import pytest
 
+import tiers.task
+from tiers.backends.base import KVStore
 from tiers.errors import RunStateError
 from tiers.models import RunInfo, RunStatus, utcnow
+from tiers.task import TaskTier
 from tiers.task._lifecycle import TRANSITIONS, lifecycle_table
 from tiers.task._records import EventKind
 from tiers.task._txn import Txn
@@ -55,8 +58,22 @@ def test_an_operators_effect_decision_does_not_resume_the_run() -> None:
     assert txn.status is RunStatus.RESUMABLE
 
 
-def test_every_event_kind_is_in_the_table_and_the_table_prints() -> None:
+def test_every_event_kind_is_in_the_table_and_the_docs_quote_it() -> None:
     assert set(TRANSITIONS) == set(EventKind)
-    table = lifecycle_table()
-    assert "RunCancelled: running -> cancelled" in table
-    assert "ApprovalGranted, ApprovalRejected: running -> resumable" in table
+    table = lifecycle_table().splitlines()
+    assert table[0].split() == ["event", *(status.value for status in RunStatus)]
+    assert len(table) == 1 + len(EventKind)
+    cancelled = table[-2].split()
+    assert cancelled == ["RunCancelled", "cancelled", "cancelled", "-", "-", "-", "cancelled"]
+    # The package's docstring quotes the table as it is printed.
+    assert all(f"    {line}" in (tiers.task.__doc__ or "") for line in table)
+
+
+def test_a_released_run_released_again_stays_resumable_as_rebuild_says(kv: KVStore) -> None:
+    tasks = TaskTier(kv)
+    run = tasks.start_run("u", "r1")
+    run.release()
+    # A stateless caller attached with the epoch it kept releases the run once more.
+    tasks.attach("r1", run.epoch).release()
+    assert tasks.get_run("r1").status is RunStatus.RESUMABLE
+    assert tasks.rebuild("r1").status is RunStatus.RESUMABLE

@@ -82,20 +82,37 @@ Recorded effects stay recorded (they happened), so they are not repeated.
 **Threads.** :class:`TaskTier` is stateless beyond its store and may be
 shared by threads. A :class:`RunHandle` is driven by one thread at a time.
 
-**Run statuses.** A run's status changes only with an event of its log, as one
-table declares (:data:`tiers.task._lifecycle.TRANSITIONS`); :func:`lifecycle_table`
-prints it::
+**Run statuses.** A run's status (:class:`~tiers.models.RunStatus`) changes only
+with an event of its log, as one table declares (``tiers.task._lifecycle``): the
+commit that appends the event moves the head, and ``TaskTier.rebuild`` folds the
+log over the same table. :func:`lifecycle_table` prints it: the status after each
+event, by the status before (``=`` unchanged, ``-`` refused with
+:class:`~tiers.errors.RunStateError`, ``*`` a worker's event; an operator's
+``resolve_effect`` leaves the status)::
 
-    RunForked: running -> resumable
-    RunResumed: resumable -> running (running, paused: unchanged)
-    StepStarted, StepCommitted, ...: resumable -> running (...: unchanged) (by a worker)
-    RunPaused: running -> paused, resumable -> paused (paused: unchanged)
-    ApprovalGranted, ApprovalRejected: running -> resumable, paused -> resumable (...)
-    StateUpdated: running -> resumable (resumable, paused: unchanged)
-    RunReleased: running -> resumable (resumable, paused, cancelled, failed: unchanged)
-    RunCompleted: running -> completed, resumable -> completed
-    RunFailed: running -> failed, resumable -> failed
-    RunCancelled: running -> cancelled, resumable -> cancelled, paused -> cancelled
+    event                   running    paused     completed  failed     cancelled  resumable
+    RunStarted              =          -          -          -          -          -
+    RunForked               resumable  -          -          -          -          -
+    RunResumed              =          =          -          -          -          running
+    CompensationStarted     -          -          -          =          =          -
+    StepStarted*            =          =          =          =          =          running
+    StepCommitted*          =          =          =          =          =          running
+    EffectInvoked*          =          =          =          =          =          running
+    EffectRecorded*         =          =          =          =          =          running
+    EffectNotDone*          =          =          =          =          =          running
+    EffectOutcomeUnknown*   =          =          =          =          =          running
+    BudgetDebited*          =          =          =          =          =          running
+    Compensated*            =          =          =          =          =          running
+    ApprovalRequested       =          =          -          -          -          =
+    RunPaused               paused     =          -          -          -          paused
+    ApprovalGranted         resumable  resumable  -          -          -          =
+    ApprovalRejected        resumable  resumable  -          -          -          =
+    StateUpdated            resumable  =          -          -          -          =
+    RunReleased             resumable  =          -          =          =          =
+    RunCompleted            completed  -          -          -          -          completed
+    RunFailed               failed     -          -          -          -          failed
+    RunCancelled            cancelled  cancelled  -          -          -          cancelled
+    CompensationEscalated   =          =          =          =          =          =
 
 **Where to look.** No class here is assembled from mixins: small objects
 compose around one storage core.

@@ -312,6 +312,7 @@ class Effects:
         safe_to_retry: bool,
         compensation: Callable[[JsonValue], object] | None,
     ) -> EffectCall:
+        """The call an effect makes: its checked name, its (derived or given) key, its request digest."""
         effect_name = check_name(name, "effect")
         if self.writer.in_effect:
             raise InvalidInputError(
@@ -343,6 +344,7 @@ class Effects:
         )
 
     def count_done(self, call: EffectCall) -> None:
+        """Count a finished call, so the next call of that name derives the next key."""
         active = self.writer.active
         if call.top_level:
             counter = f"effect:{call.name}"
@@ -417,6 +419,7 @@ class Effects:
         return ("invoke", None)
 
     def reconciled(self, call: EffectCall, probed: object) -> tuple[str, JsonValue]:
+        """Act on what ``reconcile`` found: another invoke (``NOT_DONE``), or record its output."""
         rec, rec_bytes = self.store.read_effect(self.writer.run_id, call.key)
         if rec is None or rec.status is not EffectStatus.INVOKED:
             # Someone settled it meanwhile (an operator); start over.

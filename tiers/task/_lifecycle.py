@@ -110,18 +110,21 @@ def fold(
 
 
 def lifecycle_table() -> str:
-    """The state machine as text: one line per status change, the event kinds that make it.
+    """The state machine as a text table: for each event kind, the status after it, by status.
 
-    Returns:
-        Lines ``Kind, Kind...: from -> to, ... (from...: unchanged)``; kinds
-        that never change the status are left out.
+    A cell is the status after the event, ``=`` when it stays as it is, ``-``
+    when the event is refused in that status (:class:`~tiers.errors.RunStateError`).
+    Kinds marked ``*`` are a worker's (one by an operator leaves the status).
     """
-    rows: dict[str, list[str]] = {}
+    width = max(len(kind.value) for kind in TRANSITIONS) + 3
+    cells = [status.value.ljust(11) for status in RunStatus]
+    lines = ["event".ljust(width) + "".join(cells)]
     for kind, moves in TRANSITIONS.items():
-        changes = [f"{a.value} -> {b.value}" for a, b in moves.items() if a is not b]
-        if changes:
-            kept = [a.value for a, b in moves.items() if a is b]
-            rest = f" ({', '.join(kept)}: unchanged)" if kept else ""
-            who = " (by a worker)" if kind in WORKER_KINDS else ""
-            rows.setdefault(f"{', '.join(changes)}{rest}{who}", []).append(kind.value)
-    return "\n".join(f"{', '.join(kinds)}: {moves}" for moves, kinds in rows.items())
+        row = []
+        for status in RunStatus:
+            after = moves.get(status)
+            cell = "-" if after is None else "=" if after is status else after.value
+            row.append(cell.ljust(11))
+        name = kind.value + ("*" if kind in WORKER_KINDS else "")
+        lines.append((name.ljust(width) + "".join(row)).rstrip())
+    return "\n".join(line.rstrip() for line in lines)

@@ -78,6 +78,7 @@ class Runs:
         for_compensation: bool = False,
         external_id: str | None = None,
     ) -> RunHandle:
+        """Take the lease of ``run_id`` (creating the run when it is absent) and return a handle holding it."""
         worker = new_worker_id() if worker_id is None else worker_id
         if not isinstance(worker, str) or not 1 <= len(worker) <= 256:
             raise InvalidInputError("worker_id must be 1-256 characters", field="worker_id")

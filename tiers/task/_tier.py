@@ -78,6 +78,7 @@ class TaskTier:
             redactor=redactor,
         )
         self._store = store
+        # The raw store and the clock (_now) stay reachable for tests that inspect stored keys.
         self._kv = kv
         self._runs = Runs(store)
         self._queries = Queries(store)
@@ -107,6 +108,7 @@ class TaskTier:
         return self._store.redactor
 
     def _now(self) -> datetime:
+        """The current UTC time, by the tier's clock."""
         return self._store.now()
 
     def start_run(

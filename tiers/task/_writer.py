@@ -113,6 +113,7 @@ class RunWriter:
         return self.info.run_id
 
     def read_fresh(self) -> RunInfo:
+        """Re-read the head; a change by anyone else makes this handle's view (and state) stale."""
         data = self.store.read_head(self.run_id)
         if data is None:
             raise RunNotFoundError(f"run {self.run_id!r} no longer exists")
@@ -148,6 +149,7 @@ class RunWriter:
             return info
 
     def check_lease(self, info: RunInfo) -> None:
+        """Refuse (``StaleWriterError``) unless this handle still holds the run's lease epoch."""
         if info.lease_epoch != self.epoch:
             raise StaleWriterError(
                 f"run {self.run_id!r} was taken over by another worker (lease epoch "
@@ -183,6 +185,7 @@ class RunWriter:
             raise RunPausedError(f"run {self.run_id!r} is paused: resume it first")
 
     def check_budget(self, info: RunInfo) -> None:
+        """Refuse a new step or effect (``BudgetExceededError``) once the run's budget is spent."""
         over = []
         if info.budget_tokens is not None and info.spent_tokens >= info.budget_tokens:
             over.append(f"{info.spent_tokens} of {info.budget_tokens} tokens")
@@ -195,6 +198,7 @@ class RunWriter:
             )
 
     def pending(self, plan_hash: str, gate: str) -> ApprovalPendingError:
+        """The error a write gets while the run waits at approval gate ``gate``."""
         return ApprovalPendingError(
             f"run {self.run_id!r} is paused awaiting approval of plan {plan_hash[:12]}... "
             f"(gate {gate!r}): stop this worker; approve or reject it with "
@@ -205,6 +209,7 @@ class RunWriter:
         )
 
     def refuse_nesting(self, what: str) -> None:
+        """Refuse ``what`` inside an effect's function or while a step of this handle runs."""
         if self.in_effect:
             raise InvalidInputError(
                 f"{what!r} called inside an effect's function: effects and steps cannot be "
@@ -219,11 +224,13 @@ class RunWriter:
             )
 
     def lookup(self, key: str, info: RunInfo) -> tuple[Checkpoint | None, bytes | None]:
+        """The checkpoint on the current branch that committed ``key`` (skipped while only this handle wrote)."""
         if self.fresh and key not in self.own_keys:
             return None, None
         return self.store.lookup(self.run_id, key, info)
 
     def verify_replay(self, ckpt: Checkpoint, step: str, digest: str, key: str) -> None:
+        """Refuse a replay of ``key`` by another step name or with another input."""
         if ckpt.step != step:
             raise InputMismatchError(
                 f"idempotency key {key!r} of run {self.run_id!r} was committed by step "
@@ -321,6 +328,7 @@ class RunWriter:
         delta: dict[str, JsonValue] | None,
         entry: bytes | None,
     ) -> Checkpoint:
+        """Add a step's checkpoint, its ``StepCommitted`` event and index entry (and a snapshot when due) to ``txn``."""
         store = self.store
         # Redacted before it is stored, and what the step returns is what was stored, so
         # the first execution and every replay see the same output (digest: the original's).
@@ -397,6 +405,7 @@ class RunWriter:
         return ckpt
 
     def add_debit(self, txn: Txn, tokens: int, cost: float, key: str) -> None:
+        """Add a ``BudgetDebited`` event and the head's new totals to ``txn`` (nothing for a free step)."""
         if not tokens and not cost:
             return
         spent_tokens = txn.base.spent_tokens + tokens
@@ -443,6 +452,7 @@ class RunWriter:
             return self.commit(build, None)
 
     def load_values(self) -> dict[str, JsonValue]:
+        """The run's state values at the held head, loaded on first use."""
         if self.values is None:
             self.values = self.store.values_at(self.run_id, self.info.head_seq)
         return self.values

@@ -50,7 +50,7 @@ class HeadUpdate(BaseModel):
     where it is assigned, instead of being dropped from the head.
     """
 
-    model_config = ConfigDict(extra="forbid", arbitrary_types_allowed=True)
+    model_config = ConfigDict(extra="forbid")
 
     head_seq: int = 0
     head_checkpoint_id: str | None = None

@@ -1,4 +1,8 @@
-"""Human-approval gates: a run freezes a plan and pauses; an operator approves or rejects it."""
+"""Human-approval gates: a run freezes a plan and pauses; an operator approves or rejects it.
+
+:class:`ApprovalGate` is the worker's side (``RunHandle.await_approval``), :class:`Approvals`
+the operator's (``TaskTier.approval`` / ``approve`` / ``reject``).
+"""
 
 from __future__ import annotations
 
@@ -15,8 +19,7 @@ from tiers.errors import (
     RunStateError,
 )
 from tiers.ids import check_id
-from tiers.models import PendingApproval, RunInfo, RunStatus
-from tiers.task._handle_core import HandleCore
+from tiers.models import PendingApproval, RunInfo
 from tiers.task._records import (
     MAX_NOTE,
     Approval,
@@ -27,16 +30,20 @@ from tiers.task._records import (
     input_hash,
     to_json,
 )
-from tiers.task._storage import TierCore
+from tiers.task._store import RunStore
 from tiers.task._txn import Txn
+from tiers.task._writer import RunWriter
 
 _HEX_SHA256 = re.compile(r"[0-9a-f]{64}")
 
-__all__ = ["ApprovalsMixin", "HandleApprovalsMixin"]
+__all__ = ["ApprovalGate", "Approvals"]
 
 
-class ApprovalsMixin(TierCore):
-    """The operator side of approval gates (:class:`~tiers.task.TaskTier`)."""
+class Approvals:
+    """The operator side of approval gates: reading a gate, approving, rejecting."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
 
     def approval(self, run_id: str, key: str) -> ApprovalRecord | None:
         """The gate ``key`` of a run: the frozen plan (as stored, redacted), and the decision if any.
@@ -53,8 +60,8 @@ class ApprovalsMixin(TierCore):
         """
         run_id = check_id(run_id, "run_id")
         key = check_key(key, "key")
-        space = keys.run_space(self.tenant, run_id)
-        (data,) = self._kv.get_many(space, [keys.approval_key(key)])
+        space = keys.run_space(self.store.tenant, run_id)
+        (data,) = self.store.kv.get_many(space, [keys.approval_key(key)])
         if data is None:
             return None
         return decode(ApprovalRecord, data, where=f"{space}/{keys.approval_key(key)}")
@@ -131,7 +138,7 @@ class ApprovalsMixin(TierCore):
                 f"note must be a string of at most {MAX_NOTE} characters", field="note"
             )
         wanted = "granted" if granted else "rejected"
-        space = keys.run_space(self._tenant, run_id)
+        space = keys.run_space(self.store.tenant, run_id)
         decided: list[ApprovalRecord] = []
 
         def build(info: RunInfo, now: datetime) -> Txn | RunInfo:
@@ -140,7 +147,7 @@ class ApprovalsMixin(TierCore):
                 raise RunStateError(f"run {run_id!r} is {info.status.value}: nothing to approve")
             pending = info.pending_approval
             if pending is None:
-                for appr_key, raw in self._kv.scan(space, prefix=keys.APPROVAL_PREFIX):
+                for appr_key, raw in self.store.kv.scan(space, prefix=keys.APPROVAL_PREFIX):
                     rec = decode(ApprovalRecord, raw, where=f"{space}/{appr_key}")
                     if rec.plan_hash == plan_hash and rec.status == wanted:
                         decided.append(rec)
@@ -155,7 +162,7 @@ class ApprovalsMixin(TierCore):
                     f"not {plan_hash[:12]}...: review the plan the run froze and decide on "
                     "that one"
                 )
-            (data,) = self._kv.get_many(space, [keys.approval_key(pending.key)])
+            (data,) = self.store.kv.get_many(space, [keys.approval_key(pending.key)])
             if data is None:
                 raise CorruptRecordError(
                     f"run {run_id!r} waits on gate {pending.key!r}, which is not stored"
@@ -176,10 +183,10 @@ class ApprovalsMixin(TierCore):
             txn.add_event(kind, key=pending.key, plan_hash=plan_hash, by=by, by_key=by_key)
             txn.puts.append(Put(space, keys.approval_key(pending.key), encode(new)))
             txn.checks.append(Check(space, keys.approval_key(pending.key), data))
-            txn.update.update(pending_approval=None, status=RunStatus.RESUMABLE)
+            txn.update.pending_approval = None
             return txn
 
-        self._operate(run_id, build, "decide")
+        self.store.operate(run_id, build, "decide")
         rec = decided[0]
         return Approval(
             approved=rec.status == "granted",
@@ -191,8 +198,12 @@ class ApprovalsMixin(TierCore):
         )
 
 
-class HandleApprovalsMixin(HandleCore):
-    """The worker side of approval gates (:class:`~tiers.task._handle.RunHandle`)."""
+class ApprovalGate:
+    """The worker side of approval gates: a :class:`~tiers.task.RunHandle` stopping at one."""
+
+    def __init__(self, writer: RunWriter) -> None:
+        self.writer = writer
+        self.store = writer.store
 
     def await_approval(self, plan: object, *, key: str | None = None) -> Approval:
         """Stop at a human-approval gate for ``plan`` until a human decides.
@@ -219,25 +230,27 @@ class HandleApprovalsMixin(HandleCore):
                 plan must be deterministic across resumes).
             StaleWriterError, RunCancelledError, RunStateError: As for :meth:`step`.
         """
-        self._refuse_nesting("approval")
-        occurrence = self._occurrences.get("\0approval", 0)
-        gate = f"{self.run_id}/approval/{occurrence}" if key is None else check_key(key, "key")
+        self.writer.refuse_nesting("approval")
+        occurrence = self.writer.occurrences.get("\0approval", 0)
+        gate = (
+            f"{self.writer.run_id}/approval/{occurrence}" if key is None else check_key(key, "key")
+        )
         plan_json = to_json(plan, field="plan")
         plan_hash = input_hash(plan_json, field="plan")
-        info = self._refresh(allow_paused=True)
-        space = keys.run_space(self._tier.tenant, self.run_id)
-        (data,) = self._tier._kv.get_many(space, [keys.approval_key(gate)])
+        info = self.writer.refresh(allow_paused=True)
+        space = keys.run_space(self.store.tenant, self.writer.run_id)
+        (data,) = self.store.kv.get_many(space, [keys.approval_key(gate)])
         if data is not None:
             rec = decode(ApprovalRecord, data, where=f"{space}/{keys.approval_key(gate)}")
             if rec.plan_hash != plan_hash:
                 raise PlanMismatchError(
-                    f"approval gate {gate!r} of run {self.run_id!r} was requested for plan "
+                    f"approval gate {gate!r} of run {self.writer.run_id!r} was requested for plan "
                     f"{rec.plan_hash[:12]}..., not {plan_hash[:12]}...: the plan changed between "
                     "runs; make it deterministic, or use a new gate key"
                 )
             if rec.status == "requested":
-                raise self._pending(rec.plan_hash, gate)
-            self._occurrences["\0approval"] = occurrence + 1
+                raise self.writer.pending(rec.plan_hash, gate)
+            self.writer.occurrences["\0approval"] = occurrence + 1
             return Approval(
                 approved=rec.status == "granted",
                 plan_hash=rec.plan_hash,
@@ -248,32 +261,29 @@ class HandleApprovalsMixin(HandleCore):
             )
 
         def build() -> Txn:
-            txn = self._txn()
+            txn = self.writer.txn()
             pending = txn.base.pending_approval
             if pending is not None:
-                raise self._pending(pending.plan_hash, pending.key)
+                raise self.writer.pending(pending.plan_hash, pending.key)
             # The operator reviews the stored plan, redacted; its hash is of the plan as given.
             record = ApprovalRecord(
                 key=gate,
                 plan_hash=plan_hash,
-                plan=self._tier.redactor.redact_json(plan_json),
+                plan=self.store.redactor.redact_json(plan_json),
                 requested_at=txn.now,
             )
             txn.add_event(EventKind.APPROVAL_REQUESTED, key=gate, plan_hash=plan_hash)
             txn.add_event(EventKind.RUN_PAUSED, reason="approval", key=gate)
             txn.puts.append(Put(space, keys.approval_key(gate), encode(record)))
             txn.checks.append(Check(space, keys.approval_key(gate), None))
-            txn.update.update(
-                status=RunStatus.PAUSED,
-                pending_approval=PendingApproval(
-                    key=gate, plan_hash=plan_hash, requested_at=txn.now
-                ),
+            txn.update.pending_approval = PendingApproval(
+                key=gate, plan_hash=plan_hash, requested_at=txn.now
             )
             return txn
 
         if info.pending_approval is not None:
-            raise self._pending(info.pending_approval.plan_hash, info.pending_approval.key)
-        self._commit(
-            build, "approval", lambda fresh: self._check_writable(fresh, allow_paused=True)
+            raise self.writer.pending(info.pending_approval.plan_hash, info.pending_approval.key)
+        self.writer.commit(
+            build, "approval", lambda fresh: self.writer.check_writable(fresh, allow_paused=True)
         )
-        raise self._pending(plan_hash, gate)
+        raise self.writer.pending(plan_hash, gate)

@@ -1,14 +1,16 @@
 """A worker's handle on one run: steps, exactly-once effects, approval gates, leases.
 
 See :mod:`tiers.task` for the storage layout and the guarantees. :class:`RunHandle`
-is assembled from :mod:`tiers.task._handle_core` (state and the write path),
-:mod:`tiers.task._effects` and :mod:`tiers.task._approvals`; :class:`Txn` is
-re-exported from :mod:`tiers.task._txn`.
+composes a :class:`~tiers.task._writer.RunWriter` (the lease it holds and the one
+commit path, where a step is committed), :class:`~tiers.task._effects.Effects`,
+:class:`~tiers.task._compensation.Compensation` and
+:class:`~tiers.task._approvals.ApprovalGate`; steps, heartbeats and the run's end
+are written here.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Awaitable, Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -21,11 +23,14 @@ from tiers.errors import (
     ConflictError,
     InvalidInputError,
 )
-from tiers.models import MAX_TEXT, Checkpoint, RunInfo, RunStatus
-from tiers.task._approvals import HandleApprovalsMixin
-from tiers.task._effects import HandleEffectsMixin
-from tiers.task._handle_core import _ActiveStep
+from tiers.models import MAX_TEXT, Checkpoint, RunInfo
+from tiers.task._approvals import ApprovalGate
+from tiers.task._compensation import Compensation
+from tiers.task._effects import Effects, Reconcile
+from tiers.task._ledger import EffectLedger
 from tiers.task._records import (
+    Approval,
+    EffectStart,
     EventKind,
     check_key,
     check_name,
@@ -33,12 +38,14 @@ from tiers.task._records import (
     to_json,
     to_json_dict,
 )
-from tiers.task._txn import Txn, _unpack
+from tiers.task._store import RunStore
+from tiers.task._txn import Txn, doc_from, unpack_output
+from tiers.task._writer import ActiveStep, RunWriter
 
-__all__ = ["RunHandle", "Txn"]
+__all__ = ["RunHandle"]
 
 
-class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
+class RunHandle:
     """A worker's lease on one run: the only way to append to it.
 
     Obtained from :meth:`TaskTier.start_run` (or ``acquire`` / ``attach``).
@@ -50,7 +57,176 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
 
     One thread drives a handle's steps; :meth:`heartbeat` may be called from
     another thread (a keep-alive loop) at the same time.
+
+    Args:
+        store: The tier's storage core.
+        info: The run's head as the lease was taken (or attached).
+        head: Its exact bytes.
+        lease_ttl: Seconds every commit and heartbeat renews the lease by.
+        resumed: Whether the run existed before this handle.
+        compensation_only: The lease was taken for :meth:`compensate` only.
     """
+
+    def __init__(
+        self,
+        store: RunStore,
+        info: RunInfo,
+        head: bytes,
+        *,
+        lease_ttl: float | None = None,
+        resumed: bool = False,
+        compensation_only: bool = False,
+    ) -> None:
+        self._store = store
+        self._writer = RunWriter(
+            store,
+            info,
+            head,
+            lease_ttl=lease_ttl,
+            resumed=resumed,
+            compensation_only=compensation_only,
+        )
+        self._effects = Effects(self._writer, EffectLedger(self._writer))
+        self._compensation = Compensation(self._effects)
+        self._gate = ApprovalGate(self._writer)
+
+    @property
+    def run_id(self) -> str:
+        """The run this handle writes to."""
+        return self._writer.run_id
+
+    @property
+    def user_id(self) -> str:
+        """Owner of the run."""
+        return self._writer.info.user_id
+
+    @property
+    def epoch(self) -> int:
+        """The lease epoch this handle holds (its fencing token)."""
+        return self._writer.epoch
+
+    @property
+    def worker_id(self) -> str | None:
+        """The worker id this handle's lease was taken as (``None`` for a released run attached).
+
+        Pass it as ``worker_id`` to ``start_run``/``acquire`` to retake this
+        lease while it is live; any other caller needs ``steal=True``.
+        """
+        return self._writer.worker_id
+
+    @property
+    def info(self) -> RunInfo:
+        """The run's head as this handle last read or wrote it."""
+        return self._writer.info
+
+    @property
+    def resumed(self) -> bool:
+        """Whether the run existed before this handle was made (``False``: this handle created it)."""
+        return self._writer.resumed
+
+    @property
+    def state(self) -> dict[str, JsonValue]:
+        """The run's state values at its head (a copy): every ``state`` delta merged in order.
+
+        Loaded on first use from the latest snapshot plus the checkpoints after
+        it, so its cost does not grow with the run's length.
+        """
+        with self._writer.lock:
+            return dict(self._writer.load_values())
+
+    def latest_scope(self) -> dict[str, JsonValue] | None:
+        """The newest scope snapshot on the run's current branch (see ``TaskTier.latest_scope``).
+
+        A resumed worker restores its scopes from it before replaying:
+        ``ScopeManager.restore(run.latest_scope())``. Replayed steps do not
+        call their functions, so the scopes stay as the last committed step
+        left them.
+        """
+        return self._store.latest_scope(self.run_id)
+
+    def force_flush(self) -> None:
+        """Block until everything this run (and the store) acknowledged is durable.
+
+        See :meth:`TaskTier.force_flush`; :meth:`effect` calls it before
+        invoking an effect.
+
+        Raises:
+            BackendUnavailableError: The store is closed or the flush failed.
+        """
+        self._store.force_flush()
+
+    @doc_from(Effects.effect)
+    def effect(
+        self,
+        name: str,
+        fn: Callable[[], object] | Callable[[str], object],
+        *,
+        idempotency_key: str | None = None,
+        input: object = None,
+        safe_to_retry: bool = False,
+        reconcile: Reconcile | None = None,
+        compensation: Callable[[JsonValue], object] | None = None,
+    ) -> JsonValue:
+        return self._effects.effect(
+            name,
+            fn,
+            idempotency_key=idempotency_key,
+            input=input,
+            safe_to_retry=safe_to_retry,
+            reconcile=reconcile,
+            compensation=compensation,
+        )
+
+    @doc_from(Effects.aeffect)
+    async def aeffect(
+        self,
+        name: str,
+        fn: Callable[[], Awaitable[object]] | Callable[[str], Awaitable[object]],
+        *,
+        idempotency_key: str | None = None,
+        input: object = None,
+        safe_to_retry: bool = False,
+        reconcile: Callable[[str], object] | None = None,
+        compensation: Callable[[JsonValue], object] | None = None,
+    ) -> JsonValue:
+        return await self._effects.aeffect(
+            name,
+            fn,
+            idempotency_key=idempotency_key,
+            input=input,
+            safe_to_retry=safe_to_retry,
+            reconcile=reconcile,
+            compensation=compensation,
+        )
+
+    @doc_from(Effects.begin_effect)
+    def begin_effect(
+        self,
+        name: str,
+        *,
+        idempotency_key: str,
+        input: object = None,
+        safe_to_retry: bool = False,
+    ) -> EffectStart:
+        return self._effects.begin_effect(
+            name, idempotency_key=idempotency_key, input=input, safe_to_retry=safe_to_retry
+        )
+
+    @doc_from(Effects.record_effect)
+    def record_effect(self, idempotency_key: str, output: object) -> JsonValue:
+        return self._effects.record_effect(idempotency_key, output)
+
+    @doc_from(Effects.register_compensation)
+    def register_compensation(self, name: str, fn: Callable[[JsonValue], object]) -> None:
+        self._effects.register_compensation(name, fn)
+
+    @doc_from(Compensation.compensate)
+    def compensate(self) -> list[str]:
+        return self._compensation.compensate()
+
+    @doc_from(ApprovalGate.await_approval)
+    def await_approval(self, plan: object, *, key: str | None = None) -> Approval:
+        return self._gate.await_approval(plan, key=key)
 
     def step(
         self,
@@ -107,31 +283,31 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
             Exception: Whatever ``fn`` raises, unchanged; nothing was written.
         """
         step = check_name(name)
-        self._refuse_nesting(step)
-        occurrence = self._occurrences.get(step, 0)
+        self._writer.refuse_nesting(step)
+        occurrence = self._writer.occurrences.get(step, 0)
         key = (
-            f"{self.run_id}/{step}/{occurrence}"
+            f"{self._writer.run_id}/{step}/{occurrence}"
             if idempotency_key is None
             else check_key(idempotency_key)
         )
         digest = input_hash(input, step=step)
         scope_value = None if scope is None or callable(scope) else _scope_json(scope, step)
         # Replaying a committed step writes nothing, so it is allowed while paused.
-        info = self._refresh(allow_paused=True)
-        existing, entry = self._lookup(key, info)
+        info = self._writer.refresh(allow_paused=True)
+        existing, entry = self._writer.lookup(key, info)
         if existing is not None:
-            self._verify_replay(existing, step, digest, key)
-            self._occurrences[step] = occurrence + 1
+            self._writer.verify_replay(existing, step, digest, key)
+            self._writer.occurrences[step] = occurrence + 1
             return existing.output
-        self._check_writable(info)
-        self._check_budget(info)
-        active = _ActiveStep(step, key, self._tier._now())
-        self._active = active
+        self._writer.check_writable(info)
+        self._writer.check_budget(info)
+        active = ActiveStep(step, key, self._store.now())
+        self._writer.active = active
         try:
             raw = fn()
         finally:
-            self._active = None
-        output, tokens, cost, delta = _unpack(raw, step)
+            self._writer.active = None
+        output, tokens, cost, delta = unpack_output(raw, step)
         if callable(scope):
             scope_value = _scope_json(scope(), step)
         made: list[Checkpoint] = []
@@ -140,10 +316,10 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
             # A plain step's checkpoint carries started_at; a StepStarted event is
             # written durably only with a step's first effect (one commit per step).
             made.clear()
-            txn = self._txn()
-            self._add_debit(txn, tokens, cost, key)
+            txn = self._writer.txn()
+            self._writer.add_debit(txn, tokens, cost, key)
             made.append(
-                self._add_checkpoint(
+                self._writer.add_checkpoint(
                     txn,
                     step,
                     key,
@@ -158,8 +334,8 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
             )
             return txn
 
-        self._commit(build, step)
-        self._occurrences[step] = occurrence + 1
+        self._writer.commit(build, step)
+        self._writer.occurrences[step] = occurrence + 1
         return made[0].output
 
     def append_checkpoint(
@@ -199,33 +375,35 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
             ConflictError: This lease was used concurrently; nothing was written.
         """
         name = check_name(step)
-        self._refuse_nesting(name)
+        self._writer.refuse_nesting(name)
         key = None if idempotency_key is None else check_key(idempotency_key)
         digest = input_hash(input, step=name)
         value = to_json(output, field="output", step=name)
         scope_value = None if scope is None else to_json_dict(scope, field="scope", step=name)
         delta = None if state is None else to_json_dict(state, field="state", step=name)
-        info = self._refresh()
+        info = self._writer.refresh()
         entry: bytes | None = None
         if key is not None:
-            existing, entry = self._lookup(key, info)
+            existing, entry = self._writer.lookup(key, info)
             if existing is not None:
-                self._verify_replay(existing, name, digest, key)
+                self._writer.verify_replay(existing, name, digest, key)
                 return existing
         made: list[Checkpoint] = []
 
         def build() -> Txn:
             made.clear()
-            txn = self._txn()
-            ckpt_key = f"{self.run_id}/{name}/@{txn.base.head_seq + 1}" if key is None else key
+            txn = self._writer.txn()
+            ckpt_key = (
+                f"{self._writer.run_id}/{name}/@{txn.base.head_seq + 1}" if key is None else key
+            )
             made.append(
-                self._add_checkpoint(
+                self._writer.add_checkpoint(
                     txn, name, ckpt_key, digest, value, scope_value, txn.now, "step", delta, entry
                 )
             )
             return txn
 
-        self._commit(build, name)
+        self._writer.commit(build, name)
         return made[0]
 
     def heartbeat(self) -> datetime | None:
@@ -240,30 +418,32 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
             RunCancelledError: The run was cancelled; stop.
             RunStateError: The run is finished.
         """
-        with self._lock:
+        with self._writer.lock:
             for attempt in range(cas.ATTEMPTS):
-                info = self._read_fresh()
-                self._check_lease(info)
+                info = self._writer.read_fresh()
+                self._writer.check_lease(info)
                 if info.status.finished:
                     # A finished run holds a lease only while being compensated.
-                    self._check_writable(info, compensating=self._compensation_only)
-                if self._lease_ttl is None:
+                    self._writer.check_writable(info, compensating=self._writer.compensation_only)
+                if self._writer.lease_ttl is None:
                     return None
-                now = self._tier._now()
-                expires = now + timedelta(seconds=self._lease_ttl)
+                now = self._store.now()
+                expires = now + timedelta(seconds=self._writer.lease_ttl)
                 new = info.model_copy(update={"lease_expires_at": expires, "updated_at": now})
                 data = encode(new)
                 try:
-                    self._tier._kv.commit(
-                        [Put(self._tier._runs, self.run_id, data)],
-                        [Check(self._tier._runs, self.run_id, self._head)],
+                    self._store.kv.commit(
+                        [Put(self._store.runs, self._writer.run_id, data)],
+                        [Check(self._store.runs, self._writer.run_id, self._writer.head)],
                     )
                 except ConflictError:
                     cas.backoff(attempt)
                     continue
-                self._info, self._head = new, data
+                self._writer.info, self._writer.head = new, data
                 return expires
-        raise ConflictError(f"run {self.run_id!r} changes too fast to renew its lease; retry")
+        raise ConflictError(
+            f"run {self._writer.run_id!r} changes too fast to renew its lease; retry"
+        )
 
     def release(self) -> RunInfo:
         """Give the lease up (graceful shutdown): the run becomes ``resumable`` for another worker.
@@ -275,22 +455,21 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
             StaleWriterError: The lease was already taken over.
             RunStateError: The run is finished.
         """
-        compensating = self._compensation_only
+        compensating = self._writer.compensation_only
 
         def build() -> Txn:
-            txn = self._txn()
+            txn = self._writer.txn()
             txn.add_event(EventKind.RUN_RELEASED, owner=txn.base.lease_owner)
-            txn.update.update(lease_owner=None, lease_expires_at=None)
-            if txn.base.status is RunStatus.RUNNING:
-                txn.update["status"] = RunStatus.RESUMABLE
+            txn.update.lease_owner = None
+            txn.update.lease_expires_at = None
             return txn
 
         def recheck(info: RunInfo) -> None:
-            self._check_writable(info, allow_paused=True, compensating=compensating)
+            self._writer.check_writable(info, allow_paused=True, compensating=compensating)
 
-        with self._lock:
-            recheck(self._read_fresh())
-            return self._commit(build, None, recheck)
+        with self._writer.lock:
+            recheck(self._writer.read_fresh())
+            return self._writer.commit(build, None, recheck)
 
     def complete(self, result: object = None) -> RunInfo:
         """Mark the run completed, with an optional JSON-serialisable result.
@@ -301,8 +480,8 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
             StaleWriterError: The run was taken over by another handle.
             RunStateError: The run is already finished, cancelled or paused.
         """
-        value = self._tier.redactor.redact_json(to_json(result, field="result"))
-        return self._finish(RunStatus.COMPLETED, EventKind.RUN_COMPLETED, {"result": value})
+        value = self._store.redactor.redact_json(to_json(result, field="result"))
+        return self._writer.finish(EventKind.RUN_COMPLETED, result=value)
 
     def fail(self, error: str) -> RunInfo:
         """Mark the run failed. ``error`` is kept (truncated to 20,000 characters).
@@ -316,8 +495,8 @@ class RunHandle(HandleEffectsMixin, HandleApprovalsMixin):
             raise InvalidInputError(
                 f"error must be a string, got {type(error).__name__}", field="error"
             )
-        error = self._tier.redactor.redact(error)[:MAX_TEXT]
-        return self._finish(RunStatus.FAILED, EventKind.RUN_FAILED, {"error": error})
+        error = self._store.redactor.redact(error)[:MAX_TEXT]
+        return self._writer.finish(EventKind.RUN_FAILED, error=error)
 
 
 def _scope_json(scope: object, step: str) -> dict[str, JsonValue]:

@@ -16,6 +16,8 @@ from tiers.errors import (
 )
 from tiers.ids import check_id
 from tiers.models import Checkpoint, RunInfo, RunStatus
+from tiers.task import _lifecycle as lifecycle
+from tiers.task._lifecycle import INITIAL
 from tiers.task._records import (
     EffectRecord,
     EffectStatus,
@@ -24,9 +26,9 @@ from tiers.task._records import (
     Snapshot,
     check_key,
 )
-from tiers.task._storage import TierCore
+from tiers.task._store import RunStore
 
-__all__ = ["QueriesMixin", "RebuiltRun"]
+__all__ = ["Queries", "RebuiltRun"]
 
 
 @dataclass(frozen=True)
@@ -45,8 +47,11 @@ class RebuiltRun:
     unknown_effects: list[str] = field(default_factory=list)
 
 
-class QueriesMixin(TierCore):
-    """Queries of :class:`~tiers.task.TaskTier`."""
+class Queries:
+    """Read-only views of a tier's runs (what :class:`~tiers.task.TaskTier` answers)."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
 
     def latest_checkpoint(self, run_id: str) -> Checkpoint | None:
         """The run's head checkpoint, or ``None`` if it has none yet.
@@ -54,14 +59,14 @@ class QueriesMixin(TierCore):
         Raises:
             RunNotFoundError: No such run.
         """
-        info = self.get_run(run_id)
+        info = self.store.get_run(run_id)
         if info.head_seq == 0:
             return None
-        ckpt = self._read_checkpoint(run_id, info.head_seq)
+        ckpt = self.store.read_checkpoint(run_id, info.head_seq)
         if ckpt is None:
             raise CorruptRecordError(
                 f"run {run_id!r} has head_seq {info.head_seq} but no checkpoint at "
-                f"{keys.run_space(self._tenant, run_id)}/{keys.checkpoint_key(info.head_seq)}"
+                f"{keys.run_space(self.store.tenant, run_id)}/{keys.checkpoint_key(info.head_seq)}"
             )
         return ckpt
 
@@ -94,7 +99,7 @@ class QueriesMixin(TierCore):
             InvalidInputError: Negative ``limit``, ``after_seq`` or ``before_seq``.
         """
         _check_paging(limit, after_seq, before_seq)
-        info = self.get_run(run_id)
+        info = self.store.get_run(run_id)
         low = after_seq or 0
         high = info.head_seq + 1 if before_seq is None else min(before_seq, info.head_seq + 1)
         count = high - low - 1
@@ -102,19 +107,19 @@ class QueriesMixin(TierCore):
             count = min(count, limit)
         if count <= 0:
             return []
-        space = keys.run_space(self._tenant, run_id)
+        space = keys.run_space(self.store.tenant, run_id)
         if newest_first:
             start: str | None = keys.checkpoint_key(high)
         else:
             start = keys.checkpoint_key(low) if low else None
-        items = self._kv.scan(
+        items = self.store.kv.scan(
             space,
             prefix=keys.CHECKPOINT_PREFIX,
             start_after=start,
             limit=count,
             reverse=newest_first,
         )
-        return [self._decode_checkpoint(run_id, key, data) for key, data in items]
+        return [self.store.decode_checkpoint(run_id, key, data) for key, data in items]
 
     def checkpoint_for_key(self, run_id: str, idempotency_key: str) -> Checkpoint | None:
         """The checkpoint on the run's current branch that committed an idempotency key.
@@ -131,8 +136,8 @@ class QueriesMixin(TierCore):
             InvalidInputError: Bad ``idempotency_key`` (1-512 characters, no control characters).
         """
         key = check_key(idempotency_key)
-        info = self.get_run(run_id)
-        ckpt, _ = self._lookup(run_id, key, info)
+        info = self.store.get_run(run_id)
+        ckpt, _ = self.store.lookup(run_id, key, info)
         return ckpt
 
     def events(
@@ -145,10 +150,10 @@ class QueriesMixin(TierCore):
             InvalidInputError: Negative ``limit`` or ``after_seq``.
         """
         _check_paging(limit, after_seq)
-        self.get_run(run_id)
-        space = keys.run_space(self._tenant, run_id)
+        self.store.get_run(run_id)
+        space = keys.run_space(self.store.tenant, run_id)
         start = keys.event_key(after_seq) if after_seq else None
-        items = self._kv.scan(space, prefix=keys.EVENT_PREFIX, start_after=start, limit=limit)
+        items = self.store.kv.scan(space, prefix=keys.EVENT_PREFIX, start_after=start, limit=limit)
         return [decode(Event, data, where=f"{space}/{key}") for key, data in items]
 
     def effects(self, run_id: str) -> list[EffectRecord]:
@@ -157,8 +162,8 @@ class QueriesMixin(TierCore):
         Raises:
             RunNotFoundError: No such run.
         """
-        self.get_run(run_id)
-        return self._effect_records(run_id)
+        self.store.get_run(run_id)
+        return self.store.effect_records(run_id)
 
     def get_effect(self, run_id: str, key: str) -> EffectRecord:
         """One entry of the run's effect ledger, by idempotency key.
@@ -167,8 +172,8 @@ class QueriesMixin(TierCore):
             RunNotFoundError: No such run.
             EffectNotFoundError: The run has no effect with that key.
         """
-        self.get_run(run_id)
-        rec, _ = self._read_effect(run_id, check_key(key))
+        self.store.get_run(run_id)
+        rec, _ = self.store.read_effect(run_id, check_key(key))
         if rec is None:
             raise EffectNotFoundError(f"run {run_id!r} has no effect with key {key!r}")
         return rec
@@ -197,8 +202,8 @@ class QueriesMixin(TierCore):
                     f"unknown run status {status!r}: use one of {choices}", field="status"
                 ) from exc
         runs = [
-            decode(RunInfo, data, where=f"{self._runs}/{key}")
-            for key, data in self._kv.scan(self._runs)
+            decode(RunInfo, data, where=f"{self.store.runs}/{key}")
+            for key, data in self.store.kv.scan(self.store.runs)
         ]
         runs = [
             r
@@ -224,7 +229,7 @@ class QueriesMixin(TierCore):
         until a worker finds that out: one with a ``reconcile`` callback may
         settle it on its own.
         """
-        at = self._now() if now is None else now
+        at = self.store.now() if now is None else now
         runs = [
             r
             for r in self.list_runs()
@@ -241,105 +246,65 @@ class QueriesMixin(TierCore):
 
         The head (``RunInfo``) is this fold kept up to date in every commit;
         this recomputes it from the log, for audits and consistency checks.
+        The status is the lifecycle table's fold of the events
+        (:mod:`tiers.task._lifecycle`), as every commit moves it.
 
         Raises:
             RunNotFoundError: No such run.
         """
-        info = self.get_run(run_id)
-        space = keys.run_space(self._tenant, run_id)
-        snaps = self._kv.scan(space, prefix=keys.SNAPSHOT_PREFIX)
-        latest: Snapshot | None = None
-        for key, raw in snaps:
-            snap = decode(Snapshot, raw, where=f"{space}/{key}")
-            if latest is None or snap.event_seq > latest.event_seq:
-                latest = snap
-        status = RunStatus.RUNNING
-        head_seq, head_id, spent_tokens, spent_cost = 0, None, 0, 0.0
-        values: dict[str, JsonValue] = {}
-        unknown: list[str] = []
-        after = 0
-        if latest is not None:
-            status = RunStatus(latest.status)
-            head_seq, head_id = latest.seq, latest.checkpoint_id
-            spent_tokens, spent_cost = latest.spent_tokens, latest.spent_cost
-            values = dict(latest.values)
-            unknown = list(latest.unknown_effects)
-            after = latest.event_seq
-        pending: str | None = None if latest is None else latest.pending_plan_hash
-        if after < info.compacted_through:
+        info = self.store.get_run(run_id)
+        space = keys.run_space(self.store.tenant, run_id)
+        snaps = [
+            decode(Snapshot, raw, where=f"{space}/{key}")
+            for key, raw in self.store.kv.scan(space, prefix=keys.SNAPSHOT_PREFIX)
+        ]
+        latest = max(snaps, key=lambda snap: snap.event_seq, default=None)
+        base = Snapshot(run_id=run_id, seq=0, checkpoint_id=None, event_seq=0, status=INITIAL)
+        start = base if latest is None else latest
+        if start.event_seq < info.compacted_through:
             raise CorruptRecordError(
                 f"run {run_id!r}: events up to {info.compacted_through} were compacted but the "
-                f"latest snapshot is at event {after}"
+                f"latest snapshot is at event {start.event_seq}"
             )
-        tail = self.events(run_id, after_seq=after)
-        handle_kinds = {
-            EventKind.STEP_STARTED,
-            EventKind.STEP_COMMITTED,
-            EventKind.EFFECT_INVOKED,
-            EventKind.EFFECT_RECORDED,
-            EventKind.EFFECT_NOT_DONE,
-            EventKind.EFFECT_OUTCOME_UNKNOWN,
-            EventKind.BUDGET_DEBITED,
-            EventKind.COMPENSATED,
-        }
+        tail = self.events(run_id, after_seq=start.event_seq)
+        head_seq, head_id = start.seq, start.checkpoint_id
+        spent_tokens, spent_cost = start.spent_tokens, start.spent_cost
+        pending, values = start.pending_plan_hash, dict(start.values)
+        unknown = list(start.unknown_effects)
         for event in tail:
-            kind, data = event.kind, event.data
-            by_worker = kind in handle_kinds and data.get("source") != "operator"
-            if by_worker and status is RunStatus.RESUMABLE:
-                status = RunStatus.RUNNING
-            if kind is EventKind.EFFECT_OUTCOME_UNKNOWN:
-                if data["key"] not in unknown:
+            data = event.data
+            match event.kind:
+                case EventKind.STEP_COMMITTED:
+                    head_seq = int(str(data["seq"]))
+                    ckpt = self.store.read_checkpoint(run_id, head_seq)
+                    if ckpt is None:
+                        raise CorruptRecordError(
+                            f"run {run_id!r}: event {event.seq} names no checkpoint"
+                        )
+                    head_id = ckpt.checkpoint_id
+                    values.update(ckpt.state_delta or {})
+                case EventKind.STATE_UPDATED:
+                    head_seq, head_id = int(str(data["seq"])), str(data["checkpoint_id"])
+                    values = self.store.values_at(run_id, head_seq)
+                case EventKind.BUDGET_DEBITED:
+                    spent_tokens = int(str(data["spent_tokens"]))
+                    spent_cost = float(str(data["spent_cost"]))
+                case EventKind.APPROVAL_REQUESTED:
+                    pending = str(data["plan_hash"])
+                case EventKind.APPROVAL_GRANTED | EventKind.APPROVAL_REJECTED:
+                    pending = None
+                case EventKind.EFFECT_OUTCOME_UNKNOWN if data["key"] not in unknown:
                     unknown.append(str(data["key"]))
-            elif kind in (
-                EventKind.EFFECT_INVOKED,
-                EventKind.EFFECT_RECORDED,
-                EventKind.EFFECT_NOT_DONE,
-            ):
-                unknown = [k for k in unknown if k != data["key"]]
-            if kind is EventKind.STEP_COMMITTED:
-                seq = int(str(data["seq"]))
-                ckpt = self._read_checkpoint(run_id, seq)
-                if ckpt is None:
-                    raise CorruptRecordError(
-                        f"run {run_id!r}: event {event.seq} names no checkpoint"
-                    )
-                head_seq, head_id = seq, ckpt.checkpoint_id
-                if ckpt.state_delta:
-                    values.update(ckpt.state_delta)
-            elif kind is EventKind.STATE_UPDATED:
-                seq = int(str(data["seq"]))
-                head_seq, head_id = seq, str(data["checkpoint_id"])
-                values = self._values_at(run_id, seq)
-                if status is not RunStatus.PAUSED:
-                    status = RunStatus.RESUMABLE
-            elif kind is EventKind.BUDGET_DEBITED:
-                spent_tokens = int(str(data["spent_tokens"]))
-                spent_cost = float(str(data["spent_cost"]))
-            elif kind in (EventKind.RUN_STARTED, EventKind.RUN_RESUMED):
-                if status is not RunStatus.PAUSED:
-                    status = RunStatus.RUNNING
-            elif kind is EventKind.RUN_FORKED:
-                status = RunStatus.RESUMABLE
-            elif kind is EventKind.APPROVAL_REQUESTED:
-                pending = str(data["plan_hash"])
-            elif kind is EventKind.RUN_PAUSED:
-                status = RunStatus.PAUSED
-            elif kind in (EventKind.APPROVAL_GRANTED, EventKind.APPROVAL_REJECTED):
-                pending, status = None, RunStatus.RESUMABLE
-            elif kind is EventKind.RUN_RELEASED:
-                if status is RunStatus.RUNNING:
-                    status = RunStatus.RESUMABLE
-            elif kind is EventKind.RUN_COMPLETED:
-                status = RunStatus.COMPLETED
-            elif kind is EventKind.RUN_FAILED:
-                status = RunStatus.FAILED
-            elif kind is EventKind.RUN_CANCELLED:
-                status = RunStatus.CANCELLED
+                case (
+                    EventKind.EFFECT_INVOKED | EventKind.EFFECT_RECORDED | EventKind.EFFECT_NOT_DONE
+                ):
+                    unknown = [k for k in unknown if k != data["key"]]
+        events = ((event.kind, event.data) for event in tail)
         return RebuiltRun(
-            status=status,
+            status=lifecycle.fold(RunStatus(start.status), events, run_id=run_id),
             head_seq=head_seq,
             head_checkpoint_id=head_id,
-            event_seq=tail[-1].seq if tail else after,
+            event_seq=tail[-1].seq if tail else start.event_seq,
             spent_tokens=spent_tokens,
             spent_cost=spent_cost,
             pending_plan_hash=pending,

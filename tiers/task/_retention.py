@@ -11,10 +11,10 @@ from tiers.backends.base import Check, Delete, DeleteSpace, Write
 from tiers.errors import ConflictError, CorruptRecordError, InvalidInputError
 from tiers.ids import check_id
 from tiers.models import RunInfo
-from tiers.task._storage import TierCore
+from tiers.task._store import RunStore
 from tiers.task._txn import Txn
 
-__all__ = ["RetentionMixin"]
+__all__ = ["Retention"]
 
 
 _DELETE_CHUNK = 1000
@@ -23,8 +23,11 @@ _SWEEP_PAGE = 256  # run heads read per page by a sweep
 logger = logging.getLogger(__name__)
 
 
-class RetentionMixin(TierCore):
-    """Retention of :class:`~tiers.task.TaskTier`."""
+class Retention:
+    """Deleting a tier's runs (on demand or after their TTL) and compacting their event logs."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
 
     def delete_run(self, run_id: str) -> bool:
         """Delete one run whole, whatever its status: head, checkpoints, events, effects, all.
@@ -48,13 +51,16 @@ class RetentionMixin(TierCore):
         """
         check_id(run_id, "run_id")
         for attempt in range(cas.ATTEMPTS):
-            data = self._read_head(run_id)
+            data = self.store.read_head(run_id)
             if data is None:
                 return False
             try:
-                self._kv.commit(
-                    [DeleteSpace(keys.run_space(self._tenant, run_id)), Delete(self._runs, run_id)],
-                    [Check(self._runs, run_id, data)],
+                self.store.kv.commit(
+                    [
+                        DeleteSpace(keys.run_space(self.store.tenant, run_id)),
+                        Delete(self.store.runs, run_id),
+                    ],
+                    [Check(self.store.runs, run_id, data)],
                 )
             except ConflictError:
                 cas.backoff(attempt)
@@ -72,8 +78,8 @@ class RetentionMixin(TierCore):
         Returns:
             The ids of the deleted runs.
         """
-        at = self._now() if now is None else now
-        cutoff = at - self.retention
+        at = self.store.now() if now is None else now
+        cutoff = at - self.store.retention
 
         def expired(info: RunInfo) -> bool:
             ended = info.finished_at or info.updated_at
@@ -104,7 +110,7 @@ class RetentionMixin(TierCore):
         """
         if not isinstance(idle, timedelta) or idle <= timedelta(0):
             raise InvalidInputError("idle must be a timedelta > 0", field="idle")
-        at = self._now() if now is None else now
+        at = self.store.now() if now is None else now
         cutoff = at - idle
 
         def expired(info: RunInfo) -> bool:
@@ -119,19 +125,22 @@ class RetentionMixin(TierCore):
         deleted: list[str] = []
         after: str | None = None
         while True:
-            page = self._kv.scan(self._runs, start_after=after, limit=_SWEEP_PAGE)
+            page = self.store.kv.scan(self.store.runs, start_after=after, limit=_SWEEP_PAGE)
             for key, data in page:
                 try:
-                    info = self._decode_head(key, data)
+                    info = self.store.decode_head(key, data)
                 except CorruptRecordError as exc:
                     logger.error("sweep skips an unreadable run head: %s", exc)
                     continue
                 if not expired(info):
                     continue
                 try:
-                    self._kv.commit(
-                        [DeleteSpace(keys.run_space(self._tenant, key)), Delete(self._runs, key)],
-                        [Check(self._runs, key, data)],
+                    self.store.kv.commit(
+                        [
+                            DeleteSpace(keys.run_space(self.store.tenant, key)),
+                            Delete(self.store.runs, key),
+                        ],
+                        [Check(self.store.runs, key, data)],
                     )
                 except ConflictError:
                     continue
@@ -150,11 +159,11 @@ class RetentionMixin(TierCore):
         Returns:
             How many events were deleted.
         """
-        info = self.get_run(run_id)
+        info = self.store.get_run(run_id)
         through = info.snapshot_event_seq
         if through <= info.compacted_through:
             return 0
-        space = keys.run_space(self._tenant, run_id)
+        space = keys.run_space(self.store.tenant, run_id)
         deleted = 0
         first = info.compacted_through + 1
         for start in range(first, through + 1, _DELETE_CHUNK):
@@ -166,9 +175,9 @@ class RetentionMixin(TierCore):
             ) -> Txn | RunInfo:
                 txn = Txn(run_id, current.lease_epoch, current, now)
                 txn.puts += writes
-                txn.update["compacted_through"] = max(current.compacted_through, end)
+                txn.update.compacted_through = max(current.compacted_through, end)
                 return txn
 
-            self._operate(run_id, build, "compact")
+            self.store.operate(run_id, build, "compact")
             deleted += end - start + 1
         return deleted

@@ -1,201 +1,44 @@
-"""The task tier: the Stateful Execution Contract for long agent runs.
+"""The public face of the task tier: :class:`TaskTier`, composed of small objects around one store.
 
-A *run* is one execution of an agent task, possibly spread over several
-worker processes: a worker that crashes or is redeployed resumes the run, the
-steps already committed are replayed from their checkpoints, and every
-external effect happens exactly once.
-
-Storage (every format is in :mod:`tiers.keys`):
-
-- ``runs_space(tenant)`` / ``run_id`` -> :class:`~tiers.models.RunInfo`, the run's
-  *head*: owner, status, lease (owner, epoch, expiry), ``head_seq``,
-  ``event_seq``, budgets, pending approval. Every change to a run is one
-  atomic commit checked against the head's exact bytes, so the head
-  serialises all writers of the run.
-- ``run_space(tenant, run_id)`` holds, each written in the same commit as the
-  head change it belongs to:
-
-  - ``ev:<seq>`` -> :class:`~tiers.task._records.Event`: the append-only event
-    log, gap-free seqs, never changed (``compact`` may drop events already
-    folded into a snapshot);
-  - ``ckpt:<seq>`` -> :class:`~tiers.models.Checkpoint`: one per committed
-    step, with the step's output and only the *change* to the run's state;
-  - ``idem:<key>`` -> which checkpoint committed an idempotency key;
-  - ``eff:<key>`` -> :class:`~tiers.task._records.EffectRecord`: the effect ledger;
-  - ``snap:<seq>`` -> :class:`~tiers.task._records.Snapshot`: the run's state
-    every ``snapshot_every`` events and at each branch root, so loading the
-    state reads one snapshot and at most K checkpoints, however long the run;
-  - ``appr:<key>`` -> :class:`~tiers.task._records.ApprovalRecord`: approval gates.
-
-**Costs.** A step with no effect is one durable commit; a top-level effect
-is two (``EffectInvoked`` before the call, ``EffectRecorded`` + checkpoint
-after it).
-
-**Leases and fencing.** Taking a run (:meth:`TaskTier.start_run`,
-:meth:`TaskTier.acquire`) increments ``lease_epoch``; every write of a handle
-checks the head bytes it holds, so a handle whose run was taken over writes
-nothing and gets :class:`~tiers.errors.StaleWriterError`. A lease with a TTL
-(``lease_ttl``) is *live* until it expires; heartbeats and every commit renew
-it. Another worker cannot take a live lease (:class:`~tiers.errors.LeaseHeldError`)
-unless it steals it. A worker is its ``worker_id``: a caller that names none
-gets a new one per call (:func:`new_worker_id`), so two threads of a process,
-or two requests to a server, are two workers; a caller retakes its own live
-lease by passing its worker id again (``RunHandle.worker_id``). An expired
-lease is anybody's (resume after a crash). Leases without a TTL never block a
-takeover (the embedded default, where a restarted process resumes its own run
-at once).
-
-**Operators do not cost a worker its work.** An operator's change to the
-head that takes no lease (``set_budget``, ``compact``, ``resolve_effect``,
-``approve``/``reject``, ``cancel``) makes a worker's commit fail its head
-check; the handle then rebuilds the commit on the fresh head and retries
-(bounded, with :mod:`tiers.cas` backoff) as long as the run still takes that
-write, so a step's output or an effect's result computed meanwhile is kept.
-Only a new lease epoch fences a handle out.
-
-**Exactly-once effects.** See :meth:`RunHandle.effect` (and
-:meth:`RunHandle.begin_effect` / :meth:`RunHandle.record_effect`, the same
-protocol for a caller that performs the effect itself, e.g. over HTTP). An
-effect's result is recorded before the run advances, even if the run was
-cancelled while the effect ran (then without a checkpoint, and the worker
-gets :class:`~tiers.errors.RunCancelledError` right after). One invoked but
-unrecorded has an unknown outcome: the first worker that finds it and cannot
-settle it (no ``reconcile``, not ``safe_to_retry``) flags it in
-``RunInfo.unknown_effects``, and the run is *blocked*, left out of
-:meth:`TaskTier.list_resumable`, until it is reconciled or an operator
-decides (:meth:`TaskTier.resolve_effect`). A takeover while the old holder is
-still inside an effect's function (a zombie past its lease) is only safe if
-the external system checks the idempotency key: pass it along.
-
-**Compensation.** :meth:`RunHandle.compensate` undoes recorded effects,
-newest first, each once; it refuses while any effect's outcome is unknown. A
-running, cancelled or failed run can be compensated: by the handle that saw
-it end, or by a worker taking it with ``acquire(run_id, for_compensation=True)``.
-
-**Branches.** :meth:`TaskTier.update_state` appends a human-edited checkpoint
-whose parent is an earlier checkpoint; the checkpoints after it leave the
-run's lineage (``RunInfo.superseded``) and their steps run again on resume.
-Recorded effects stay recorded (they happened), so they are not repeated.
-
-**Threads.** :class:`TaskTier` is stateless beyond its store and may be
-shared by threads. A :class:`RunHandle` is driven by one thread at a time.
-
-**Modules.** :class:`TaskTier` is assembled from :mod:`tiers.task._storage`
-(configuration, reads, the write path), :mod:`tiers.task._queries`,
-:mod:`tiers.task._time_travel`, :mod:`tiers.task._retention`, :mod:`tiers.task._approvals`
-and :mod:`tiers.task._effects`; this module adds taking runs (leases) and the
-run lifecycle. Records and pure helpers are in :mod:`tiers.task._records`.
+:class:`TaskTier` holds one :class:`~tiers.task._store.RunStore` (configuration,
+reads, the one write path) and the feature objects that use it: taking runs
+(:mod:`~tiers.task._runs`), queries, time travel, retention, approval gates and
+operators' effect decisions. Its methods forward to them; each docstring is written
+once, beside the code that does the work. See :mod:`tiers.task` for the guarantees.
 """
 
 from __future__ import annotations
 
-import os
-import secrets
-import socket
+from collections.abc import Callable
 from datetime import datetime, timedelta
 from typing import Any
 
-from tiers import cas
-from tiers.errors import (
-    ConflictError,
-    InvalidInputError,
-    LeaseHeldError,
-    RunCancelledError,
-    RunNotFoundError,
-    RunStateError,
-    StaleWriterError,
-)
+from pydantic import JsonValue
+
+from tiers.backends.base import KVStore
 from tiers.ids import check_external_id, check_id, run_id_for
-from tiers.models import RunInfo, RunStatus
-from tiers.task._approvals import ApprovalsMixin
-from tiers.task._effects import EffectsMixin
+from tiers.models import Checkpoint, RunInfo, RunStatus, utcnow
+from tiers.redaction import Redactor
+from tiers.task._approvals import Approvals
 from tiers.task._handle import RunHandle
-from tiers.task._handle_core import COMPENSATABLE
-from tiers.task._queries import QueriesMixin, RebuiltRun
-from tiers.task._records import (
-    NOT_DONE,
-    Approval,
-    Charged,
-    EffectRecord,
-    EffectStart,
-    EffectStatus,
-    Event,
-    EventKind,
-    IdempotencyEntry,
-    NotDone,
-    canonical_json,
-    input_hash,
-    new_incarnation,
-    new_run_id,
-)
-from tiers.task._retention import RetentionMixin
-from tiers.task._storage import (
+from tiers.task._ledger import EffectDecisions
+from tiers.task._queries import Queries, RebuiltRun
+from tiers.task._records import Approval, ApprovalRecord, EffectRecord, Event, new_run_id
+from tiers.task._retention import Retention
+from tiers.task._runs import Runs
+from tiers.task._store import (
     DEFAULT_RETENTION,
     DEFAULT_SNAPSHOT_EVERY,
-    TierCore,
-    _budget,
-    _positive,
+    RunStore,
+    check_budget,
 )
-from tiers.task._time_travel import TimeTravelMixin
-from tiers.task._txn import _UNSET, UNSET, Txn
+from tiers.task._time_travel import TimeTravel
+from tiers.task._txn import UNSET, doc_from
 
-__all__ = [
-    "DEFAULT_RETENTION",
-    "DEFAULT_SNAPSHOT_EVERY",
-    "NOT_DONE",
-    "UNSET",
-    "Approval",
-    "Charged",
-    "EffectRecord",
-    "EffectStart",
-    "EffectStatus",
-    "Event",
-    "EventKind",
-    "IdempotencyEntry",
-    "NotDone",
-    "RebuiltRun",
-    "RunHandle",
-    "TaskTier",
-    "canonical_json",
-    "input_hash",
-    "new_run_id",
-    "new_worker_id",
-]
+__all__ = ["TaskTier"]
 
 
-def new_worker_id() -> str:
-    """A lease holder no other caller has: ``<hostname>-<pid>-<random>``.
-
-    A default that is the same for every caller of a process (or of a server)
-    would let any of them take a live lease as "the same worker".
-    """
-    return f"{socket.gethostname()[:200]}-{os.getpid()}-{secrets.token_hex(6)}"
-
-
-def _check_takeable(info: RunInfo, for_compensation: bool) -> None:
-    """Refuse to take a run's lease for what its status forbids."""
-    run_id, status = info.run_id, info.status.value
-    if for_compensation:
-        if info.status not in COMPENSATABLE:
-            raise RunStateError(
-                f"run {run_id!r} is {status}: only a cancelled or failed run is acquired for "
-                "compensation (a running one: acquire it as usual and call compensate(), or "
-                "cancel it first; a completed one keeps its effects)"
-            )
-    elif info.status.finished:
-        hint = (
-            ", or acquire it with for_compensation=True to undo its effects"
-            if info.status in COMPENSATABLE
-            else ""
-        )
-        raise RunStateError(
-            f"run {run_id!r} is {status} and cannot be resumed: start a new run{hint}"
-        )
-
-
-class TaskTier(
-    EffectsMixin, ApprovalsMixin, TimeTravelMixin, RetentionMixin, QueriesMixin, TierCore
-):
+class TaskTier:
     """Runs, their checkpoints, events and effects, on a :class:`~tiers.backends.base.KVStore`.
 
     Args:
@@ -213,6 +56,60 @@ class TaskTier(
             hashes are of the values as given, so a resumed step matches its
             checkpoint whatever the redactor changed.
     """
+
+    def __init__(
+        self,
+        kv: KVStore,
+        *,
+        tenant: str = "default",
+        lease_ttl: float | None = None,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        retention: timedelta = DEFAULT_RETENTION,
+        clock: Callable[[], datetime] = utcnow,
+        redactor: Redactor | None = None,
+    ) -> None:
+        store = RunStore(
+            kv,
+            tenant=tenant,
+            lease_ttl=lease_ttl,
+            snapshot_every=snapshot_every,
+            retention=retention,
+            clock=clock,
+            redactor=redactor,
+        )
+        self._store = store
+        # The raw store and the clock (_now) stay reachable for tests that inspect stored keys.
+        self._kv = kv
+        self._runs = Runs(store)
+        self._queries = Queries(store)
+        self._time_travel = TimeTravel(store)
+        self._retention = Retention(store)
+        self._approvals = Approvals(store)
+        self._decisions = EffectDecisions(store)
+
+    @property
+    def tenant(self) -> str:
+        """The tenant whose runs this tier reads and writes."""
+        return self._store.tenant
+
+    @property
+    def snapshot_every(self) -> int:
+        """Events between two state snapshots of a run."""
+        return self._store.snapshot_every
+
+    @property
+    def retention(self) -> timedelta:
+        """How long finished runs are kept before :meth:`sweep` deletes them."""
+        return self._store.retention
+
+    @property
+    def redactor(self) -> Redactor:
+        """What redacts the values runs store (a no-op when none was given)."""
+        return self._store.redactor
+
+    def _now(self) -> datetime:
+        """The current UTC time, by the tier's clock."""
+        return self._store.now()
 
     def start_run(
         self,
@@ -272,9 +169,9 @@ class TaskTier(
             run_id = run_id_for(external_id)
         else:
             run_id = new_run_id()
-        tokens = _budget(budget_tokens, "budget_tokens", integer=True)
-        cost = _budget(budget_cost, "budget_cost", integer=False)
-        return self._take(
+        tokens = check_budget(budget_tokens, "budget_tokens", integer=True)
+        cost = check_budget(budget_cost, "budget_cost", integer=False)
+        return self._runs.take(
             run_id,
             user_id,
             resume=resume,
@@ -314,7 +211,7 @@ class TaskTier(
                 with it, the run is not cancelled or failed.
         """
         check_id(run_id, "run_id")
-        return self._take(
+        return self._runs.take(
             run_id,
             None,
             resume=True,
@@ -324,110 +221,7 @@ class TaskTier(
             for_compensation=for_compensation,
         )
 
-    def _take(
-        self,
-        run_id: str,
-        user_id: str | None,
-        *,
-        resume: bool,
-        worker_id: str | None,
-        lease_ttl: float | None,
-        steal: bool,
-        budget_tokens: int | None = None,
-        budget_cost: float | None = None,
-        for_compensation: bool = False,
-        external_id: str | None = None,
-    ) -> RunHandle:
-        worker = new_worker_id() if worker_id is None else worker_id
-        if not isinstance(worker, str) or not 1 <= len(worker) <= 256:
-            raise InvalidInputError("worker_id must be 1-256 characters", field="worker_id")
-        ttl = _positive(lease_ttl, "lease_ttl") if lease_ttl is not None else self._lease_ttl
-        for attempt in range(cas.ATTEMPTS):
-            data = self._read_head(run_id)
-            now = self._now()
-            expires = None if ttl is None else now + timedelta(seconds=ttl)
-            if data is None:
-                if user_id is None:
-                    raise RunNotFoundError(f"no run {run_id!r} in tenant {self._tenant!r}")
-                base = RunInfo(
-                    run_id=run_id,
-                    user_id=user_id,
-                    lease_epoch=1,
-                    lease_owner=worker,
-                    lease_expires_at=expires,
-                    lease_ttl_s=ttl,
-                    budget_tokens=budget_tokens,
-                    budget_cost=budget_cost,
-                    created_at=now,
-                    updated_at=now,
-                    external_id=external_id,
-                    incarnation=new_incarnation(),
-                )
-                txn = Txn(run_id, 1, base, now)
-                txn.add_event(EventKind.RUN_STARTED, user_id=user_id, owner=worker)
-            else:
-                current = self._decode_head(run_id, data)
-                if user_id is not None and current.user_id != user_id:
-                    raise ConflictError(
-                        f"run id {run_id!r} is taken by another user: choose another run_id"
-                    )
-                if external_id is not None and current.external_id != external_id:
-                    raise ConflictError(
-                        f"run id {run_id!r} is taken by a run of another external id "
-                        f"({current.external_id!r}): choose another run_id"
-                    )
-                if not resume:
-                    raise ConflictError(
-                        f"run {run_id!r} already exists: pass resume=True to resume it, or "
-                        "choose another run_id"
-                    )
-                _check_takeable(current, for_compensation)
-                live = current.lease_live(now)
-                if live and current.lease_owner != worker and not steal:
-                    owner = current.lease_owner or "?"
-                    until = (
-                        current.lease_expires_at.isoformat() if current.lease_expires_at else "?"
-                    )
-                    raise LeaseHeldError(
-                        f"run {run_id!r} is leased by worker {owner!r} until {until} (it "
-                        "heartbeats while alive): wait for the lease to expire, or pass "
-                        "steal=True to take it over and fence that worker out (to retake "
-                        "a lease of your own, pass the worker_id you took it with)",
-                        owner=owner,
-                        expires_at=until,
-                        run_id=run_id,
-                    )
-                epoch = current.lease_epoch + 1
-                txn = Txn(run_id, epoch, current, now)
-                txn.add_event(
-                    EventKind.COMPENSATION_STARTED if for_compensation else EventKind.RUN_RESUMED,
-                    owner=worker,
-                    previous_owner=current.lease_owner,
-                    stolen=bool(live and current.lease_owner != worker),
-                )
-                txn.update.update(
-                    lease_epoch=epoch,
-                    lease_owner=worker,
-                    lease_expires_at=expires,
-                    lease_ttl_s=ttl,
-                )
-                if current.status is not RunStatus.PAUSED and not for_compensation:
-                    txn.update["status"] = RunStatus.RUNNING
-            try:
-                info, head = self._apply(txn, data)
-            except ConflictError:
-                cas.backoff(attempt)
-                continue
-            return RunHandle(
-                self,
-                info,
-                head,
-                lease_ttl=ttl,
-                resumed=data is not None,
-                compensation_only=for_compensation,
-            )
-        raise ConflictError(f"run {run_id!r} is being taken by many workers at once; retry")
-
+    @doc_from(Runs.attach)
     def attach(
         self,
         run_id: str,
@@ -436,97 +230,167 @@ class TaskTier(
         finished_ok: bool = False,
         incarnation: str | None = None,
     ) -> RunHandle:
-        """A handle on a run for a worker that already holds its lease.
+        return self._runs.attach(run_id, epoch, finished_ok=finished_ok, incarnation=incarnation)
 
-        Unlike :meth:`start_run` this does not take the lease: it is how a
-        stateless caller (an HTTP request) keeps writing with the epoch it got
-        when it started or resumed the run.
-
-        Args:
-            run_id: The run.
-            epoch: The lease epoch the caller holds.
-            finished_ok: Attach to a finished run too: for
-                :meth:`RunHandle.record_effect`, which records the result of an
-                effect that ran while the run was cancelled (and then raises
-                :class:`RunCancelledError`). Every other write still refuses.
-            incarnation: The ``RunInfo.incarnation`` the caller's lease was taken
-                on, if it kept it: a run deleted and started again under the same
-                id (epochs restart at 1) is then told apart from the one it leased.
-
-        Raises:
-            RunNotFoundError: No such run, or not the incarnation the caller leased.
-            StaleWriterError: ``epoch`` is not the run's current lease epoch.
-            RunStateError: The run is finished (and ``finished_ok`` is false).
-        """
-        check_id(run_id, "run_id")
-        data = self._read_head(run_id)
-        if data is None:
-            raise RunNotFoundError(f"no run {run_id!r}")
-        info = self._decode_head(run_id, data)
-        if incarnation is not None and info.incarnation != incarnation:
-            raise RunNotFoundError(
-                f"run {run_id!r} was deleted and a new run has its id since: stop writing"
-            )
-        if info.lease_epoch != epoch:
-            raise StaleWriterError(
-                f"run {run_id!r} is leased with epoch {info.lease_epoch}, not {epoch}: "
-                "another worker resumed it; stop writing"
-            )
-        if info.status.finished and not finished_ok:
-            if info.status is RunStatus.CANCELLED:
-                raise RunCancelledError(f"run {run_id!r} was cancelled: stop writing")
-            raise RunStateError(f"run {run_id!r} is {info.status.value}")
-        return RunHandle(self, info, data, lease_ttl=info.lease_ttl_s, resumed=True)
-
+    @doc_from(Runs.cancel)
     def cancel(self, run_id: str) -> RunInfo:
-        """Cancel a run: its worker raises :class:`RunCancelledError` at its next step boundary.
+        return self._runs.cancel(run_id)
 
-        Cancelling a cancelled run does nothing.
-
-        Returns:
-            The cancelled run's head.
-
-        Raises:
-            RunNotFoundError: No such run.
-            RunStateError: The run already completed or failed.
-        """
-        check_id(run_id, "run_id")
-
-        def build(info: RunInfo, now: datetime) -> Txn | RunInfo:
-            if info.status is RunStatus.CANCELLED:
-                return info
-            if info.status.finished:
-                raise RunStateError(
-                    f"run {run_id!r} is {info.status.value}; it cannot be cancelled"
-                )
-            txn = Txn(run_id, info.lease_epoch, info, now)
-            txn.add_event(EventKind.RUN_CANCELLED)
-            txn.update.update(
-                status=RunStatus.CANCELLED, finished_at=now, lease_owner=None, lease_expires_at=None
-            )
-            return txn
-
-        return self._operate(run_id, build, "cancel")
-
+    @doc_from(Runs.set_budget)
     def set_budget(
-        self, run_id: str, *, tokens: int | None = _UNSET, cost: float | None = _UNSET
+        self, run_id: str, *, tokens: int | None = UNSET, cost: float | None = UNSET
     ) -> RunInfo:
-        """Change a run's token and/or cost budget (``None``: unlimited).
+        return self._runs.set_budget(run_id, tokens=tokens, cost=cost)
 
-        Raises:
-            InvalidInputError: A negative, NaN or infinite budget, or a non-integer token budget.
-            RunNotFoundError: No such run.
-        """
-        check_id(run_id, "run_id")
-        update: dict[str, Any] = {}
-        if tokens is not _UNSET:
-            update["budget_tokens"] = _budget(tokens, "budget_tokens", integer=True)
-        if cost is not _UNSET:
-            update["budget_cost"] = _budget(cost, "budget_cost", integer=False)
+    @doc_from(RunStore.force_flush)
+    def force_flush(self) -> None:
+        self._store.force_flush()
 
-        def build(info: RunInfo, now: datetime) -> Txn | RunInfo:
-            txn = Txn(run_id, info.lease_epoch, info, now)
-            txn.update.update(update)
-            return txn
+    @doc_from(RunStore.get_run)
+    def get_run(self, run_id: str) -> RunInfo:
+        return self._store.get_run(run_id)
 
-        return self._operate(run_id, build, "set the budget of")
+    @doc_from(RunStore.get_checkpoint)
+    def get_checkpoint(self, run_id: str, checkpoint_id: str) -> Checkpoint:
+        return self._store.get_checkpoint(run_id, checkpoint_id)
+
+    @doc_from(RunStore.latest_scope)
+    def latest_scope(self, run_id: str) -> dict[str, JsonValue] | None:
+        return self._store.latest_scope(run_id)
+
+    @doc_from(Queries.latest_checkpoint)
+    def latest_checkpoint(self, run_id: str) -> Checkpoint | None:
+        return self._queries.latest_checkpoint(run_id)
+
+    @doc_from(Queries.history)
+    def history(
+        self,
+        run_id: str,
+        *,
+        limit: int | None = None,
+        after_seq: int | None = None,
+        before_seq: int | None = None,
+        newest_first: bool = False,
+    ) -> list[Checkpoint]:
+        return self._queries.history(
+            run_id,
+            limit=limit,
+            after_seq=after_seq,
+            before_seq=before_seq,
+            newest_first=newest_first,
+        )
+
+    @doc_from(Queries.checkpoint_for_key)
+    def checkpoint_for_key(self, run_id: str, idempotency_key: str) -> Checkpoint | None:
+        return self._queries.checkpoint_for_key(run_id, idempotency_key)
+
+    @doc_from(Queries.events)
+    def events(
+        self, run_id: str, *, after_seq: int | None = None, limit: int | None = None
+    ) -> list[Event]:
+        return self._queries.events(run_id, after_seq=after_seq, limit=limit)
+
+    @doc_from(Queries.effects)
+    def effects(self, run_id: str) -> list[EffectRecord]:
+        return self._queries.effects(run_id)
+
+    @doc_from(Queries.get_effect)
+    def get_effect(self, run_id: str, key: str) -> EffectRecord:
+        return self._queries.get_effect(run_id, key)
+
+    @doc_from(Queries.unknown_effects)
+    def unknown_effects(self, run_id: str) -> list[EffectRecord]:
+        return self._queries.unknown_effects(run_id)
+
+    @doc_from(Queries.list_runs)
+    def list_runs(
+        self, user_id: str | None = None, status: RunStatus | str | None = None
+    ) -> list[RunInfo]:
+        return self._queries.list_runs(user_id, status)
+
+    @doc_from(Queries.list_resumable)
+    def list_resumable(self, *, now: datetime | None = None) -> list[RunInfo]:
+        return self._queries.list_resumable(now=now)
+
+    @doc_from(Queries.rebuild)
+    def rebuild(self, run_id: str) -> RebuiltRun:
+        return self._queries.rebuild(run_id)
+
+    @doc_from(TimeTravel.state_at)
+    def state_at(self, run_id: str, checkpoint_id: str) -> dict[str, JsonValue]:
+        return self._time_travel.state_at(run_id, checkpoint_id)
+
+    @doc_from(TimeTravel.fork)
+    def fork(self, run_id: str, checkpoint_id: str, new_run_id: str | None = None) -> RunInfo:
+        return self._time_travel.fork(run_id, checkpoint_id, new_run_id)
+
+    @doc_from(TimeTravel.update_state)
+    def update_state(
+        self,
+        run_id: str,
+        checkpoint_id: str,
+        values: dict[str, Any],
+        *,
+        by: str = "operator",
+        by_key: str | None = None,
+    ) -> Checkpoint:
+        return self._time_travel.update_state(run_id, checkpoint_id, values, by=by, by_key=by_key)
+
+    @doc_from(Retention.delete_run)
+    def delete_run(self, run_id: str) -> bool:
+        return self._retention.delete_run(run_id)
+
+    @doc_from(Retention.sweep)
+    def sweep(self, *, now: datetime | None = None) -> list[str]:
+        return self._retention.sweep(now=now)
+
+    @doc_from(Retention.sweep_idle)
+    def sweep_idle(self, idle: timedelta, *, now: datetime | None = None) -> list[str]:
+        return self._retention.sweep_idle(idle, now=now)
+
+    @doc_from(Retention.compact)
+    def compact(self, run_id: str) -> int:
+        return self._retention.compact(run_id)
+
+    @doc_from(Approvals.approval)
+    def approval(self, run_id: str, key: str) -> ApprovalRecord | None:
+        return self._approvals.approval(run_id, key)
+
+    @doc_from(Approvals.approve)
+    def approve(
+        self,
+        run_id: str,
+        plan_hash: str,
+        *,
+        by: str,
+        note: str | None = None,
+        by_key: str | None = None,
+    ) -> Approval:
+        return self._approvals.approve(run_id, plan_hash, by=by, note=note, by_key=by_key)
+
+    @doc_from(Approvals.reject)
+    def reject(
+        self,
+        run_id: str,
+        plan_hash: str,
+        *,
+        by: str,
+        note: str | None = None,
+        by_key: str | None = None,
+    ) -> Approval:
+        return self._approvals.reject(run_id, plan_hash, by=by, note=note, by_key=by_key)
+
+    @doc_from(EffectDecisions.resolve_effect)
+    def resolve_effect(
+        self,
+        run_id: str,
+        key: str,
+        *,
+        output: object = UNSET,
+        rerun: bool = False,
+        by: str = "operator",
+        by_key: str | None = None,
+    ) -> EffectRecord:
+        return self._decisions.resolve_effect(
+            run_id, key, output=output, rerun=rerun, by=by, by_key=by_key
+        )

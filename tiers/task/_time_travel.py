@@ -16,7 +16,8 @@ from tiers.errors import (
     RunStateError,
 )
 from tiers.ids import check_id
-from tiers.models import Checkpoint, RunInfo, RunStatus
+from tiers.models import Checkpoint, RunInfo
+from tiers.task import _lifecycle as lifecycle
 from tiers.task import _records as task_events
 from tiers.task._records import (
     EventKind,
@@ -26,14 +27,17 @@ from tiers.task._records import (
     input_hash,
     to_json_dict,
 )
-from tiers.task._storage import TierCore
+from tiers.task._store import RunStore
 from tiers.task._txn import Txn
 
-__all__ = ["TimeTravelMixin"]
+__all__ = ["TimeTravel"]
 
 
-class TimeTravelMixin(TierCore):
-    """Time travel of :class:`~tiers.task.TaskTier`."""
+class TimeTravel:
+    """The state at any checkpoint, forks and human-edited branches of a tier's runs."""
+
+    def __init__(self, store: RunStore) -> None:
+        self.store = store
 
     def state_at(self, run_id: str, checkpoint_id: str) -> dict[str, JsonValue]:
         """The run's state values as of a checkpoint (every delta up to it, along its branch).
@@ -42,8 +46,8 @@ class TimeTravelMixin(TierCore):
             RunNotFoundError: No such run.
             CheckpointNotFoundError: No such checkpoint.
         """
-        ckpt = self.get_checkpoint(run_id, checkpoint_id)
-        return self._values_at(run_id, ckpt.seq)
+        ckpt = self.store.get_checkpoint(run_id, checkpoint_id)
+        return self.store.values_at(run_id, ckpt.seq)
 
     def fork(self, run_id: str, checkpoint_id: str, new_run_id: str | None = None) -> RunInfo:
         """Start a new run from a checkpoint: its history up to there, a link to its parent.
@@ -62,17 +66,17 @@ class TimeTravelMixin(TierCore):
             ConflictError: ``new_run_id`` is taken.
             InvalidInputError: Bad ``new_run_id``.
         """
-        source = self.get_run(run_id)
-        target = self.get_checkpoint(run_id, checkpoint_id)
+        source = self.store.get_run(run_id)
+        target = self.store.get_checkpoint(run_id, checkpoint_id)
         new_id = (
             task_events.new_run_id() if new_run_id is None else check_id(new_run_id, "new_run_id")
         )
-        space = keys.run_space(self._tenant, run_id)
+        space = keys.run_space(self.store.tenant, run_id)
         by_id = {
             c.checkpoint_id: c
             for c in (
-                self._decode_checkpoint(run_id, k, d)
-                for k, d in self._kv.scan(
+                self.store.decode_checkpoint(run_id, k, d)
+                for k, d in self.store.kv.scan(
                     space,
                     prefix=keys.CHECKPOINT_PREFIX,
                     start_after=None,
@@ -86,14 +90,14 @@ class TimeTravelMixin(TierCore):
             path.append(cursor)
             cursor = by_id.get(cursor.parent_id) if cursor.parent_id else None
         path.reverse()
-        values = self._values_at(run_id, target.seq)
-        now = self._now()
-        new_space = keys.run_space(self._tenant, new_id)
+        values = self.store.values_at(run_id, target.seq)
+        now = self.store.now()
+        new_space = keys.run_space(self.store.tenant, new_id)
         prefix = f"{run_id}/"
         base = RunInfo(
             run_id=new_id,
             user_id=source.user_id,
-            status=RunStatus.RESUMABLE,
+            status=lifecycle.INITIAL,  # RunForked moves it
             parent_run_id=run_id,
             parent_checkpoint_id=target.checkpoint_id,
             budget_tokens=source.budget_tokens,
@@ -139,17 +143,17 @@ class TimeTravelMixin(TierCore):
                 checkpoint_id=parent,
                 event_seq=event_seq,
                 values=values,
-                status=RunStatus.RESUMABLE.value,
+                status=txn.status.value,
             )
-            txn.puts.append(Put(new_space, keys.snapshot_key(len(path)), self._fit(encode(snap))))
-        txn.update.update(
-            head_seq=len(path),
-            head_checkpoint_id=parent,
-            last_checkpoint_at=now if path else None,
-            snapshot_event_seq=event_seq if path else 0,
-        )
+            txn.puts.append(
+                Put(new_space, keys.snapshot_key(len(path)), self.store.fit(encode(snap)))
+            )
+        txn.update.head_seq = len(path)
+        txn.update.head_checkpoint_id = parent
+        txn.update.last_checkpoint_at = now if path else None
+        txn.update.snapshot_event_seq = event_seq if path else 0
         try:
-            info, _ = self._apply(txn, None)
+            info, _ = self.store.apply(txn, None)
         except ConflictError as exc:
             raise ConflictError(f"run id {new_id!r} is taken: fork to another new_run_id") from exc
         return info
@@ -189,10 +193,10 @@ class TimeTravelMixin(TierCore):
         by, by_key = check_decider(by, by_key)
         delta = to_json_dict(values, field="values")
         digest = input_hash(delta, field="values")  # of the edit as given; stored redacted
-        delta = self.redactor.redact_json(delta)
-        target = self.get_checkpoint(run_id, checkpoint_id)
-        base_values = self._values_at(run_id, target.seq)
-        space = keys.run_space(self._tenant, run_id)
+        delta = self.store.redactor.redact_json(delta)
+        target = self.store.get_checkpoint(run_id, checkpoint_id)
+        base_values = self.store.values_at(run_id, target.seq)
+        space = keys.run_space(self.store.tenant, run_id)
         made: list[Checkpoint] = []
 
         def build(info: RunInfo, now: datetime) -> Txn | RunInfo:
@@ -236,14 +240,13 @@ class TimeTravelMixin(TierCore):
                 state_delta=delta,
                 event_seq=ev,
             )
-            status = RunStatus.PAUSED if info.status is RunStatus.PAUSED else RunStatus.RESUMABLE
             snap = Snapshot(
                 run_id=run_id,
                 seq=seq,
                 checkpoint_id=ckpt_id,
                 event_seq=ev,
                 values={**base_values, **delta},
-                status=status.value,
+                status=txn.status.value,
                 pending_plan_hash=(
                     info.pending_approval.plan_hash if info.pending_approval else None
                 ),
@@ -258,25 +261,22 @@ class TimeTravelMixin(TierCore):
             txn.puts += [
                 Put(space, keys.checkpoint_key(seq), encode(ckpt)),
                 Put(space, keys.idempotency_key(key), encode(entry)),
-                Put(space, keys.snapshot_key(seq), self._fit(encode(snap))),
+                Put(space, keys.snapshot_key(seq), self.store.fit(encode(snap))),
             ]
             txn.checks += [
                 Check(space, keys.checkpoint_key(seq), None),
                 Check(space, keys.idempotency_key(key), None),
             ]
-            txn.update.update(
-                lease_epoch=info.lease_epoch + 1,
-                lease_owner=None,
-                lease_expires_at=None,
-                status=status,
-                head_seq=seq,
-                head_checkpoint_id=ckpt_id,
-                last_checkpoint_at=now,
-                snapshot_event_seq=ev,
-                superseded=superseded,
-            )
+            txn.update.lease_epoch = info.lease_epoch + 1
+            txn.update.lease_owner = None
+            txn.update.lease_expires_at = None
+            txn.update.head_seq = seq
+            txn.update.head_checkpoint_id = ckpt_id
+            txn.update.last_checkpoint_at = now
+            txn.update.snapshot_event_seq = ev
+            txn.update.superseded = superseded
             made.append(ckpt)
             return txn
 
-        self._operate(run_id, build, "update the state of")
+        self.store.operate(run_id, build, "update the state of")
         return made[0]

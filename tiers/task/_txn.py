@@ -1,21 +1,24 @@
 """The transaction builder of the task tier and small helpers shared by its modules.
 
-Nothing here does I/O: a :class:`Txn` is committed by ``TierCore._apply``.
+Nothing here does I/O: a :class:`Txn` is committed by :meth:`tiers.task._store.RunStore.apply`.
+What a transaction may change in the run's head is declared once, in :class:`HeadUpdate`;
+the status is not among those fields: it moves with the events the transaction
+appends, as :mod:`tiers.task._lifecycle` declares.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, TypeVar
 
-from pydantic import JsonValue
+from pydantic import BaseModel, ConfigDict, JsonValue
 
 from tiers.backends.base import Check, Write
-from tiers.errors import (
-    ValueTooLargeError,
-)
-from tiers.models import RunInfo
+from tiers.errors import ValueTooLargeError
+from tiers.models import PendingApproval, RunInfo, RunStatus
+from tiers.task import _lifecycle as lifecycle
 from tiers.task._records import (
     Charged,
     EffectRecord,
@@ -25,7 +28,53 @@ from tiers.task._records import (
     to_json_dict,
 )
 
-__all__ = ["UNSET", "Txn"]
+__all__ = [
+    "UNSET",
+    "HeadUpdate",
+    "Txn",
+    "check_fits",
+    "doc_from",
+    "unpack_output",
+    "with_changes",
+]
+
+F = TypeVar("F", bound=Callable[..., Any])
+
+
+class HeadUpdate(BaseModel):
+    """The fields of a run's head (:class:`~tiers.models.RunInfo`) a transaction may change.
+
+    Only the fields assigned are applied (``model_fields_set``); the defaults
+    are never written. Assigning a field that is not declared here (a
+    misspelling, or ``status``, which only events move) raises ``ValueError``
+    where it is assigned, instead of being dropped from the head.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    head_seq: int = 0
+    head_checkpoint_id: str | None = None
+    last_checkpoint_at: datetime | None = None
+    snapshot_event_seq: int = 0
+    compacted_through: int = 0
+    superseded: list[tuple[int, int]] = []
+    lease_epoch: int = 0
+    lease_owner: str | None = None
+    lease_expires_at: datetime | None = None
+    lease_ttl_s: float | None = None
+    pending_approval: PendingApproval | None = None
+    budget_tokens: int | None = None
+    budget_cost: float | None = None
+    spent_tokens: int = 0
+    spent_cost: float = 0.0
+    unknown_effects: list[str] = []
+    finished_at: datetime | None = None
+    result: JsonValue = None
+    error: str | None = None
+
+    def changes(self) -> dict[str, Any]:
+        """The fields assigned, by name (values as assigned, not copied or converted)."""
+        return {name: getattr(self, name) for name in self.model_fields_set}
 
 
 @dataclass
@@ -33,7 +82,8 @@ class Txn:
     """One atomic write to a run: events, extra puts/checks, and the head's new fields.
 
     Event seqs are assigned in order from the head's ``event_seq``; the head
-    check that :meth:`TaskTier._apply` adds makes them gap-free.
+    check that :meth:`~tiers.task._store.RunStore.apply` adds makes them
+    gap-free. Each event moves :attr:`status` as the lifecycle table says.
     """
 
     run_id: str
@@ -43,10 +93,19 @@ class Txn:
     events: list[Event] = field(default_factory=list)
     puts: list[Write] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
-    update: dict[str, Any] = field(default_factory=dict)
+    update: HeadUpdate = field(default_factory=HeadUpdate)
+    status: RunStatus = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.status = self.base.status
 
     def add_event(self, kind: EventKind, /, **data: JsonValue) -> int:
-        """Append an event; returns its seq."""
+        """Append an event and move the run's status with it; returns the event's seq.
+
+        Raises:
+            RunStateError: The lifecycle table does not allow this event in the run's status.
+        """
+        self.status = lifecycle.advance(self.status, kind, data, run_id=self.run_id)
         seq = self.base.event_seq + len(self.events) + 1
         # Built from values this module already validated: skip pydantic's
         # validation on the hot path (every commit appends events).
@@ -61,27 +120,29 @@ class Txn:
         """The head after this transaction."""
         return self.base.model_copy(
             update={
-                **self.update,
+                **self.update.changes(),
+                "status": self.status,
                 "event_seq": self.base.event_seq + len(self.events),
                 "updated_at": self.now,
             }
         )
 
 
-class _Unset:
+class Unset:
     """The type of :data:`UNSET`."""
 
     def __repr__(self) -> str:
         return "UNSET"
 
 
-# Sentinel of an argument that was not given (None has a meaning of its own).
-_UNSET: Any = _Unset()
-UNSET: Any = _UNSET
+UNSET: Any = Unset()
 """Default of an optional argument whose ``None`` means something (e.g. ``resolve_effect``'s ``output``)."""
 
 
-def _unpack(raw: object, step: str) -> tuple[JsonValue, int, float, dict[str, JsonValue] | None]:
+def unpack_output(
+    raw: object, step: str
+) -> tuple[JsonValue, int, float, dict[str, JsonValue] | None]:
+    """What a step's or effect's function returned: output, tokens, cost and state delta."""
     if isinstance(raw, Charged):
         output = to_json(raw.output, field="output", step=step)
         delta = None if raw.state is None else to_json_dict(raw.state, field="state", step=step)
@@ -89,14 +150,30 @@ def _unpack(raw: object, step: str) -> tuple[JsonValue, int, float, dict[str, Js
     return to_json(raw, field="output", step=step), 0, 0.0, None
 
 
-def _with(rec: EffectRecord, **update: Any) -> EffectRecord:
+def with_changes(rec: EffectRecord, **update: Any) -> EffectRecord:
+    """A copy of a ledger entry with ``update`` applied."""
     return rec.model_copy(update=update)
 
 
-def _check_fits(limit: int, data: bytes, what: str, field: str) -> None:
+def check_fits(limit: int, data: bytes, what: str, field: str) -> None:
+    """Refuse a value over the store's limit, naming ``what`` and the input ``field``."""
     if len(data) > limit:
         raise ValueTooLargeError(
             f"{what} is {len(data)} bytes, over the store's limit of {limit} bytes: keep "
             "large data elsewhere and record a reference, or raise max_value_bytes",
             field=field,
         )
+
+
+def doc_from(source: Callable[..., Any]) -> Callable[[F], F]:
+    """Give a delegating method the docstring of ``source``, the method it forwards to.
+
+    ``TaskTier`` and ``RunHandle`` are thin faces over the objects that do the
+    work; a docstring is written once, beside its code, and read on the face.
+    """
+
+    def decorate(fn: F) -> F:
+        fn.__doc__ = source.__doc__
+        return fn
+
+    return decorate

@@ -1,9 +1,10 @@
-"""The storage core of :class:`~tiers.task.TaskTier`: configuration, reads, and the one write path.
+"""The storage core of the task tier: configuration, reads, and the one write path.
 
-Every change to a run goes through :meth:`TierCore._apply` (a :class:`~tiers.task._txn.Txn`
+Every change to a run goes through :meth:`RunStore.apply` (a :class:`~tiers.task._txn.Txn`
 committed against the head's exact bytes); operator actions retry it with
-:meth:`TierCore._operate`. The feature modules (queries, time travel,
-retention, approvals, effects) are mixins over this class.
+:meth:`RunStore.operate`. The feature objects (queries, time travel, retention,
+approvals, effects) and every :class:`~tiers.task.RunHandle` hold a reference to
+one :class:`RunStore`; none of them writes to the store another way.
 """
 
 from __future__ import annotations
@@ -36,7 +37,13 @@ from tiers.task._records import (
 )
 from tiers.task._txn import Txn
 
-__all__ = ["DEFAULT_RETENTION", "DEFAULT_SNAPSHOT_EVERY", "TierCore"]
+__all__ = [
+    "DEFAULT_RETENTION",
+    "DEFAULT_SNAPSHOT_EVERY",
+    "RunStore",
+    "check_budget",
+    "check_ttl",
+]
 
 
 DEFAULT_SNAPSHOT_EVERY = 64
@@ -47,7 +54,7 @@ MAX_LEASE_TTL = 366 * 86_400.0
 """Longest lease TTL in seconds (a year): a lease must end in a representable time."""
 
 
-def _positive(value: float | None, field: str) -> float | None:
+def check_ttl(value: float | None, field: str) -> float | None:
     """A TTL in seconds: a finite number in (0, :data:`MAX_LEASE_TTL`], or ``None``."""
     if value is None:
         return None
@@ -64,7 +71,7 @@ def _positive(value: float | None, field: str) -> float | None:
     return float(value)
 
 
-def _budget(value: object, field: str, *, integer: bool) -> int | float | None:
+def check_budget(value: object, field: str, *, integer: bool) -> int | float | None:
     """A budget: ``None`` (unlimited), or a finite number >= 0 (an integer for tokens).
 
     NaN and infinity are refused: stored as JSON they would read back as
@@ -83,8 +90,14 @@ def _budget(value: object, field: str, *, integer: bool) -> int | float | None:
     return float(value)
 
 
-class TierCore:
-    """Shared state and storage helpers of :class:`~tiers.task.TaskTier` (see its docstring)."""
+class RunStore:
+    """Configuration, reads and the one write path of the task tier's runs on a KV store.
+
+    The lifecycle table (:mod:`tiers.task._lifecycle`) moves a run's status inside
+    each transaction this commits; the status is never written another way.
+
+    Args: as for :class:`~tiers.task.TaskTier` (validated here).
+    """
 
     def __init__(
         self,
@@ -107,25 +120,21 @@ class TierCore:
             )
         if not isinstance(retention, timedelta) or retention <= timedelta(0):
             raise InvalidInputError("retention must be a timedelta > 0", field="retention")
-        self._kv = kv
-        self._tenant = check_id(tenant, "tenant")
-        self._runs = keys.runs_space(self._tenant)
-        self._lease_ttl = _positive(lease_ttl, "lease_ttl")
+        self.kv = kv
+        self.tenant = check_id(tenant, "tenant")
+        self.runs = keys.runs_space(self.tenant)
+        self.lease_ttl = check_ttl(lease_ttl, "lease_ttl")
         self.snapshot_every = snapshot_every
         self.retention = retention
-        self._clock = clock
+        self.clock = clock
         # Applied to what runs store (outputs, state, scopes, results, effect outputs, plans);
         # hashes of inputs and outputs are taken before it, so replays match whatever it does.
         self.redactor = redactor if redactor is not None else OFF
-        self._flush: Callable[[], None] | None = kv.flush if isinstance(kv, Flushable) else None
+        self.flusher: Callable[[], None] | None = kv.flush if isinstance(kv, Flushable) else None
 
-    @property
-    def tenant(self) -> str:
-        """The tenant whose runs this tier reads and writes."""
-        return self._tenant
-
-    def _now(self) -> datetime:
-        return self._clock()
+    def now(self) -> datetime:
+        """The current UTC time, by the configured clock."""
+        return self.clock()
 
     def force_flush(self) -> None:
         """Block until every checkpoint and event acknowledged so far is durable.
@@ -143,8 +152,8 @@ class TierCore:
         Raises:
             BackendUnavailableError: The store is closed or the flush failed.
         """
-        if self._flush is not None:
-            self._flush()
+        if self.flusher is not None:
+            self.flusher()
 
     def get_run(self, run_id: str) -> RunInfo:
         """The head of a run.
@@ -154,10 +163,10 @@ class TierCore:
             CorruptRecordError: The stored head is not a valid record.
         """
         check_id(run_id, "run_id")
-        data = self._read_head(run_id)
+        data = self.read_head(run_id)
         if data is None:
-            raise RunNotFoundError(f"no run {run_id!r} in tenant {self._tenant!r}")
-        return self._decode_head(run_id, data)
+            raise RunNotFoundError(f"no run {run_id!r} in tenant {self.tenant!r}")
+        return self.decode_head(run_id, data)
 
     def get_checkpoint(self, run_id: str, checkpoint_id: str) -> Checkpoint:
         """One checkpoint of a run by its id: one point read (the id names its seq).
@@ -169,7 +178,7 @@ class TierCore:
         """
         check_id(run_id, "run_id")
         seq = seq_of_checkpoint_id(checkpoint_id)
-        ckpt = self._read_checkpoint(run_id, seq) if seq else None
+        ckpt = self.read_checkpoint(run_id, seq) if seq else None
         if ckpt is None or ckpt.checkpoint_id != checkpoint_id:
             # Only a miss reads the head: a run's checkpoints are deleted with it, atomically.
             self.get_run(run_id)
@@ -187,79 +196,84 @@ class TierCore:
             RunNotFoundError: No such run.
         """
         info = self.get_run(run_id)
-        space = keys.run_space(self._tenant, run_id)
+        space = keys.run_space(self.tenant, run_id)
         start = keys.checkpoint_key(info.head_seq + 1)
         while True:
-            page = self._kv.scan(
+            page = self.kv.scan(
                 space, prefix=keys.CHECKPOINT_PREFIX, start_after=start, reverse=True, limit=64
             )
             for key, data in page:
-                ckpt = self._decode_checkpoint(run_id, key, data)
+                ckpt = self.decode_checkpoint(run_id, key, data)
                 if ckpt.scope is not None and info.in_lineage(ckpt.seq):
                     return ckpt.scope
             if len(page) < 64:
                 return None
             start = page[-1][0]
 
-    def _operate(
+    def operate(
         self, run_id: str, build: Callable[[RunInfo, datetime], Txn | RunInfo], what: str
     ) -> RunInfo:
         """Compare-and-set an operator's change onto the head (``build`` may return the head unchanged)."""
         for attempt in range(cas.ATTEMPTS):
-            data = self._read_head(run_id)
+            data = self.read_head(run_id)
             if data is None:
-                raise RunNotFoundError(f"no run {run_id!r} in tenant {self._tenant!r}")
-            info = self._decode_head(run_id, data)
-            txn = build(info, self._now())
+                raise RunNotFoundError(f"no run {run_id!r} in tenant {self.tenant!r}")
+            info = self.decode_head(run_id, data)
+            txn = build(info, self.now())
             if isinstance(txn, RunInfo):
                 return txn
             try:
-                new, _ = self._apply(txn, data)
+                new, _ = self.apply(txn, data)
             except ConflictError:
                 cas.backoff(attempt)
                 continue
             return new
         raise ConflictError(f"run {run_id!r} is changing too fast to {what}; retry")
 
-    def _apply(self, txn: Txn, head: bytes | None) -> tuple[RunInfo, bytes]:
+    def apply(self, txn: Txn, head: bytes | None) -> tuple[RunInfo, bytes]:
         """Commit ``txn`` if the head still holds exactly ``head`` (``None``: absent)."""
-        space = keys.run_space(self._tenant, txn.run_id)
+        space = keys.run_space(self.tenant, txn.run_id)
         new_info = txn.head()
         new_head = encode(new_info)
         writes: list[Write] = list(txn.puts)
         writes += [Put(space, keys.event_key(e.seq), encode(e)) for e in txn.events]
-        writes.append(Put(self._runs, txn.run_id, new_head))
-        self._kv.commit(writes, [*txn.checks, Check(self._runs, txn.run_id, head)])
+        writes.append(Put(self.runs, txn.run_id, new_head))
+        self.kv.commit(writes, [*txn.checks, Check(self.runs, txn.run_id, head)])
         return new_info, new_head
 
-    def _fit(self, data: bytes) -> bytes:
-        if len(data) > self._kv.max_value_bytes:
+    def fit(self, data: bytes) -> bytes:
+        """``data`` (a state snapshot), refused if over the store's value limit."""
+        if len(data) > self.kv.max_value_bytes:
             raise ValueTooLargeError(
                 f"the run's state snapshot is {len(data)} bytes, over the store's limit of "
-                f"{self._kv.max_value_bytes}: keep large values elsewhere and store references",
+                f"{self.kv.max_value_bytes}: keep large values elsewhere and store references",
                 field="values",
             )
         return data
 
-    def _read_head(self, run_id: str) -> bytes | None:
-        (data,) = self._kv.get_many(self._runs, [run_id])
+    def read_head(self, run_id: str) -> bytes | None:
+        """The run's head as stored (``None``: no such run)."""
+        (data,) = self.kv.get_many(self.runs, [run_id])
         return data
 
-    def _decode_head(self, run_id: str, data: bytes) -> RunInfo:
-        info = decode(RunInfo, data, where=f"{self._runs}/{run_id}")
+    def decode_head(self, run_id: str, data: bytes) -> RunInfo:
+        """The head ``data`` of ``run_id`` as a record, refused if it names another run."""
+        info = decode(RunInfo, data, where=f"{self.runs}/{run_id}")
         if info.run_id != run_id:
             raise CorruptRecordError(
-                f"stored RunInfo at {self._runs}/{run_id} names another run {info.run_id!r}"
+                f"stored RunInfo at {self.runs}/{run_id} names another run {info.run_id!r}"
             )
         return info
 
-    def _read_checkpoint(self, run_id: str, seq: int) -> Checkpoint | None:
+    def read_checkpoint(self, run_id: str, seq: int) -> Checkpoint | None:
+        """Checkpoint ``seq`` of the run, or ``None``."""
         key = keys.checkpoint_key(seq)
-        (data,) = self._kv.get_many(keys.run_space(self._tenant, run_id), [key])
-        return None if data is None else self._decode_checkpoint(run_id, key, data)
+        (data,) = self.kv.get_many(keys.run_space(self.tenant, run_id), [key])
+        return None if data is None else self.decode_checkpoint(run_id, key, data)
 
-    def _decode_checkpoint(self, run_id: str, key: str, data: bytes) -> Checkpoint:
-        where = f"{keys.run_space(self._tenant, run_id)}/{key}"
+    def decode_checkpoint(self, run_id: str, key: str, data: bytes) -> Checkpoint:
+        """The checkpoint stored at ``key``, refused if it is another run's or seq's."""
+        where = f"{keys.run_space(self.tenant, run_id)}/{key}"
         ckpt = decode(Checkpoint, data, where=where)
         if ckpt.run_id != run_id or keys.checkpoint_key(ckpt.seq) != key:
             raise CorruptRecordError(
@@ -267,7 +281,7 @@ class TierCore:
             )
         return ckpt
 
-    def _lookup(
+    def lookup(
         self, run_id: str, key: str, info: RunInfo
     ) -> tuple[Checkpoint | None, bytes | None]:
         """The checkpoint on the run's current branch that committed ``key``, and the index bytes.
@@ -275,15 +289,15 @@ class TierCore:
         An entry pointing to a superseded checkpoint gives ``(None, bytes)``: the
         step runs again and its new checkpoint replaces the entry.
         """
-        space = keys.run_space(self._tenant, run_id)
+        space = keys.run_space(self.tenant, run_id)
         index_key = keys.idempotency_key(key)
-        (data,) = self._kv.get_many(space, [index_key])
+        (data,) = self.kv.get_many(space, [index_key])
         if data is None:
             return None, None
         entry = decode(IdempotencyEntry, data, where=f"{space}/{index_key}")
         if not info.in_lineage(entry.seq):
             return None, data
-        ckpt = self._read_checkpoint(run_id, entry.seq)
+        ckpt = self.read_checkpoint(run_id, entry.seq)
         if ckpt is None or ckpt.checkpoint_id != entry.checkpoint_id:
             raise CorruptRecordError(
                 f"idempotency entry {space}/{index_key} points to checkpoint "
@@ -291,26 +305,29 @@ class TierCore:
             )
         return ckpt, data
 
-    def _read_effect(self, run_id: str, key: str) -> tuple[EffectRecord | None, bytes | None]:
-        data = self._read_effect_bytes(run_id, key)
+    def read_effect(self, run_id: str, key: str) -> tuple[EffectRecord | None, bytes | None]:
+        """The ledger entry of effect ``key`` and its bytes (for a commit's check), or ``None``s."""
+        data = self.read_effect_bytes(run_id, key)
         if data is None:
             return None, None
-        where = f"{keys.run_space(self._tenant, run_id)}/{keys.effect_key(key)}"
+        where = f"{keys.run_space(self.tenant, run_id)}/{keys.effect_key(key)}"
         return decode(EffectRecord, data, where=where), data
 
-    def _read_effect_bytes(self, run_id: str, key: str) -> bytes | None:
-        space = keys.run_space(self._tenant, run_id)
-        (data,) = self._kv.get_many(space, [keys.effect_key(key)])
+    def read_effect_bytes(self, run_id: str, key: str) -> bytes | None:
+        """The stored bytes of effect ``key``'s ledger entry, or ``None``."""
+        space = keys.run_space(self.tenant, run_id)
+        (data,) = self.kv.get_many(space, [keys.effect_key(key)])
         return data
 
-    def _effect_records(self, run_id: str) -> list[EffectRecord]:
-        space = keys.run_space(self._tenant, run_id)
+    def effect_records(self, run_id: str) -> list[EffectRecord]:
+        """The run's whole effect ledger, in key order."""
+        space = keys.run_space(self.tenant, run_id)
         return [
             decode(EffectRecord, data, where=f"{space}/{key}")
-            for key, data in self._kv.scan(space, prefix=keys.EFFECT_PREFIX)
+            for key, data in self.kv.scan(space, prefix=keys.EFFECT_PREFIX)
         ]
 
-    def _values_at(self, run_id: str, seq: int) -> dict[str, JsonValue]:
+    def values_at(self, run_id: str, seq: int) -> dict[str, JsonValue]:
         """State values as of checkpoint ``seq``: latest snapshot at or before it + the deltas after.
 
         Every branch root has a snapshot, so the checkpoints between the
@@ -318,8 +335,8 @@ class TierCore:
         """
         if seq <= 0:
             return {}
-        space = keys.run_space(self._tenant, run_id)
-        found = self._kv.scan(
+        space = keys.run_space(self.tenant, run_id)
+        found = self.kv.scan(
             space,
             prefix=keys.SNAPSHOT_PREFIX,
             start_after=keys.snapshot_key(seq + 1),
@@ -333,13 +350,13 @@ class TierCore:
             snap = decode(Snapshot, data, where=f"{space}/{key}")
             values, base = dict(snap.values), snap.seq
         if base < seq:
-            for key, data in self._kv.scan(
+            for key, data in self.kv.scan(
                 space,
                 prefix=keys.CHECKPOINT_PREFIX,
                 start_after=keys.checkpoint_key(base),
                 limit=seq - base,
             ):
-                ckpt = self._decode_checkpoint(run_id, key, data)
+                ckpt = self.decode_checkpoint(run_id, key, data)
                 if ckpt.state_delta:
                     values.update(ckpt.state_delta)
         return values

@@ -1,4 +1,14 @@
-"""The state and write path of a :class:`~tiers.task._handle.RunHandle`, shared by its feature mixins."""
+"""How a worker's write to a run is committed: the lease a handle holds, its checks, the commit.
+
+:class:`RunWriter` is the state of one :class:`~tiers.task.RunHandle` (the head it
+last read or wrote, its lease epoch, the step running) and the one path its
+writes take: :meth:`RunWriter.txn` starts a transaction on the held head,
+:meth:`RunWriter.add_checkpoint` / :meth:`RunWriter.add_debit` add a step's
+checkpoint and its budget debit, and :meth:`RunWriter.commit` commits it with
+:meth:`~tiers.task._store.RunStore.apply`, rebuilding it on a fresh head when an
+operator changed the run meanwhile. The handle's steps, effects
+(:mod:`tiers.task._effects`), compensations and approval gates all write through it.
+"""
 
 from __future__ import annotations
 
@@ -32,17 +42,19 @@ from tiers.task._records import (
     Snapshot,
     checkpoint_id,
 )
-from tiers.task._storage import TierCore
-from tiers.task._txn import Txn, _check_fits
+from tiers.task._store import RunStore
+from tiers.task._txn import Txn, check_fits
 
-__all__ = ["COMPENSATABLE", "HandleCore"]
+__all__ = ["COMPENSATABLE", "ActiveStep", "RunWriter"]
 
 # Finished statuses whose recorded effects may still be compensated (a completed run keeps them).
 COMPENSATABLE = (RunStatus.CANCELLED, RunStatus.FAILED)
 
 
 @dataclass
-class _ActiveStep:
+class ActiveStep:
+    """The step a handle is running: its key, and whether its ``StepStarted`` is written."""
+
     name: str
     key: str
     started_at: datetime
@@ -50,12 +62,21 @@ class _ActiveStep:
     effect_counts: dict[str, int] = field(default_factory=dict)
 
 
-class HandleCore:
-    """A worker's lease on one run: state, checks and the commit path (see ``RunHandle``)."""
+class RunWriter:
+    """A worker's lease on one run: the head it holds, the checks of a write, the commit path.
+
+    Args:
+        store: The tier's storage core.
+        info: The run's head as the lease was taken (or attached).
+        head: Its exact bytes, which the next commit checks.
+        lease_ttl: Seconds every commit renews the lease by (``None``: no expiry).
+        resumed: Whether the run existed before (``False``: this handle created it).
+        compensation_only: The lease was taken for :meth:`RunHandle.compensate` only.
+    """
 
     def __init__(
         self,
-        tier: TierCore,
+        store: RunStore,
         info: RunInfo,
         head: bytes,
         *,
@@ -63,104 +84,45 @@ class HandleCore:
         resumed: bool = False,
         compensation_only: bool = False,
     ) -> None:
-        self._tier = tier
-        self._info = info
-        self._head = head
-        self._epoch = info.lease_epoch
+        self.store = store
+        self.info = info
+        self.head = head
+        self.epoch = info.lease_epoch
         # Who took the lease this handle holds (the run's lease owner then).
-        self._worker_id = info.lease_owner
-        self._lease_ttl = lease_ttl
-        self._occurrences: dict[str, int] = {}
-        self._active: _ActiveStep | None = None
-        self._in_effect = False
+        self.worker_id = info.lease_owner
+        self.lease_ttl = lease_ttl
+        # Completed calls per step name (and per top-level effect or gate): the default keys' n.
+        self.occurrences: dict[str, int] = {}
+        self.active: ActiveStep | None = None
+        self.in_effect = False
         # The run's state values, loaded lazily (snapshot + at most K checkpoints).
-        self._values: dict[str, JsonValue] | None = None if resumed else {}
-        self._compensations: dict[str, Callable[[JsonValue], object]] = {}
-        self._lock = threading.RLock()
+        self.values: dict[str, JsonValue] | None = None if resumed else {}
+        self.lock = threading.RLock()
         # True while only this handle has written to the run since it created it:
         # then a key it did not commit itself cannot be committed, and the
         # replay lookup (one read per step) is skipped.
-        self._fresh = not resumed
-        self._own_keys: set[str] = set()
-        self._resumed = resumed
+        self.fresh = not resumed
+        self.own_keys: set[str] = set()
+        self.resumed = resumed
         # A handle taken with TaskTier.acquire(..., for_compensation=True): compensate() only.
-        self._compensation_only = compensation_only
+        self.compensation_only = compensation_only
 
     @property
     def run_id(self) -> str:
         """The run this handle writes to."""
-        return self._info.run_id
+        return self.info.run_id
 
-    @property
-    def user_id(self) -> str:
-        """Owner of the run."""
-        return self._info.user_id
-
-    @property
-    def epoch(self) -> int:
-        """The lease epoch this handle holds (its fencing token)."""
-        return self._epoch
-
-    @property
-    def worker_id(self) -> str | None:
-        """The worker id this handle's lease was taken as (``None`` for a released run attached).
-
-        Pass it as ``worker_id`` to ``start_run``/``acquire`` to retake this
-        lease while it is live; any other caller needs ``steal=True``.
-        """
-        return self._worker_id
-
-    @property
-    def info(self) -> RunInfo:
-        """The run's head as this handle last read or wrote it."""
-        return self._info
-
-    @property
-    def resumed(self) -> bool:
-        """Whether the run existed before this handle was made (``False``: this handle created it)."""
-        return self._resumed
-
-    @property
-    def state(self) -> dict[str, JsonValue]:
-        """The run's state values at its head (a copy): every ``state`` delta merged in order.
-
-        Loaded on first use from the latest snapshot plus the checkpoints after
-        it, so its cost does not grow with the run's length.
-        """
-        with self._lock:
-            return dict(self._load_values())
-
-    def latest_scope(self) -> dict[str, JsonValue] | None:
-        """The newest scope snapshot on the run's current branch (see ``TaskTier.latest_scope``).
-
-        A resumed worker restores its scopes from it before replaying:
-        ``ScopeManager.restore(run.latest_scope())``. Replayed steps do not
-        call their functions, so the scopes stay as the last committed step
-        left them.
-        """
-        return self._tier.latest_scope(self.run_id)
-
-    def force_flush(self) -> None:
-        """Block until everything this run (and the store) acknowledged is durable.
-
-        See :meth:`TaskTier.force_flush`; :meth:`effect` calls it before
-        invoking an effect.
-
-        Raises:
-            BackendUnavailableError: The store is closed or the flush failed.
-        """
-        self._tier.force_flush()
-
-    def _read_fresh(self) -> RunInfo:
-        data = self._tier._read_head(self.run_id)
+    def read_fresh(self) -> RunInfo:
+        """Re-read the head; a change by anyone else makes this handle's view (and state) stale."""
+        data = self.store.read_head(self.run_id)
         if data is None:
             raise RunNotFoundError(f"run {self.run_id!r} no longer exists")
-        if data == self._head:
-            return self._info
+        if data == self.head:
+            return self.info
         # Someone else wrote (another worker, an operator, an attached handle).
-        self._fresh = False
-        info = self._tier._decode_head(self.run_id, data)
-        if info.incarnation != self._info.incarnation:
+        self.fresh = False
+        info = self.store.decode_head(self.run_id, data)
+        if info.incarnation != self.info.incarnation:
             # Deleted, then started again under the same id: epochs restart at 1, so
             # only the incarnation tells the new run from the one this handle leased.
             raise RunNotFoundError(
@@ -168,38 +130,39 @@ class HandleCore:
                 "this handle; nothing was written"
             )
         if (info.head_seq, info.head_checkpoint_id) != (
-            self._info.head_seq,
-            self._info.head_checkpoint_id,
+            self.info.head_seq,
+            self.info.head_checkpoint_id,
         ):
-            self._values = None  # someone appended a checkpoint: reload the state on use
-        self._info, self._head = info, data
+            self.values = None  # someone appended a checkpoint: reload the state on use
+        self.info, self.head = info, data
         return info
 
-    def _refresh(self, *, allow_paused: bool = False, compensating: bool = False) -> RunInfo:
+    def refresh(self, *, allow_paused: bool = False, compensating: bool = False) -> RunInfo:
         """Re-read the head and refuse early if this handle may not write now.
 
         The commit re-checks these exact bytes, so a change between this read
         and the commit is still caught.
         """
-        with self._lock:
-            info = self._read_fresh()
-            self._check_writable(info, allow_paused=allow_paused, compensating=compensating)
+        with self.lock:
+            info = self.read_fresh()
+            self.check_writable(info, allow_paused=allow_paused, compensating=compensating)
             return info
 
-    def _check_lease(self, info: RunInfo) -> None:
-        if info.lease_epoch != self._epoch:
+    def check_lease(self, info: RunInfo) -> None:
+        """Refuse (``StaleWriterError``) unless this handle still holds the run's lease epoch."""
+        if info.lease_epoch != self.epoch:
             raise StaleWriterError(
                 f"run {self.run_id!r} was taken over by another worker (lease epoch "
-                f"{info.lease_epoch}, this handle holds {self._epoch}): stop using this "
+                f"{info.lease_epoch}, this handle holds {self.epoch}): stop using this "
                 "handle; nothing was written"
             )
 
-    def _check_writable(
+    def check_writable(
         self, info: RunInfo, *, allow_paused: bool = False, compensating: bool = False
     ) -> None:
         """Refuse unless this handle may write now; ``compensating`` also admits a cancelled or failed run."""
-        self._check_lease(info)
-        if self._compensation_only and not compensating:
+        self.check_lease(info)
+        if self.compensation_only and not compensating:
             raise RunStateError(
                 f"this handle on run {self.run_id!r} was acquired for compensation: it only "
                 "runs compensate() (and heartbeat/release); the run itself cannot go on"
@@ -218,10 +181,11 @@ class HandleCore:
         if info.status is RunStatus.PAUSED and not allow_paused:
             pending = info.pending_approval
             if pending is not None:
-                raise self._pending(pending.plan_hash, pending.key)
+                raise self.pending(pending.plan_hash, pending.key)
             raise RunPausedError(f"run {self.run_id!r} is paused: resume it first")
 
-    def _check_budget(self, info: RunInfo) -> None:
+    def check_budget(self, info: RunInfo) -> None:
+        """Refuse a new step or effect (``BudgetExceededError``) once the run's budget is spent."""
         over = []
         if info.budget_tokens is not None and info.spent_tokens >= info.budget_tokens:
             over.append(f"{info.spent_tokens} of {info.budget_tokens} tokens")
@@ -233,7 +197,8 @@ class HandleCore:
                 "may start; raise the budget with TaskTier.set_budget, or finish the run"
             )
 
-    def _pending(self, plan_hash: str, gate: str) -> ApprovalPendingError:
+    def pending(self, plan_hash: str, gate: str) -> ApprovalPendingError:
+        """The error a write gets while the run waits at approval gate ``gate``."""
         return ApprovalPendingError(
             f"run {self.run_id!r} is paused awaiting approval of plan {plan_hash[:12]}... "
             f"(gate {gate!r}): stop this worker; approve or reject it with "
@@ -243,26 +208,29 @@ class HandleCore:
             approval_key=gate,
         )
 
-    def _refuse_nesting(self, what: str) -> None:
-        if self._in_effect:
+    def refuse_nesting(self, what: str) -> None:
+        """Refuse ``what`` inside an effect's function or while a step of this handle runs."""
+        if self.in_effect:
             raise InvalidInputError(
                 f"{what!r} called inside an effect's function: effects and steps cannot be "
                 "nested in an effect",
                 field="step",
             )
-        if self._active is not None:
+        if self.active is not None:
             raise InvalidInputError(
-                f"step {what!r} called while step {self._active.name!r} is running on this "
+                f"step {what!r} called while step {self.active.name!r} is running on this "
                 "handle: steps cannot be nested, and a handle is used by one thread at a time",
                 field="step",
             )
 
-    def _lookup(self, key: str, info: RunInfo) -> tuple[Checkpoint | None, bytes | None]:
-        if self._fresh and key not in self._own_keys:
+    def lookup(self, key: str, info: RunInfo) -> tuple[Checkpoint | None, bytes | None]:
+        """The checkpoint on the current branch that committed ``key`` (skipped while only this handle wrote)."""
+        if self.fresh and key not in self.own_keys:
             return None, None
-        return self._tier._lookup(self.run_id, key, info)
+        return self.store.lookup(self.run_id, key, info)
 
-    def _verify_replay(self, ckpt: Checkpoint, step: str, digest: str, key: str) -> None:
+    def verify_replay(self, ckpt: Checkpoint, step: str, digest: str, key: str) -> None:
+        """Refuse a replay of ``key`` by another step name or with another input."""
         if ckpt.step != step:
             raise InputMismatchError(
                 f"idempotency key {key!r} of run {self.run_id!r} was committed by step "
@@ -279,17 +247,15 @@ class HandleCore:
                 idempotency_key=key,
             )
 
-    def _txn(self) -> Txn:
+    def txn(self) -> Txn:
         """A transaction on the head this handle holds; every commit renews the lease."""
-        info = self._info
-        txn = Txn(self.run_id, self._epoch, info, self._tier._now())
-        if self._lease_ttl is not None and info.lease_owner is not None:
-            txn.update["lease_expires_at"] = txn.now + timedelta(seconds=self._lease_ttl)
-        if info.status is RunStatus.RESUMABLE:
-            txn.update["status"] = RunStatus.RUNNING
+        info = self.info
+        txn = Txn(self.run_id, self.epoch, info, self.store.now())
+        if self.lease_ttl is not None and info.lease_owner is not None:
+            txn.update.lease_expires_at = txn.now + timedelta(seconds=self.lease_ttl)
         return txn
 
-    def _commit(
+    def commit(
         self,
         build: Callable[[], Txn],
         step: str | None,
@@ -315,24 +281,24 @@ class HandleCore:
                 or ledger entry), or the run kept changing; nothing was written.
             RunStateError: (from ``recheck``) The run no longer takes this write.
         """
-        check = self._check_writable if recheck is None else recheck
-        with self._lock:
+        check = self.check_writable if recheck is None else recheck
+        with self.lock:
             for attempt in range(cas.ATTEMPTS):
-                values = self._values
+                values = self.values
                 txn = build()
                 try:
-                    new_info, new_head = self._tier._apply(txn, self._head)
+                    new_info, new_head = self.store.apply(txn, self.head)
                 except ConflictError as exc:
-                    self._values = values  # the delta built into txn was not committed
-                    held = self._head
-                    fresh = self._read_fresh()
-                    if self._head == held:
-                        raise self._conflict(step) from exc
-                    self._check_lease(fresh)
+                    self.values = values  # the delta built into txn was not committed
+                    held = self.head
+                    fresh = self.read_fresh()
+                    if self.head == held:
+                        raise self.conflict(step) from exc
+                    self.check_lease(fresh)
                     check(fresh)
                     cas.backoff(attempt)
                     continue
-                self._info, self._head = new_info, new_head
+                self.info, self.head = new_info, new_head
                 return new_info
         what = f"step {step!r}" if step is not None else "status change"
         raise ConflictError(
@@ -340,16 +306,16 @@ class HandleCore:
             "handle committed; nothing was written: retry"
         )
 
-    def _conflict(self, step: str | None) -> ConflictError:
+    def conflict(self, step: str | None) -> ConflictError:
         """Why a commit failed although the head held: another check of it failed."""
         what = f"step {step!r}" if step is not None else "status change"
         return ConflictError(
             f"{what} of run {self.run_id!r}: another user of this lease (same epoch "
-            f"{self._epoch}: another thread or an attached handle) wrote the same key "
+            f"{self.epoch}: another thread or an attached handle) wrote the same key "
             "first; nothing was written. Use one handle per thread, then retry"
         )
 
-    def _add_checkpoint(
+    def add_checkpoint(
         self,
         txn: Txn,
         step: str,
@@ -362,10 +328,11 @@ class HandleCore:
         delta: dict[str, JsonValue] | None,
         entry: bytes | None,
     ) -> Checkpoint:
-        tier = self._tier
+        """Add a step's checkpoint, its ``StepCommitted`` event and index entry (and a snapshot when due) to ``txn``."""
+        store = self.store
         # Redacted before it is stored, and what the step returns is what was stored, so
         # the first execution and every replay see the same output (digest: the original's).
-        redact = tier.redactor.redact_json
+        redact = store.redactor.redact_json
         output = redact(output)
         if scope is not None:
             scope = redact(scope)
@@ -401,40 +368,44 @@ class HandleCore:
                 f"step {step!r}: invalid checkpoint: {where}: {first['msg']}", field=where
             ) from exc
         data = encode(ckpt)
-        _check_fits(tier._kv.max_value_bytes, data, f"checkpoint of step {step!r}", "output")
-        space = keys.run_space(tier.tenant, self.run_id)
+        check_fits(store.kv.max_value_bytes, data, f"checkpoint of step {step!r}", "output")
+        space = keys.run_space(store.tenant, self.run_id)
         ckpt_key = keys.checkpoint_key(seq)
         index_key = keys.idempotency_key(key)
         index = IdempotencyEntry(seq=seq, checkpoint_id=ckpt_id, input_hash=digest)
         txn.puts += [Put(space, ckpt_key, data), Put(space, index_key, encode(index))]
         txn.checks += [Check(space, ckpt_key, None), Check(space, index_key, entry)]
-        txn.update.update(head_seq=seq, head_checkpoint_id=ckpt_id, last_checkpoint_at=txn.now)
-        self._own_keys.add(key)
+        txn.update.head_seq = seq
+        txn.update.head_checkpoint_id = ckpt_id
+        txn.update.last_checkpoint_at = txn.now
+        self.own_keys.add(key)
         if delta:
-            values = self._load_values() if self._values is None else self._values
-            self._values = {**values, **delta}
+            values = self.load_values() if self.values is None else self.values
+            self.values = {**values, **delta}
         new_event_seq = info.event_seq + len(txn.events)
-        if new_event_seq - info.snapshot_event_seq >= tier.snapshot_every:
-            values = self._load_values() if self._values is None else self._values
+        if new_event_seq - info.snapshot_event_seq >= store.snapshot_every:
+            values = self.load_values() if self.values is None else self.values
+            current = txn.head()
             snap = Snapshot(
                 run_id=self.run_id,
                 seq=seq,
                 checkpoint_id=ckpt_id,
                 event_seq=event_seq,
                 values=values,
-                status=RunStatus.RUNNING.value,
-                spent_tokens=txn.update.get("spent_tokens", info.spent_tokens),
-                spent_cost=txn.update.get("spent_cost", info.spent_cost),
-                unknown_effects=txn.update.get("unknown_effects", info.unknown_effects),
+                status=current.status.value,
+                spent_tokens=current.spent_tokens,
+                spent_cost=current.spent_cost,
+                unknown_effects=current.unknown_effects,
             )
             snap_data = encode(snap)
-            if len(snap_data) <= tier._kv.max_value_bytes:
+            if len(snap_data) <= store.kv.max_value_bytes:
                 # A state too large for one value is folded from checkpoints instead.
                 txn.puts.append(Put(space, keys.snapshot_key(seq), snap_data))
-                txn.update["snapshot_event_seq"] = event_seq
+                txn.update.snapshot_event_seq = event_seq
         return ckpt
 
-    def _add_debit(self, txn: Txn, tokens: int, cost: float, key: str) -> None:
+    def add_debit(self, txn: Txn, tokens: int, cost: float, key: str) -> None:
+        """Add a ``BudgetDebited`` event and the head's new totals to ``txn`` (nothing for a free step)."""
         if not tokens and not cost:
             return
         spent_tokens = txn.base.spent_tokens + tokens
@@ -447,35 +418,41 @@ class HandleCore:
             spent_tokens=spent_tokens,
             spent_cost=spent_cost,
         )
-        txn.update.update(spent_tokens=spent_tokens, spent_cost=spent_cost)
+        txn.update.spent_tokens = spent_tokens
+        txn.update.spent_cost = spent_cost
 
-    def _finish(self, status: RunStatus, kind: EventKind, update: dict[str, Any]) -> RunInfo:
-        self._refuse_nesting(status.value)
+    def finish(
+        self, kind: EventKind, *, result: JsonValue = None, error: str | None = None
+    ) -> RunInfo:
+        """Complete (``RunCompleted`` with ``result``) or fail (``RunFailed`` with ``error``) the run."""
+        self.refuse_nesting("failed" if kind is EventKind.RUN_FAILED else "completed")
 
         def build() -> Txn:
-            txn = self._txn()
-            txn.add_event(kind, **({"error": update["error"]} if "error" in update else {}))
-            txn.update.update(
-                status=status,
-                finished_at=txn.now,
-                lease_owner=None,
-                lease_expires_at=None,
-                **update,
-            )
+            txn = self.txn()
+            if kind is EventKind.RUN_FAILED:
+                txn.add_event(kind, error=error)
+                txn.update.error = error
+            else:
+                txn.add_event(kind)
+                txn.update.result = result
+            txn.update.finished_at = txn.now
+            txn.update.lease_owner = None
+            txn.update.lease_expires_at = None
             head = encode(txn.head())
-            _check_fits(
-                self._tier._kv.max_value_bytes,
+            check_fits(
+                self.store.kv.max_value_bytes,
                 head,
                 f"run {self.run_id!r} with its result",
                 "result",
             )
             return txn
 
-        with self._lock:
-            self._refresh()
-            return self._commit(build, None)
+        with self.lock:
+            self.refresh()
+            return self.commit(build, None)
 
-    def _load_values(self) -> dict[str, JsonValue]:
-        if self._values is None:
-            self._values = self._tier._values_at(self.run_id, self._info.head_seq)
-        return self._values
+    def load_values(self) -> dict[str, JsonValue]:
+        """The run's state values at the held head, loaded on first use."""
+        if self.values is None:
+            self.values = self.store.values_at(self.run_id, self.info.head_seq)
+        return self.values

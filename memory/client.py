@@ -197,6 +197,10 @@ class MemoryClient:
         """See :meth:`memory.Memory.delete_fact`."""
         return self._deleted(f"/v1/users/{_id(user_id, 'user_id')}/facts/{_id(key, 'key')}")
 
+    def delete_facts(self, user_id: str) -> None:
+        """See :meth:`memory.Memory.delete_facts`."""
+        self._request("DELETE", f"/v1/users/{_id(user_id, 'user_id')}/facts")
+
     def forget_user(self, user_id: str) -> None:
         """See :meth:`memory.Memory.forget_user`."""
         self._request("DELETE", f"/v1/users/{_id(user_id, 'user_id')}")

@@ -1,9 +1,11 @@
 """Every failure of the API as one RFC 9457 problem+json body, mapped in one place.
 
 :data:`ERROR_MAP` maps each typed error of ``tiers``, ``summarizer``, ``memory``
-and this package to a status, a problem type and a title. An error is looked
-up along its class's MRO, so a subclass without its own entry gets its
-parent's. Nothing else in ``api`` chooses a status for an error, and no
+and this package to a status, a problem type and a title: the library's rows
+come from the table the client reads too (:mod:`memory.problems`), and this
+package adds its own errors with the service's problem types from there. An
+error is looked up along its class's MRO, so a subclass without its own entry
+gets its parent's. Nothing else in ``api`` chooses a status for an error, and no
 response ever carries a stack trace.
 
 Errors of the API layer itself::

@@ -1,4 +1,4 @@
-"""The Memory facade: the one object an agent or app backend talks to."""
+"""The sync core of the facade: :class:`Memory`, the one object an agent or app backend talks to."""
 
 from __future__ import annotations
 
@@ -411,20 +411,6 @@ class Memory:
         """Delete this tenant's runs that finished (completed, failed, cancelled) over ``run_retention`` ago."""
         return self._runs.sweep_runs(now=now)
 
-    # -- retention ----------------------------------------------------------
-
-    def retention(self) -> RetentionPolicy:
-        """The retention in effect for this tenant: the default with the tenant's own overrides."""
-        return self._maintenance.retention()
-
-    def set_retention(self, **ttls: timedelta | str | None) -> RetentionPolicy:
-        """Set this tenant's retention of some kinds (stored in the KV store; the others are unchanged)."""
-        return self._maintenance.set_retention(**ttls)
-
-    def sweep(self, *, now: datetime | None = None) -> SweepReport:
-        """Delete what this tenant's retention says is expired, and finished runs past ``run_retention``."""
-        return self._maintenance.sweep(now=now)
-
     def run_state_at(self, run_id: str, checkpoint_id: str) -> dict[str, JsonValue]:
         """A run's state values as of one of its checkpoints (time travel; see ``TaskTier.state_at``)."""
         return self._runs.run_state_at(run_id, checkpoint_id)
@@ -551,7 +537,19 @@ class Memory:
                 return False
         return True
 
-    # -- vector index consistency -------------------------------------------
+    # -- retention and vector index upkeep ---------------------------------
+
+    def retention(self) -> RetentionPolicy:
+        """The retention in effect for this tenant: the default with the tenant's own overrides."""
+        return self._maintenance.retention()
+
+    def set_retention(self, **ttls: timedelta | str | None) -> RetentionPolicy:
+        """Set this tenant's retention of some kinds (stored in the KV store; the others are unchanged)."""
+        return self._maintenance.set_retention(**ttls)
+
+    def sweep(self, *, now: datetime | None = None) -> SweepReport:
+        """Delete what this tenant's retention says is expired, and finished runs past ``run_retention``."""
+        return self._maintenance.sweep(now=now)
 
     def check_index(self) -> IndexReport:
         """Compare this tenant's vector index with the KV store (the truth)."""

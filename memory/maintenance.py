@@ -94,8 +94,8 @@ class Maintenance:
 
         Sessions, transcripts, facts and idle runs past their TTL
         (:meth:`retention`) are deleted through the same paths as
-        :meth:`delete_session` and :meth:`delete_run`: vectors and keyword
-        search included, facts learned from a deleted session withdrawn, a
+        :meth:`~memory.Memory.delete_session` and
+        :meth:`~memory.Memory.delete_run`: vectors and keyword search included, facts learned from a deleted session withdrawn, a
         worker of a deleted run refused on its next write. Users, sessions
         and runs are read a page at a time; anything written or touched
         while the sweep runs is left for the next one. With ``scrub_deleted``

@@ -147,13 +147,13 @@ class SessionOperations:
         summarized again, rather than done without its facts. Facts are dated
         when the session ended, but never later than now (they cannot have
         been learned in the future, and must not outrank a later explicit
-        :meth:`set_fact`).
+        :meth:`~memory.Memory.set_fact`).
 
         The facts and the summary are saved only if the transcript they were
         made from is still the session's, checked in their own commits: one
         replaced or deleted meanwhile (a concurrent :meth:`end_session`,
-        :meth:`delete_session` or :meth:`forget_user`) raises ``ConflictError``
-        and nothing derived from it is stored.
+        :meth:`delete_session` or :meth:`~memory.Memory.forget_user`) raises
+        ``ConflictError`` and nothing derived from it is stored.
 
         Raises:
             SessionNotFoundError: No transcript is stored for the session.

@@ -19,7 +19,7 @@ from memory.opening import open_stores, settings_for_dir
 from memory.runs import RunOperations
 from memory.sessions import DEFAULT_TOP_K, SessionOperations
 from memory.settings import Settings
-from memory.tenant import open_tenant_tiers, optional_instance
+from memory.tenant import build_tenant_tiers, optional_instance
 from memory.users import UserOperations
 from summarizer import ExtractiveSummarizer, Summarizer
 from tiers.backends.base import Embedder, KVStore, VectorIndex
@@ -109,7 +109,7 @@ class Memory:
         self.context_max_tokens = context_max_tokens
         self.background_indexing = background_indexing
         self.scrub_deleted = scrub_deleted
-        tiers = open_tenant_tiers(
+        tiers = build_tenant_tiers(
             kv,
             index,
             embedder,

@@ -1,9 +1,11 @@
 """The tiers of one tenant over shared stores: what ``Memory`` and its operation groups compose.
 
-:func:`open_tenant_tiers` builds every tier of a tenant around the same KV
+:func:`build_tenant_tiers` builds every tier of a tenant around the same KV
 store, vector index and embedder; :class:`TenantTiers` hands them to the
 operation groups (:mod:`memory.sessions`, :mod:`memory.users`,
-:mod:`memory.maintenance`), each of which uses the ones it needs.
+:mod:`memory.maintenance`), each of which uses the ones it needs. Facts
+learned from a session carry its :func:`session_source`, and go when the
+session's transcript goes.
 """
 
 from __future__ import annotations
@@ -71,7 +73,7 @@ def optional_instance(value: object, cls: type[T], field: str) -> T | None:
     )
 
 
-def open_tenant_tiers(
+def build_tenant_tiers(
     kv: KVStore,
     index: VectorIndex,
     embedder: Embedder,

@@ -1,9 +1,11 @@
 """Every failure of the API as one RFC 9457 problem+json body, mapped in one place.
 
 :data:`ERROR_MAP` maps each typed error of ``tiers``, ``summarizer``, ``memory``
-and this package to a status, a problem type and a title. An error is looked
-up along its class's MRO, so a subclass without its own entry gets its
-parent's. Nothing else in ``api`` chooses a status for an error, and no
+and this package to a status, a problem type and a title: the library's rows
+come from the table the client reads too (:mod:`memory.problems`), and this
+package adds its own errors with the service's problem types from there. An
+error is looked up along its class's MRO, so a subclass without its own entry
+gets its parent's. Nothing else in ``api`` chooses a status for an error, and no
 response ever carries a stack trace.
 
 Errors of the API layer itself::
@@ -23,7 +25,6 @@ import logging
 import math
 import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -32,53 +33,43 @@ from fastapi.responses import Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.schemas.problems import FieldError, Problem
-from memory.apikeys import ApiKeyError, ApiKeyNotFoundError, InvalidApiKeyError
-from memory.errors import (
-    InvalidScopeInputError,
-    InvalidScopeSnapshotError,
-    PromptBudgetTooSmallError,
-    ReadOnlyScopeError,
-    ScopeError,
-    TokenBudgetExceededError,
+from memory.apikeys import ApiKeyError
+from memory.errors import ScopeError
+from memory.problems import (
+    LIBRARY_PROBLEMS,
+    PROBLEM_TYPE_PREFIX,
+    SERVICE_PROBLEMS,
+    ProblemSpec,
+    problem_members,
 )
-from summarizer.errors import (
-    InvalidTranscriptError,
-    SummarizerError,
-    SummarizerRateLimitError,
-    SummarizerTimeoutError,
-    SummarizerUnavailableError,
-    SummaryGenerationError,
-)
-from tiers.errors import (
-    ApprovalPendingError,
-    BackendUnavailableError,
-    BudgetExceededError,
-    CheckpointNotFoundError,
-    CompensationError,
-    ConflictError,
-    CorruptRecordError,
-    EffectNotFoundError,
-    EffectOutcomeUnknownError,
-    EmbedderError,
-    FactNotFoundError,
-    InputMismatchError,
-    InvalidInputError,
-    LeaseHeldError,
-    NotFoundError,
-    PlanMismatchError,
-    RunCancelledError,
-    RunNotFoundError,
-    RunPausedError,
-    RunStateError,
-    SessionNotFoundError,
-    StaleWriterError,
-    TierError,
-    ValueTooLargeError,
-)
+from summarizer.errors import SummarizerError
+from tiers.errors import NotFoundError, TierError
 
 logger = logging.getLogger("tiermem.api")
 
-PROBLEM_TYPE_PREFIX = "urn:tiermem:problem:"
+__all__ = [
+    "ERROR_MAP",
+    "INTERNAL",
+    "PROBLEM_MEDIA_TYPE",
+    "PROBLEM_TYPE_PREFIX",
+    "ApiError",
+    "AuthenticationRequiredError",
+    "ForbiddenError",
+    "JobAbandonedError",
+    "JobNotFoundError",
+    "OverloadedError",
+    "ProblemSpec",
+    "RequestTooLargeError",
+    "field_errors",
+    "http_detail",
+    "install_error_handlers",
+    "problem_for",
+    "problem_response",
+    "problem_responses",
+    "request_id_of",
+    "spec_for",
+]
+
 PROBLEM_MEDIA_TYPE = "application/problem+json"
 
 
@@ -121,124 +112,30 @@ class JobAbandonedError(ApiError):
     """
 
 
-@dataclass(frozen=True, slots=True)
-class ProblemSpec:
-    """How one error class is reported.
-
-    Attributes:
-        status: HTTP status code.
-        slug: Last part of the problem ``type`` URI.
-        title: Short summary of the kind of problem.
-        retry_after: Default ``Retry-After`` seconds (for 429/503), if any.
-        public_detail: Whether the error's message is shown; ``False`` for
-            server-side faults whose message is for the operator only.
-    """
-
-    status: int
-    slug: str
-    title: str
-    retry_after: float | None = None
-    public_detail: bool = True
-
-    @property
-    def type(self) -> str:
-        """The problem ``type`` URI."""
-        return PROBLEM_TYPE_PREFIX + self.slug
-
+INTERNAL = ProblemSpec(500, "internal", "Internal error", public_detail=False)
 
 ERROR_MAP: Mapping[type[BaseException], ProblemSpec] = {
-    # tiers
-    TierError: ProblemSpec(500, "internal", "Internal error", public_detail=False),
-    InvalidInputError: ProblemSpec(422, "invalid-input", "Invalid input"),
-    ValueTooLargeError: ProblemSpec(413, "value-too-large", "Value too large"),
-    InputMismatchError: ProblemSpec(
-        409, "input-mismatch", "Input does not match the recorded step"
-    ),
-    NotFoundError: ProblemSpec(404, "not-found", "Not found"),
-    RunNotFoundError: ProblemSpec(404, "run-not-found", "Run not found"),
-    CheckpointNotFoundError: ProblemSpec(404, "checkpoint-not-found", "Checkpoint not found"),
-    EffectNotFoundError: ProblemSpec(404, "effect-not-found", "Effect not found"),
-    SessionNotFoundError: ProblemSpec(404, "session-not-found", "Session not found"),
-    FactNotFoundError: ProblemSpec(404, "fact-not-found", "Fact not found"),
-    ConflictError: ProblemSpec(409, "conflict", "Conflicting concurrent change"),
-    StaleWriterError: ProblemSpec(409, "stale-lease", "Stale lease"),
-    RunStateError: ProblemSpec(409, "run-state", "Run state forbids this"),
-    LeaseHeldError: ProblemSpec(409, "lease-held", "Another worker holds the lease"),
-    PlanMismatchError: ProblemSpec(409, "plan-mismatch", "Plan hash mismatch"),
-    RunCancelledError: ProblemSpec(409, "run-cancelled", "Run cancelled"),
-    RunPausedError: ProblemSpec(409, "run-paused", "Run paused"),
-    ApprovalPendingError: ProblemSpec(409, "approval-pending", "Run waits for an approval"),
-    EffectOutcomeUnknownError: ProblemSpec(409, "effect-outcome-unknown", "Effect outcome unknown"),
-    BudgetExceededError: ProblemSpec(409, "budget-exceeded", "Run budget exceeded"),
-    CompensationError: ProblemSpec(409, "compensation-failed", "Compensation missing or failed"),
-    CorruptRecordError: ProblemSpec(
-        500, "corrupt-record", "Corrupt stored record", public_detail=False
-    ),
-    # A backend's failure names its host, port or file: the operator reads it in the log.
-    BackendUnavailableError: ProblemSpec(
-        503, "backend-unavailable", "Storage unavailable", retry_after=1, public_detail=False
-    ),
-    EmbedderError: ProblemSpec(
-        503,
-        "embedder-unavailable",
-        "Embedding model unavailable",
-        retry_after=5,
-        public_detail=False,
-    ),
-    # summarizer
-    SummarizerError: ProblemSpec(500, "summarizer-error", "Summarizer error", public_detail=False),
-    InvalidTranscriptError: ProblemSpec(422, "invalid-transcript", "Invalid transcript"),
-    # The model's errors may name its endpoint or echo its output: details go to the log.
-    SummaryGenerationError: ProblemSpec(
-        502, "summary-generation-failed", "Summary generation failed", public_detail=False
-    ),
-    SummarizerUnavailableError: ProblemSpec(
-        503, "summarizer-unavailable", "Summarizer unavailable", retry_after=5, public_detail=False
-    ),
-    SummarizerTimeoutError: ProblemSpec(
-        503, "summarizer-timeout", "Summarizer timed out", retry_after=5, public_detail=False
-    ),
-    SummarizerRateLimitError: ProblemSpec(
-        429,
-        "summarizer-rate-limited",
-        "Summarizer rate limited",
-        retry_after=10,
-        public_detail=False,
-    ),
-    # memory
-    ScopeError: ProblemSpec(422, "scope-error", "Scope error"),
-    InvalidScopeInputError: ProblemSpec(422, "invalid-scope-input", "Invalid scope input"),
-    ReadOnlyScopeError: ProblemSpec(409, "read-only-scope", "System context is read-only"),
-    TokenBudgetExceededError: ProblemSpec(422, "token-budget-exceeded", "Token budget exceeded"),
-    PromptBudgetTooSmallError: ProblemSpec(
-        422, "prompt-budget-too-small", "Token budget too small"
-    ),
-    InvalidScopeSnapshotError: ProblemSpec(422, "invalid-scope-snapshot", "Invalid scope snapshot"),
-    ApiKeyError: ProblemSpec(401, "unauthorized", "Unauthorized"),
-    InvalidApiKeyError: ProblemSpec(401, "unauthorized", "Unauthorized"),
-    ApiKeyNotFoundError: ProblemSpec(404, "api-key-not-found", "API key not found"),
-    # api
-    ApiError: ProblemSpec(500, "internal", "Internal error", public_detail=False),
-    AuthenticationRequiredError: ProblemSpec(401, "unauthorized", "Unauthorized"),
-    ForbiddenError: ProblemSpec(403, "forbidden", "Forbidden"),
-    RequestTooLargeError: ProblemSpec(413, "request-too-large", "Request too large"),
-    OverloadedError: ProblemSpec(429, "overloaded", "Too many requests", retry_after=1),
-    JobNotFoundError: ProblemSpec(404, "job-not-found", "Job not found"),
-    JobAbandonedError: ProblemSpec(500, "job-abandoned", "Summary job abandoned"),
+    **{row.error: row.spec for row in LIBRARY_PROBLEMS},
+    ApiError: INTERNAL,
+    AuthenticationRequiredError: SERVICE_PROBLEMS["unauthorized"].spec,
+    ForbiddenError: SERVICE_PROBLEMS["forbidden"].spec,
+    RequestTooLargeError: SERVICE_PROBLEMS["request-too-large"].spec,
+    OverloadedError: SERVICE_PROBLEMS["overloaded"].spec,
+    JobNotFoundError: SERVICE_PROBLEMS["job-not-found"].spec,
+    JobAbandonedError: SERVICE_PROBLEMS["job-abandoned"].spec,
 }
-"""Error class -> how it is reported. Looked up along the MRO: the most specific entry wins."""
-
-INTERNAL = ProblemSpec(500, "internal", "Internal error", public_detail=False)
+"""Error class -> how it is reported: the library's rows of :data:`memory.problems.LIBRARY_PROBLEMS`
+and this package's errors. Looked up along the MRO: the most specific entry wins."""
 
 # Statuses of the framework's own errors (no route, wrong method, unreadable body).
 _HTTP_SPECS: Mapping[int, ProblemSpec] = {
-    400: ProblemSpec(400, "bad-request", "Bad request"),
-    404: ProblemSpec(404, "not-found", "Not found"),
-    405: ProblemSpec(405, "method-not-allowed", "Method not allowed"),
-    413: ProblemSpec(413, "request-too-large", "Request too large"),
+    400: SERVICE_PROBLEMS["bad-request"].spec,
+    404: ERROR_MAP[NotFoundError],
+    405: SERVICE_PROBLEMS["method-not-allowed"].spec,
+    413: SERVICE_PROBLEMS["request-too-large"].spec,
 }
-_VALIDATION = ProblemSpec(422, "validation-error", "Request validation failed")
-_MALFORMED = ProblemSpec(400, "malformed-request", "Malformed request body")
+_VALIDATION = SERVICE_PROBLEMS["validation-error"].spec
+_MALFORMED = SERVICE_PROBLEMS["malformed-request"].spec
 
 
 def spec_for(exc: BaseException) -> ProblemSpec:
@@ -248,32 +145,6 @@ def spec_for(exc: BaseException) -> ProblemSpec:
         if spec is not None:
             return spec
     return INTERNAL
-
-
-def _extras(exc: BaseException) -> dict[str, Any]:
-    """Extra problem members that let a client rebuild the typed error."""
-    extras: dict[str, Any] = {}
-    field = getattr(exc, "field", None)
-    if isinstance(field, str):
-        extras["field"] = field
-    if isinstance(exc, InputMismatchError):
-        extras.update(step=exc.step, idempotency_key=exc.idempotency_key)
-    if isinstance(exc, SummarizerUnavailableError):
-        extras.update(reason=exc.reason, attempts=exc.attempts)
-    if isinstance(exc, TokenBudgetExceededError):
-        extras.update(needed=exc.needed, remaining=exc.remaining, budget=exc.budget)
-    if isinstance(exc, LeaseHeldError):
-        extras.update(run_id=exc.run_id, owner=exc.owner, expires_at=exc.expires_at)
-    if isinstance(exc, ApprovalPendingError):
-        extras.update(run_id=exc.run_id, plan_hash=exc.plan_hash, approval_key=exc.approval_key)
-    if isinstance(exc, EffectOutcomeUnknownError):
-        extras.update(
-            run_id=exc.run_id,
-            effect_key=exc.effect_key,
-            effect_name=exc.effect_name,
-            effect_keys=exc.effect_keys,
-        )
-    return extras
 
 
 def _retry_after(exc: BaseException, spec: ProblemSpec) -> float | None:
@@ -365,7 +236,7 @@ def problem_for(
         detail=detail,
         instance=instance,
         request_id=request_id,
-        **_extras(exc),
+        **problem_members(exc),
     )
 
 

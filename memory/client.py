@@ -12,8 +12,9 @@ Methods return the library's own records (:class:`~tiers.models.UserFact`,
 :class:`~tiers.models.SessionSummary`, ...) and raise the library's typed
 errors, rebuilt from the server's problem details (a 404 for a missing fact
 raises :class:`~tiers.errors.FactNotFoundError`, a fenced-out run write raises
-:class:`~tiers.errors.StaleWriterError`, ...). Failures that only exist over
-HTTP have their own classes::
+:class:`~tiers.errors.StaleWriterError`, ...) through the table both ends of
+the wire share (:mod:`memory.problems`). Failures that only exist over HTTP
+have their own classes::
 
     ClientError                     root of errors only the client raises
     ├── AuthenticationError         401: the API key is missing, unknown or revoked
@@ -22,13 +23,14 @@ HTTP have their own classes::
     └── ServiceError                any other unexpected answer (``status``, ``problem``)
 
 An unreachable server raises :class:`~tiers.errors.BackendUnavailableError`,
-like an unreachable store does in the library.
+like an unreachable store does in the library. The operations it offers are
+those :mod:`memory.operations` declares remote.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from datetime import datetime
 from types import TracebackType
 from typing import Any, Self
@@ -37,53 +39,22 @@ from urllib.parse import quote
 import httpx
 from pydantic import JsonValue
 
-from memory.apikeys import ApiKeyNotFoundError
 from memory.context import ContextSection, ContinuationContext
-from memory.errors import (
-    InvalidScopeInputError,
-    InvalidScopeSnapshotError,
-    PromptBudgetTooSmallError,
-    ReadOnlyScopeError,
-    ScopeError,
-    TokenBudgetExceededError,
+from memory.problems import (
+    AuthenticationError,
+    ClientError,
+    PermissionDeniedError,
+    ServiceError,
+    ServiceOverloadedError,
+    error_from_problem,
 )
-from summarizer.errors import (
-    InvalidTranscriptError,
-    SummarizerError,
-    SummarizerRateLimitError,
-    SummarizerTimeoutError,
-    SummarizerUnavailableError,
-    SummaryGenerationError,
-)
-from tiers.errors import (
-    ApprovalPendingError,
-    BackendUnavailableError,
-    BudgetExceededError,
-    CheckpointNotFoundError,
-    CompensationError,
-    ConflictError,
-    CorruptRecordError,
-    EffectNotFoundError,
-    EffectOutcomeUnknownError,
-    EmbedderError,
-    FactNotFoundError,
-    InputMismatchError,
-    InvalidInputError,
-    LeaseHeldError,
-    NotFoundError,
-    PlanMismatchError,
-    RunCancelledError,
-    RunNotFoundError,
-    RunPausedError,
-    RunStateError,
-    SessionNotFoundError,
-    StaleWriterError,
-    ValueTooLargeError,
-)
+from memory.remote_run import RemoteRun
+from memory.transport import ServiceConnection
+from tiers.errors import BackendUnavailableError, CheckpointNotFoundError
 from tiers.ids import check_id
 from tiers.models import Checkpoint, Message, RunInfo, RunStatus, SessionSummary, UserFact
 from tiers.session import RecalledSession
-from tiers.task import UNSET, Approval, Charged, EffectRecord, EffectStart, Event
+from tiers.task import UNSET, Approval, EffectRecord, Event
 
 __all__ = [
     "AuthenticationError",
@@ -93,9 +64,9 @@ __all__ = [
     "RemoteRun",
     "ServiceError",
     "ServiceOverloadedError",
+    "error_from_problem",
 ]
 
-PROBLEM_TYPE_PREFIX = "urn:tiermem:problem:"
 _SUMMARY_FIELDS = (
     "task_description",
     "decisions_made",
@@ -103,194 +74,6 @@ _SUMMARY_FIELDS = (
     "open_questions",
     "next_recommended_steps",
 )
-
-
-class ClientError(Exception):
-    """Root of the errors only the HTTP client raises.
-
-    Attributes:
-        status: The HTTP status code.
-        problem: The server's problem details.
-    """
-
-    def __init__(self, message: str, *, status: int, problem: Mapping[str, Any]) -> None:
-        super().__init__(message)
-        self.status = status
-        self.problem = dict(problem)
-
-
-class AuthenticationError(ClientError):
-    """401: the API key is missing, malformed, unknown or revoked."""
-
-
-class PermissionDeniedError(ClientError):
-    """403: the API key may not do this.
-
-    A read-only key writing, or a key bound to one user (``tiermem keys create
-    --user``) naming another user. Such a key gets :class:`~tiers.errors.RunNotFoundError`
-    for another user's run, and lists its own user's runs only.
-    """
-
-
-class ServiceOverloadedError(ClientError):
-    """429: the server has too much queued work.
-
-    Attributes:
-        retry_after: Seconds to wait before retrying.
-    """
-
-    def __init__(
-        self, message: str, *, status: int, problem: Mapping[str, Any], retry_after: float
-    ) -> None:
-        super().__init__(message, status=status, problem=problem)
-        self.retry_after = retry_after
-
-
-class ServiceError(ClientError):
-    """Any other failure answer of the server (e.g. an internal error, 500)."""
-
-
-# -- problem details -> typed errors ----------------------------------------------------------
-
-Builder = Callable[[str, Mapping[str, Any]], Exception]
-
-
-def _field(p: Mapping[str, Any]) -> str | None:
-    value = p.get("field")
-    return value if isinstance(value, str) else None
-
-
-def _plain(cls: Callable[[str], Exception]) -> Builder:
-    return lambda detail, p: cls(detail)
-
-
-def _with_field(cls: Callable[..., Exception]) -> Builder:
-    return lambda detail, p: cls(detail, field=_field(p))
-
-
-def _unavailable(cls: type[SummarizerUnavailableError]) -> Builder:
-    def build(detail: str, p: Mapping[str, Any]) -> Exception:
-        reason = p.get("reason")
-        return cls(
-            detail,
-            reason=reason
-            if reason in ("timeout", "rate_limit", "connection", "server_error")
-            else "connection",
-            attempts=int(p.get("attempts") or 0),
-            retry_after=_retry_after(p),
-        )
-
-    return build
-
-
-def _budget(cls: type[TokenBudgetExceededError]) -> Builder:
-    return lambda detail, p: cls(
-        detail,
-        needed=int(p.get("needed") or 0),
-        remaining=int(p.get("remaining") or 0),
-        budget=int(p.get("budget") or 0),
-    )
-
-
-def _retry_after(p: Mapping[str, Any]) -> float | None:
-    value = p.get("retry_after")
-    return float(value) if isinstance(value, int | float) else None
-
-
-PROBLEM_ERRORS: Mapping[str, Builder] = {
-    # tiers
-    "invalid-input": _with_field(InvalidInputError),
-    "validation-error": _with_field(InvalidInputError),
-    "malformed-request": _with_field(InvalidInputError),
-    "value-too-large": _with_field(ValueTooLargeError),
-    "request-too-large": _with_field(ValueTooLargeError),
-    "input-mismatch": lambda detail, p: InputMismatchError(
-        detail, step=str(p.get("step", "")), idempotency_key=str(p.get("idempotency_key", ""))
-    ),
-    "not-found": _plain(NotFoundError),
-    "job-not-found": _plain(NotFoundError),
-    "run-not-found": _plain(RunNotFoundError),
-    "checkpoint-not-found": _plain(CheckpointNotFoundError),
-    "session-not-found": _plain(SessionNotFoundError),
-    "fact-not-found": _plain(FactNotFoundError),
-    "conflict": _plain(ConflictError),
-    "stale-lease": _plain(StaleWriterError),
-    "run-state": _plain(RunStateError),
-    "lease-held": lambda detail, p: LeaseHeldError(
-        detail,
-        owner=str(p.get("owner", "")),
-        expires_at=str(p.get("expires_at", "")),
-        run_id=str(p.get("run_id", "")),
-    ),
-    "plan-mismatch": _plain(PlanMismatchError),
-    "run-cancelled": _plain(RunCancelledError),
-    "run-paused": _plain(RunPausedError),
-    "approval-pending": lambda detail, p: ApprovalPendingError(
-        detail,
-        run_id=str(p.get("run_id", "")),
-        plan_hash=str(p.get("plan_hash", "")),
-        approval_key=str(p.get("approval_key", "")),
-    ),
-    "effect-outcome-unknown": lambda detail, p: EffectOutcomeUnknownError(
-        detail,
-        run_id=str(p.get("run_id", "")),
-        effect_key=str(p.get("effect_key", "")),
-        effect_name=str(p.get("effect_name", "")),
-        effect_keys=[str(k) for k in p.get("effect_keys") or [p.get("effect_key", "")]],
-    ),
-    "effect-not-found": _plain(EffectNotFoundError),
-    "budget-exceeded": _plain(BudgetExceededError),
-    "compensation-failed": _plain(CompensationError),
-    "corrupt-record": _plain(CorruptRecordError),
-    "backend-unavailable": _plain(BackendUnavailableError),
-    "embedder-unavailable": _plain(EmbedderError),
-    # summarizer
-    "summarizer-error": _plain(SummarizerError),
-    "invalid-transcript": _with_field(InvalidTranscriptError),
-    "summary-generation-failed": _plain(SummaryGenerationError),
-    "summarizer-unavailable": _unavailable(SummarizerUnavailableError),
-    "summarizer-timeout": _unavailable(SummarizerTimeoutError),
-    "summarizer-rate-limited": _unavailable(SummarizerRateLimitError),
-    # memory
-    "scope-error": _plain(ScopeError),
-    "invalid-scope-input": _with_field(InvalidScopeInputError),
-    "read-only-scope": _plain(ReadOnlyScopeError),
-    "token-budget-exceeded": _budget(TokenBudgetExceededError),
-    "prompt-budget-too-small": _budget(PromptBudgetTooSmallError),
-    "invalid-scope-snapshot": _with_field(InvalidScopeSnapshotError),
-    "api-key-not-found": _plain(ApiKeyNotFoundError),
-}
-"""Problem type (after ``urn:tiermem:problem:``) -> how to rebuild the library's error."""
-
-_BY_STATUS: Mapping[int, Builder] = {
-    404: _plain(NotFoundError),
-    409: _plain(ConflictError),
-    413: _with_field(ValueTooLargeError),
-    422: _with_field(InvalidInputError),
-    503: _plain(BackendUnavailableError),
-}
-
-
-def error_from_problem(
-    status: int, problem: Mapping[str, Any], retry_after: float | None = None
-) -> Exception:
-    """The typed error a problem-details answer stands for."""
-    detail = str(problem.get("detail") or problem.get("title") or f"HTTP {status}")
-    slug = str(problem.get("type", "")).removeprefix(PROBLEM_TYPE_PREFIX)
-    if status == 401:
-        return AuthenticationError(detail, status=status, problem=problem)
-    if status == 403:
-        return PermissionDeniedError(detail, status=status, problem=problem)
-    if slug == "overloaded" or (status == 429 and slug not in PROBLEM_ERRORS):
-        return ServiceOverloadedError(
-            detail, status=status, problem=problem, retry_after=retry_after or 1.0
-        )
-    build = PROBLEM_ERRORS.get(slug) or _BY_STATUS.get(status)
-    if build is None:
-        return ServiceError(detail, status=status, problem=problem)
-    if retry_after is not None and "retry_after" not in problem:
-        problem = {**problem, "retry_after": retry_after}
-    return build(detail, problem)
 
 
 # -- records ----------------------------------------------------------------------------------
@@ -341,67 +124,15 @@ class MemoryClient:
         summarize_timeout: float = 300.0,
         transport: httpx.BaseTransport | None = None,
     ) -> None:
-        headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         self.base_url = base_url.rstrip("/")
         self.summarize_timeout = summarize_timeout
-        self._http = httpx.Client(
-            base_url=self.base_url, headers=headers, timeout=timeout, transport=transport
+        self._connection = ServiceConnection(
+            self.base_url, api_key, timeout=timeout, transport=transport
         )
-
-    # -- plumbing ---------------------------------------------------------------------------
-
-    def _request(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: object = None,
-        params: Mapping[str, Any] | None = None,
-    ) -> httpx.Response:
-        try:
-            response = self._http.request(
-                method,
-                path,
-                json=json,
-                params={k: v for k, v in (params or {}).items() if v is not None},
-            )
-        except httpx.TransportError as exc:
-            raise BackendUnavailableError(
-                f"cannot reach the tiermem service at {self.base_url}: {exc}; check that "
-                "`tiermem serve` runs there, then retry"
-            ) from exc
-        if response.status_code >= 400:
-            raise self._error(response)
-        return response
-
-    @staticmethod
-    def _error(response: httpx.Response) -> Exception:
-        try:
-            problem = response.json()
-        except ValueError:
-            problem = {}
-        if not isinstance(problem, dict):
-            problem = {}
-        header = response.headers.get("retry-after")
-        retry_after = float(header) if header and header.isdigit() else None
-        return error_from_problem(response.status_code, problem, retry_after)
-
-    def _json(
-        self,
-        method: str,
-        path: str,
-        *,
-        json: object = None,
-        params: Mapping[str, Any] | None = None,
-    ) -> Any:
-        return self._request(method, path, json=json, params=params).json()
-
-    def _deleted(self, path: str) -> bool:
-        try:
-            self._request("DELETE", path)
-        except NotFoundError:
-            return False
-        return True
+        # The connection's methods, under the names this class and scripts (bench/soak.py) use.
+        self._request = self._connection.request
+        self._json = self._connection.json
+        self._deleted = self._connection.deleted
 
     # -- user tier --------------------------------------------------------------------------
 
@@ -465,6 +196,10 @@ class MemoryClient:
     def delete_fact(self, user_id: str, key: str) -> bool:
         """See :meth:`memory.Memory.delete_fact`."""
         return self._deleted(f"/v1/users/{_id(user_id, 'user_id')}/facts/{_id(key, 'key')}")
+
+    def delete_facts(self, user_id: str) -> None:
+        """See :meth:`memory.Memory.delete_facts`."""
+        self._request("DELETE", f"/v1/users/{_id(user_id, 'user_id')}/facts")
 
     def forget_user(self, user_id: str) -> None:
         """See :meth:`memory.Memory.forget_user`."""
@@ -649,7 +384,10 @@ class MemoryClient:
         }
         data = self._json("POST", "/v1/runs", json=body)
         return RemoteRun(
-            self, _run(data["run"]), int(data["lease_epoch"]), worker_id=data.get("worker_id")
+            self._connection,
+            _run(data["run"]),
+            int(data["lease_epoch"]),
+            worker_id=data.get("worker_id"),
         )
 
     def get_run(self, run_id: str) -> RunInfo:
@@ -793,7 +531,7 @@ class MemoryClient:
 
     def close(self) -> None:
         """Close the HTTP connections. Idempotent."""
-        self._http.close()
+        self._connection.close()
 
     def __enter__(self) -> Self:
         return self
@@ -805,170 +543,3 @@ class MemoryClient:
         tb: TracebackType | None,
     ) -> None:
         self.close()
-
-
-class RemoteRun:
-    """A lease on a run held over HTTP: the client's :class:`~tiers.task.RunHandle`.
-
-    Every write sends the lease epoch; once another worker resumes the run,
-    writes raise :class:`~tiers.errors.StaleWriterError` and write nothing.
-    """
-
-    def __init__(
-        self, client: MemoryClient, info: RunInfo, epoch: int, *, worker_id: str | None = None
-    ) -> None:
-        self._client = client
-        self._info = info
-        self._epoch = epoch
-        self._worker_id = worker_id
-
-    @property
-    def run_id(self) -> str:
-        """The run this handle writes to."""
-        return self._info.run_id
-
-    @property
-    def user_id(self) -> str:
-        """Owner of the run."""
-        return self._info.user_id
-
-    @property
-    def epoch(self) -> int:
-        """The lease epoch this handle holds."""
-        return self._epoch
-
-    @property
-    def worker_id(self) -> str | None:
-        """The worker id the lease was taken as (the server's answer).
-
-        Pass it as ``worker_id`` to :meth:`MemoryClient.start_run`, with the same
-        API key, to retake this lease while it is live (e.g. after a restart).
-        """
-        return self._worker_id
-
-    @property
-    def info(self) -> RunInfo:
-        """The run's head as last seen by this handle."""
-        return self._info
-
-    def _lease(self) -> dict[str, Any]:
-        # The incarnation tells this run from a new one started under its id after a delete.
-        return {"lease_epoch": self._epoch, "incarnation": self._info.incarnation}
-
-    def append_checkpoint(
-        self,
-        step: str,
-        output: object,
-        *,
-        input: object = None,
-        idempotency_key: str | None = None,
-        scope: dict[str, Any] | None = None,
-        state: dict[str, Any] | None = None,
-    ) -> Checkpoint:
-        """See :meth:`tiers.task.RunHandle.append_checkpoint`."""
-        body = {
-            **self._lease(),
-            "step": step,
-            "output": output,
-            "input": input,
-            "idempotency_key": idempotency_key,
-            "scope": scope,
-            "state": state,
-        }
-        return _checkpoint(
-            self._client._json("POST", f"/v1/runs/{self.run_id}/checkpoints", json=body)
-        )
-
-    def begin_effect(
-        self,
-        name: str,
-        *,
-        idempotency_key: str,
-        input: object = None,
-        safe_to_retry: bool = False,
-    ) -> EffectStart:
-        """See :meth:`tiers.task.RunHandle.begin_effect`."""
-        body = {
-            **self._lease(),
-            "name": name,
-            "idempotency_key": idempotency_key,
-            "input": input,
-            "safe_to_retry": safe_to_retry,
-        }
-        data = self._client._json("POST", f"/v1/runs/{self.run_id}/effects:begin", json=body)
-        return EffectStart(
-            key=data["idempotency_key"], invoke=data["invoke"], output=data["output"]
-        )
-
-    def record_effect(self, idempotency_key: str, output: object) -> JsonValue:
-        """See :meth:`tiers.task.RunHandle.record_effect` (``output`` may be a :class:`Charged`)."""
-        body: dict[str, Any] = {**self._lease(), "idempotency_key": idempotency_key}
-        if isinstance(output, Charged):
-            body.update(
-                output=output.output, tokens=output.tokens, cost=output.cost, state=output.state
-            )
-        else:
-            body["output"] = output
-        data = self._client._json("POST", f"/v1/runs/{self.run_id}/effects:record", json=body)
-        recorded: JsonValue = data["output"]
-        return recorded
-
-    def effect(
-        self,
-        name: str,
-        fn: Callable[[str], object],
-        *,
-        idempotency_key: str,
-        input: object = None,
-        safe_to_retry: bool = False,
-    ) -> JsonValue:
-        """Perform an effect exactly once: :meth:`begin_effect`, ``fn(key)``, :meth:`record_effect`.
-
-        ``fn`` is called with the idempotency key only when the effect is not
-        recorded yet. If it raises, the effect stays invoked (outcome unknown).
-        """
-        start = self.begin_effect(
-            name, idempotency_key=idempotency_key, input=input, safe_to_retry=safe_to_retry
-        )
-        if not start.invoke:
-            return start.output
-        return self.record_effect(start.key, fn(start.key))
-
-    def await_approval(self, plan: object, *, key: str) -> Approval:
-        """See :meth:`tiers.task.RunHandle.await_approval` (the gate's ``key`` is required here).
-
-        Raises:
-            ApprovalPendingError: No decision yet; the run is paused.
-        """
-        body = {**self._lease(), "plan": plan, "key": key}
-        response = self._client._request("POST", f"/v1/runs/{self.run_id}/approvals", json=body)
-        data = response.json()
-        if response.status_code == 202:
-            raise ApprovalPendingError(
-                f"run {self.run_id!r} is paused awaiting approval of plan "
-                f"{data['plan_hash'][:12]}... (gate {data['approval_key']!r}): stop; approve or "
-                "reject it, then ask again",
-                run_id=self.run_id,
-                plan_hash=data["plan_hash"],
-                approval_key=data["approval_key"],
-            )
-        return Approval.model_validate(data)
-
-    def heartbeat(self) -> datetime | None:
-        """See :meth:`tiers.task.RunHandle.heartbeat`: renew the lease, return its new expiry."""
-        body = {**self._lease()}
-        data = self._client._json("POST", f"/v1/runs/{self.run_id}:heartbeat", json=body)
-        expires = data["lease_expires_at"]
-        return None if expires is None else datetime.fromisoformat(expires)
-
-    def complete(self, result: object = None) -> RunInfo:
-        """See :meth:`tiers.task.RunHandle.complete`."""
-        body = {**self._lease(), "result": result}
-        self._info = _run(self._client._json("POST", f"/v1/runs/{self.run_id}:complete", json=body))
-        return self._info
-
-    def fail(self, error: str) -> RunInfo:
-        """See :meth:`tiers.task.RunHandle.fail`."""
-        body = {**self._lease(), "error": error}
-        self._info = _run(self._client._json("POST", f"/v1/runs/{self.run_id}:fail", json=body))
-        return self._info

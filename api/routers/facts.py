@@ -67,7 +67,7 @@ def set_facts(user_id: UserIdPath, body: FactsPut, memory: WriteMemory) -> Respo
 )
 def delete_facts(user_id: UserIdPath, memory: WriteMemory) -> None:
     """Forget every fact of the user, history included (sessions stay)."""
-    memory.users.delete_user(user_id)
+    memory.delete_facts(user_id)
 
 
 @router.get("/facts/{key}", name="get_fact", response_model=FactOut, responses=_NOT_FOUND)

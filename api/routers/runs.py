@@ -219,7 +219,7 @@ def append_checkpoint(
     input), the existing checkpoint is returned with 200 and nothing is written.
     """
     start = time.perf_counter()
-    handle = memory.tasks.attach(run_id, body.lease_epoch, incarnation=body.incarnation)
+    handle = memory.attach_run(run_id, body.lease_epoch, incarnation=body.incarnation)
     head_before = handle.info.head_seq
     ckpt = handle.append_checkpoint(
         body.step,
@@ -363,7 +363,7 @@ def update_run_state(
     resume, their recorded effects are not repeated); the running worker's
     lease is revoked. 409 ``run-state`` for a finished run (fork it instead).
     """
-    ckpt = memory.tasks.update_state(
+    ckpt = memory.update_run_state(
         run_id, body.checkpoint_id, body.values, by=_by(body.by, caller), by_key=caller.key_id
     )
     return json_response(checkpoint_out(ckpt), status_code=status.HTTP_201_CREATED)
@@ -393,9 +393,7 @@ def begin_effect(run_id: RunIdPath, body: EffectBegin, memory: WriteMemory) -> R
     before and never recorded: it may or may not have happened; reconcile it
     with ``effects:resolve``. An effect is a checkpointed step of its own.
     """
-    start = memory.tasks.attach(
-        run_id, body.lease_epoch, incarnation=body.incarnation
-    ).begin_effect(
+    start = memory.attach_run(run_id, body.lease_epoch, incarnation=body.incarnation).begin_effect(
         body.name,
         idempotency_key=body.idempotency_key,
         input=body.input,
@@ -419,14 +417,14 @@ def record_effect(run_id: RunIdPath, body: EffectRecordCreate, memory: WriteMemo
     the run was cancelled while the effect ran, the result is still recorded
     (the call happened), then 409 ``run-cancelled`` tells the worker to stop.
     """
-    handle = memory.tasks.attach(
-        run_id, body.lease_epoch, finished_ok=True, incarnation=body.incarnation
+    handle = memory.attach_run(
+        run_id, body.lease_epoch, incarnation=body.incarnation, finished_ok=True
     )
     handle.record_effect(
         body.idempotency_key,
         Charged(body.output, tokens=body.tokens, cost=body.cost, state=body.state),
     )
-    return json_response(effect_out(memory.tasks.get_effect(run_id, body.idempotency_key)))
+    return json_response(effect_out(memory.get_effect(run_id, body.idempotency_key)))
 
 
 @router.post(
@@ -445,7 +443,7 @@ def resolve_effect(
     409 ``run-state`` if the effect's outcome is not unknown.
     """
     output = body.output if "output" in body.model_fields_set else UNSET
-    rec = memory.tasks.resolve_effect(
+    rec = memory.resolve_effect(
         run_id,
         body.idempotency_key,
         output=output,
@@ -477,7 +475,7 @@ def request_approval(run_id: RunIdPath, body: ApprovalRequest, memory: WriteMemo
     then returns the decision (200). 409 ``plan-mismatch`` for another plan
     under the same key.
     """
-    handle = memory.tasks.attach(run_id, body.lease_epoch, incarnation=body.incarnation)
+    handle = memory.attach_run(run_id, body.lease_epoch, incarnation=body.incarnation)
     try:
         approval = handle.await_approval(body.plan, key=body.key)
     except ApprovalPendingError as pending:
@@ -495,7 +493,7 @@ def complete_run(run_id: RunIdPath, body: RunComplete, memory: WriteMemory) -> R
     """Mark the run completed with an optional result (needs the current lease epoch)."""
     return json_response(
         run_out(
-            memory.tasks.attach(run_id, body.lease_epoch, incarnation=body.incarnation).complete(
+            memory.attach_run(run_id, body.lease_epoch, incarnation=body.incarnation).complete(
                 body.result
             )
         )
@@ -507,7 +505,7 @@ def fail_run(run_id: RunIdPath, body: RunFail, memory: WriteMemory) -> Response:
     """Mark the run failed with an error message (needs the current lease epoch)."""
     return json_response(
         run_out(
-            memory.tasks.attach(run_id, body.lease_epoch, incarnation=body.incarnation).fail(
+            memory.attach_run(run_id, body.lease_epoch, incarnation=body.incarnation).fail(
                 body.error
             )
         )
@@ -541,7 +539,7 @@ def approve_run(
 
     409 ``plan-mismatch`` if ``plan_hash`` is not the plan the run waits on.
     """
-    approval = memory.tasks.approve(
+    approval = memory.approve_run(
         run_id, body.plan_hash, by=_by(body.by, caller), note=body.note, by_key=caller.key_id
     )
     return json_response(ApprovalOut.model_validate(approval, from_attributes=True))
@@ -554,7 +552,7 @@ def reject_run(
     run_id: RunIdPath, body: ApprovalDecision, memory: WriteMemory, caller: Caller
 ) -> Response:
     """Reject the plan a paused run waits on; its worker sees the rejection at the gate."""
-    approval = memory.tasks.reject(
+    approval = memory.reject_run(
         run_id, body.plan_hash, by=_by(body.by, caller), note=body.note, by_key=caller.key_id
     )
     return json_response(ApprovalOut.model_validate(approval, from_attributes=True))
@@ -581,9 +579,7 @@ def fork_run(run_id: RunIdPath, body: RunFork, memory: WriteMemory) -> Response:
 )
 def heartbeat_run(run_id: RunIdPath, body: LeaseRef, memory: WriteMemory) -> Response:
     """Renew a lease taken with ``lease_ttl``; 409 ``stale-lease`` once another worker took it."""
-    expires = memory.tasks.attach(
-        run_id, body.lease_epoch, incarnation=body.incarnation
-    ).heartbeat()
+    expires = memory.attach_run(run_id, body.lease_epoch, incarnation=body.incarnation).heartbeat()
     return json_response(
         HeartbeatOut(run_id=run_id, lease_epoch=body.lease_epoch, lease_expires_at=expires)
     )

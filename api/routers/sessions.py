@@ -145,7 +145,7 @@ def resummarize_session(
     ] = False,
 ) -> Response:
     """Summarize a session again from its stored transcript (after a failure, or with a new model)."""
-    memory.sessions.transcript_header(user_id, session_id)  # 404 now, not in the job
+    memory.require_transcript(user_id, session_id)  # 404 now, not in the job
     return _summarize(request, service, memory, user_id, session_id, wait=wait)
 
 

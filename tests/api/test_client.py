@@ -35,6 +35,7 @@ from memory import (
 )
 from memory.apikeys import ApiKeyRegistry
 from memory.client import AuthenticationError, MemoryClient, PermissionDeniedError, RemoteRun
+from memory.operations import OPERATIONS, RUN_OPERATIONS
 from tests.api.test_routes import SUMMARY, TRANSCRIPT
 from tests.conftest import free_port
 from tiers.backends import open_kv_store
@@ -351,23 +352,25 @@ def test_a_user_bound_key_through_the_client(served: Served, client: MemoryClien
 
 
 def test_client_methods_match_the_library() -> None:
-    shared = [
-        "set_fact", "set_facts", "get_fact", "get_facts", "fact_history", "delete_fact",
-        "forget_user", "save_session", "end_session", "resummarize", "pending_summaries", "get_session", "list_sessions",
-        "delete_session", "recall_relevant", "continuation_context", "build_continuation_context",
-        "start_run", "get_run", "delete_run", "get_checkpoint", "checkpoint_for_key",
-        "run_history", "list_runs", "cancel_run", "approve_run",
-        "reject_run", "fork_run", "list_resumable_runs", "run_state_at", "update_run_state",
-        "run_effects", "run_events", "resolve_effect", "ping", "close",
-    ]  # fmt: skip
-    for name in shared:
-        library = inspect.signature(getattr(Memory, name)).parameters
-        remote = inspect.signature(getattr(MemoryClient, name)).parameters
-        assert list(remote) == list(library), name
-    for name in ("append_checkpoint", "begin_effect", "record_effect", "heartbeat", "complete"):
-        library = inspect.signature(getattr(RunHandle, name)).parameters
-        remote = inspect.signature(getattr(RemoteRun, name)).parameters
-        assert list(remote) == list(library), name
+    # The client offers exactly the operations declared remote, each with the library's
+    # parameters (but those the service fills itself or that cannot cross the wire).
+    def public(cls: type) -> set[str]:
+        return {n for n, _ in inspect.getmembers(cls, inspect.isfunction) if not n.startswith("_")}
+
+    for ops, library_cls, remote_cls in (
+        (OPERATIONS, Memory, MemoryClient),
+        (RUN_OPERATIONS, RunHandle, RemoteRun),
+    ):
+        remote_ops = [op for op in ops if op.remote]
+        assert public(remote_cls) == {op.name for op in remote_ops}
+        for op in remote_ops:
+            library = [
+                name
+                for name in inspect.signature(getattr(library_cls, op.name)).parameters
+                if name not in op.local_params
+            ]
+            remote = inspect.signature(getattr(remote_cls, op.name)).parameters
+            assert list(remote) == library, op.name
 
 
 def test_logs_are_json_with_request_ids_and_sigterm_shuts_down_cleanly(served: Served) -> None:

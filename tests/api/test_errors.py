@@ -26,6 +26,7 @@ from memory.client import (
     error_from_problem,
 )
 from memory.facade import Memory
+from memory.problems import LIBRARY_PROBLEMS, SERVICE_PROBLEMS, ProblemRow
 from memory.settings import Settings
 from summarizer import LiteLLMSummarizer
 from tests.api.conftest import Api, new_tenant, start_app
@@ -419,3 +420,42 @@ def test_every_typed_error_has_a_status_and_round_trips_to_the_client(cls: type[
     assert isinstance(rebuilt, client_side.get(expected, expected)), (cls, type(rebuilt))
     if isinstance(rebuilt, tiers.errors.InputMismatchError):
         assert (rebuilt.step, rebuilt.idempotency_key) == ("s", "k")
+
+
+@pytest.mark.parametrize("row", LIBRARY_PROBLEMS, ids=lambda row: row.error.__name__)
+def test_every_row_of_the_problem_table_round_trips(row: ProblemRow) -> None:
+    # The server reports the error with the row's status, slug and title; the client reads
+    # the problem back as the row's class (rows that stand for more than one error aside).
+    problem = problem_for(instance(row.error)).model_dump(exclude_none=True)
+    assert (problem["status"], problem["type"], problem["title"]) == (
+        row.spec.status,
+        row.spec.type,
+        row.spec.title,
+    )
+    rebuilt = error_from_problem(problem["status"], problem)
+    if row.rebuild is None:
+        assert row.spec.slug in ("internal", "unauthorized")
+        assert isinstance(rebuilt, ServiceError | AuthenticationError)
+    else:
+        assert type(rebuilt) is row.error
+
+
+@pytest.mark.parametrize("slug", sorted(SERVICE_PROBLEMS))
+def test_every_service_problem_is_read_back_by_the_client(slug: str) -> None:
+    # The service's own problem types (the API layer's errors, request validation, the
+    # framework's 400/405) come back as the client's classes or the library error they mean.
+    spec = SERVICE_PROBLEMS[slug].spec
+    problem = {"type": spec.type, "title": spec.title, "status": spec.status, "detail": "x"}
+    rebuilt = error_from_problem(spec.status, problem, retry_after=2.0)
+    expected = {
+        "unauthorized": AuthenticationError,
+        "forbidden": PermissionDeniedError,
+        "overloaded": ServiceOverloadedError,
+        "request-too-large": ValueTooLargeError,
+        "job-not-found": NotFoundError,
+        "validation-error": tiers.errors.InvalidInputError,
+        "malformed-request": tiers.errors.InvalidInputError,
+    }.get(slug, ServiceError)
+    assert type(rebuilt) is expected
+    api_specs = {s.slug: s for s in ERROR_MAP.values()}
+    assert api_specs.get(slug, spec) == spec  # the API layer reports it with this very spec

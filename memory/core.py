@@ -1,0 +1,596 @@
+"""The sync core of the facade: :class:`Memory`, the one object an agent or app backend talks to."""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from datetime import datetime, timedelta
+from types import TracebackType
+from typing import Any, Self
+
+from pydantic import JsonValue
+
+from memory.context import ContinuationContext
+from memory.maintenance import Maintenance
+from memory.opening import open_stores, settings_for_dir
+from memory.runs import RunOperations
+from memory.sessions import DEFAULT_TOP_K, SessionOperations
+from memory.settings import Settings
+from memory.tenant import build_tenant_tiers, optional_instance
+from memory.users import UserOperations
+from summarizer import ExtractiveSummarizer, Summarizer
+from tiers.backends.base import Embedder, KVStore, VectorIndex
+from tiers.backends.dirlock import DataDirLock
+from tiers.ids import check_id
+from tiers.index_check import IndexRepair, IndexReport, register_tenant
+from tiers.models import Checkpoint, Message, RunInfo, RunStatus, SessionSummary, UserFact
+from tiers.redaction import Redactor
+from tiers.retention import RetentionPolicy, SweepReport
+from tiers.session import RecalledSession
+from tiers.task import (
+    DEFAULT_RETENTION,
+    DEFAULT_SNAPSHOT_EVERY,
+    UNSET,
+    Approval,
+    EffectRecord,
+    Event,
+    RunHandle,
+)
+
+logger = logging.getLogger("tiermem.memory")
+
+
+class Memory:
+    """Three-tier memory for LLM agents: task runs, session summaries, user facts.
+
+    Thread-safe: one instance is meant to be shared by every thread of a process.
+    The methods delegate to composed groups that hold their full contracts:
+    :class:`~memory.sessions.SessionOperations`, :class:`~memory.users.UserOperations`,
+    :class:`~memory.runs.RunOperations`, :class:`~memory.maintenance.Maintenance`.
+    Open it with :meth:`open` (embedded default in a folder) or
+    :meth:`from_settings` (``TIERMEM_*`` environment), or pass the parts.
+
+    Args:
+        kv: The authoritative KV store of all three tiers.
+        index: The vector index of session summaries.
+        embedder: Embeds summaries and queries.
+        summarizer: Turns transcripts into summaries; default offline extractive.
+        tenant: Namespace of every key this instance touches.
+        context_max_tokens: Default budget of :meth:`build_continuation_context`.
+        background_indexing: Embed saved sessions in a worker thread, many
+            per batch: a save returns once its KV commit is durable, and
+            recall still sees it (it finishes the user's queued work first).
+            ``False`` indexes before each save returns.
+        run_retention: How long finished runs are kept before :meth:`sweep_runs`
+            deletes them.
+        snapshot_every: The task tier snapshots a run's state every this many
+            events, which bounds the cost of resuming a long run.
+        scrub_deleted: After :meth:`forget_user` and :meth:`delete_session`, have
+            the KV store drop the deleted data from its files too (SQLite:
+            truncate the WAL; Redis: rewrite the AOF), not only from every read.
+        retention: The deployment's default retention of sessions, transcripts,
+            facts and idle runs (default: everything kept); each tenant may
+            override it (:meth:`set_retention`), and :meth:`sweep` applies it.
+        redactor: What is removed before anything is stored (transcripts, so
+            the summarizer never sees it either, summaries, facts, run data);
+            default ``Redactor("secrets")`` (API keys, tokens, passwords, card
+            numbers, private keys), ``Redactor("off")`` stores everything verbatim.
+    """
+
+    def __init__(
+        self,
+        *,
+        kv: KVStore,
+        index: VectorIndex,
+        embedder: Embedder,
+        summarizer: Summarizer | None = None,
+        tenant: str = "default",
+        context_max_tokens: int = 2000,
+        background_indexing: bool = True,
+        run_retention: timedelta = DEFAULT_RETENTION,
+        snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        scrub_deleted: bool = True,
+        retention: RetentionPolicy | None = None,
+        redactor: Redactor | None = None,
+    ) -> None:
+        self.redactor = optional_instance(redactor, Redactor, "redactor") or Redactor()
+        self.retention_default = (
+            optional_instance(retention, RetentionPolicy, "retention") or RetentionPolicy()
+        )
+        self.kv = kv
+        self.index = index
+        self.embedder = embedder
+        # Replaceable (e.g. by a better model); session operations use the one set now.
+        self.summarizer: Summarizer = summarizer or ExtractiveSummarizer()
+        self.tenant = check_id(tenant, "tenant")
+        self.context_max_tokens = context_max_tokens
+        self.background_indexing = background_indexing
+        self.scrub_deleted = scrub_deleted
+        tiers = build_tenant_tiers(
+            kv,
+            index,
+            embedder,
+            tenant=self.tenant,
+            redactor=self.redactor,
+            run_retention=run_retention,
+            snapshot_every=snapshot_every,
+            background_indexing=background_indexing,
+            scrub_deleted=scrub_deleted,
+        )
+        self.tasks, self.sessions, self.users = tiers.tasks, tiers.sessions, tiers.users
+        self.jobs, self.threads, self.items = tiers.jobs, tiers.threads, tiers.items
+        self._owns_stores = True
+        self._tenants: dict[str, Memory] = {}
+        self._tenants_lock = threading.Lock()
+        # Whether the operator accepted a KV store that may lose acknowledged writes
+        # (from_settings' allow_volatile); the service's /readyz reports such a store.
+        self.allow_volatile = False
+        # The data dir's lock (from_settings, when an embedded store lives there).
+        self._dir_lock: DataDirLock | None = None
+        # The operations, by kind, each group with its contracts in its own module.
+        self._sessions_ops = SessionOperations(
+            tiers, summarizer=lambda: self.summarizer, context_max_tokens=context_max_tokens
+        )
+        self._users_ops = UserOperations(tiers)
+        self._runs = RunOperations(self.tasks)
+        self._maintenance = Maintenance(tiers, default=self.retention_default)
+        # So a check or repair of every tenant (tenants()) finds this one.
+        register_tenant(kv, self.tenant)
+
+    def for_tenant(self, tenant: str) -> Memory:
+        """A view of the same stores under another tenant's namespace.
+
+        Views are cached and share connections; closing a view does nothing,
+        closing the instance it came from closes the stores.
+        """
+        check_id(tenant, "tenant")
+        if tenant == self.tenant:
+            return self
+        with self._tenants_lock:
+            view = self._tenants.get(tenant)
+            if view is None:
+                view = Memory(
+                    kv=self.kv,
+                    index=self.index,
+                    embedder=self.embedder,
+                    summarizer=self.summarizer,
+                    tenant=tenant,
+                    context_max_tokens=self.context_max_tokens,
+                    background_indexing=self.background_indexing,
+                    run_retention=self.tasks.retention,
+                    snapshot_every=self.tasks.snapshot_every,
+                    scrub_deleted=self.scrub_deleted,
+                    retention=self.retention_default,
+                    redactor=self.redactor,
+                )
+                view._owns_stores = False
+                view.allow_volatile = self.allow_volatile
+                self._tenants[tenant] = view
+            return view
+
+    @classmethod
+    def open(cls, data_dir: str | os.PathLike[str] = ".tiermem", **overrides: Any) -> Memory:
+        """Open the embedded default (SQLite + embedded Chroma + local embedder) in ``data_dir``.
+
+        One process per data dir: see :meth:`from_settings`.
+
+        Args:
+            data_dir: Folder of the stores; created if missing.
+            **overrides: Any other :class:`Settings` field. ``durable=False`` passed
+                here is itself the explicit choice of bounded durability, so it
+                implies ``allow_volatile=True`` (unless that is passed too); the
+                environment's ``TIERMEM_DURABLE=false`` still needs
+                ``TIERMEM_ALLOW_VOLATILE``.
+        """
+        return cls.from_settings(settings_for_dir(data_dir, overrides))
+
+    @classmethod
+    def from_settings(cls, settings: Settings | None = None) -> Memory:
+        """Open the stores and models that ``settings`` (default: from the environment) name.
+
+        When an embedded store lives in ``data_dir`` (the default SQLite file or
+        the embedded Chroma index), the dir is locked until :meth:`close`: one
+        process per embedded data dir (the OS drops the lock if the process dies).
+        A KV store that may lose acknowledged writes is refused unless
+        ``settings.allow_volatile`` (then a warning is logged).
+
+        Raises:
+            InvalidInputError: A setting (from the environment when ``settings``
+                is ``None``) is invalid; ``field`` names it.
+            DataDirLockedError: Another process (or an open instance in this
+                one) has the data dir open; the error names it and the pid.
+            VolatileStoreError: The KV store is volatile (Redis without
+                ``appendonly yes`` + ``appendfsync always``, SQLite with
+                ``durable=false``) and ``allow_volatile`` is not set.
+            EncryptionKeyError: The master key is not the store's (the message
+                names both key ids), the store is encrypted and no key is set,
+                or it holds unencrypted data and a key is set (``tiermem encrypt``).
+        """
+        opened = open_stores(settings)
+        try:
+            memory = cls(**opened.arguments)
+        except BaseException:
+            opened.close()
+            raise
+        memory.allow_volatile = opened.allow_volatile
+        memory._dir_lock = opened.lock
+        return memory
+
+    # -- session tier -------------------------------------------------------
+
+    def save_session(self, summary: SessionSummary | Mapping[str, Any]) -> SessionSummary:
+        """Store a structured session summary (KV record + vector document)."""
+        return self._sessions_ops.save_session(summary)
+
+    def end_session(
+        self,
+        user_id: str,
+        session_id: str,
+        transcript: Sequence[Message | Mapping[str, Any]],
+        *,
+        created_at: datetime | None = None,
+    ) -> SessionSummary:
+        """Store a finished session's transcript, then summarize it and save the summary."""
+        return self._sessions_ops.end_session(
+            user_id, session_id, transcript, created_at=created_at
+        )
+
+    def save_transcript(
+        self,
+        user_id: str,
+        session_id: str,
+        transcript: Sequence[Message | Mapping[str, Any]],
+        *,
+        created_at: datetime | None = None,
+    ) -> None:
+        """Store a session's raw transcript without summarizing it (see :meth:`resummarize`)."""
+        self._sessions_ops.save_transcript(user_id, session_id, transcript, created_at=created_at)
+
+    def resummarize(self, user_id: str, session_id: str) -> SessionSummary:
+        """Summarize a session from its stored transcript and save the summary (replacing any)."""
+        return self._sessions_ops.resummarize(user_id, session_id)
+
+    def pending_summaries(self, user_id: str) -> list[str]:
+        """Sessions of the user with a stored transcript but no summary yet (summarizing failed)."""
+        return self._sessions_ops.pending_summaries(user_id)
+
+    def require_transcript(self, user_id: str, session_id: str) -> None:
+        """Check that a session has a stored transcript (``SessionNotFoundError`` if not)."""
+        self._sessions_ops.require_transcript(user_id, session_id)
+
+    def get_session(self, user_id: str, session_id: str) -> SessionSummary:
+        """The stored summary of one session (``SessionNotFoundError`` if none)."""
+        return self._sessions_ops.get_session(user_id, session_id)
+
+    def list_sessions(self, user_id: str, *, limit: int | None = None) -> list[SessionSummary]:
+        """The user's session summaries, newest first."""
+        return self._sessions_ops.list_sessions(user_id, limit=limit)
+
+    def delete_session(self, user_id: str, session_id: str) -> bool:
+        """Delete one session from the KV store and the vector index, and what it taught."""
+        return self._sessions_ops.delete_session(user_id, session_id)
+
+    def recall_relevant(
+        self, user_id: str, query: str, top_k: int = DEFAULT_TOP_K
+    ) -> list[RecalledSession]:
+        """The user's earlier sessions most relevant to ``query``, best first."""
+        return self._sessions_ops.recall_relevant(user_id, query, top_k)
+
+    def continuation_context(
+        self,
+        user_id: str,
+        query: str = "",
+        max_tokens: int | None = None,
+        *,
+        top_k: int = DEFAULT_TOP_K,
+    ) -> ContinuationContext:
+        """Like :meth:`build_continuation_context`, with the sections and token counts used."""
+        return self._sessions_ops.continuation_context(user_id, query, max_tokens, top_k=top_k)
+
+    def build_continuation_context(
+        self, user_id: str, query: str = "", max_tokens: int | None = None
+    ) -> str:
+        """Prompt-ready context for a new session: the user's facts and relevant earlier sessions."""
+        return self._sessions_ops.build_continuation_context(user_id, query, max_tokens)
+
+    # -- user tier ----------------------------------------------------------
+
+    def set_fact(
+        self,
+        user_id: str,
+        key: str,
+        value: JsonValue,
+        *,
+        source: str = "api",
+        confidence: float = 1.0,
+        evidence: str = "",
+    ) -> UserFact:
+        """Set a user fact or preference; the old value goes to its history."""
+        return self._users_ops.set_fact(
+            user_id, key, value, source=source, confidence=confidence, evidence=evidence
+        )
+
+    def set_facts(
+        self, user_id: str, facts: Mapping[str, JsonValue], *, source: str = "api"
+    ) -> list[UserFact]:
+        """Set several user facts in one atomic commit (all or nothing)."""
+        return self._users_ops.set_facts(user_id, facts, source=source)
+
+    def get_fact(self, user_id: str, key: str) -> UserFact:
+        """One user fact (``FactNotFoundError`` if none)."""
+        return self._users_ops.get_fact(user_id, key)
+
+    def get_facts(self, user_id: str) -> list[UserFact]:
+        """Every current fact of a user, sorted by key."""
+        return self._users_ops.get_facts(user_id)
+
+    def fact_history(self, user_id: str, key: str) -> list[UserFact]:
+        """Every version of a fact, oldest first."""
+        return self._users_ops.fact_history(user_id, key)
+
+    def delete_fact(self, user_id: str, key: str) -> bool:
+        """Delete a fact (its history keeps a tombstone). Returns whether it existed."""
+        return self._users_ops.delete_fact(user_id, key)
+
+    def delete_facts(self, user_id: str) -> None:
+        """Forget every fact of the user, history included; sessions, runs and items stay."""
+        self._users_ops.delete_facts(user_id)
+
+    def forget_user(self, user_id: str) -> None:
+        """Delete everything stored about a user, and keep work in flight from bringing it back."""
+        self._users_ops.forget_user(user_id)
+
+    # -- task tier ----------------------------------------------------------
+
+    def start_run(
+        self,
+        user_id: str,
+        run_id: str | None = None,
+        *,
+        resume: bool = True,
+        worker_id: str | None = None,
+        lease_ttl: float | None = None,
+        steal: bool = False,
+        budget_tokens: int | None = None,
+        budget_cost: float | None = None,
+        external_id: str | None = None,
+    ) -> RunHandle:
+        """Start a run, or resume it (taking its lease) if it exists."""
+        return self._runs.start_run(
+            user_id,
+            run_id,
+            resume=resume,
+            worker_id=worker_id,
+            lease_ttl=lease_ttl,
+            steal=steal,
+            budget_tokens=budget_tokens,
+            budget_cost=budget_cost,
+            external_id=external_id,
+        )
+
+    def cancel_run(self, run_id: str) -> RunInfo:
+        """Cancel a run; its worker stops at its next step boundary."""
+        return self._runs.cancel_run(run_id)
+
+    def approve_run(
+        self,
+        run_id: str,
+        plan_hash: str,
+        *,
+        by: str,
+        note: str | None = None,
+        by_key: str | None = None,
+    ) -> Approval:
+        """Approve the plan a run is waiting on (``PlanMismatchError`` for another plan)."""
+        return self._runs.approve_run(run_id, plan_hash, by=by, note=note, by_key=by_key)
+
+    def reject_run(
+        self,
+        run_id: str,
+        plan_hash: str,
+        *,
+        by: str,
+        note: str | None = None,
+        by_key: str | None = None,
+    ) -> Approval:
+        """Reject the plan a run is waiting on."""
+        return self._runs.reject_run(run_id, plan_hash, by=by, note=note, by_key=by_key)
+
+    def fork_run(self, run_id: str, checkpoint_id: str, new_run_id: str | None = None) -> RunInfo:
+        """Start a new run from a checkpoint of another (time travel); the parent link is kept."""
+        return self._runs.fork_run(run_id, checkpoint_id, new_run_id)
+
+    def list_resumable_runs(self) -> list[RunInfo]:
+        """Unfinished runs whose lease has expired: work for a worker pool after a deploy."""
+        return self._runs.list_resumable_runs()
+
+    def sweep_runs(self, *, now: datetime | None = None) -> list[str]:
+        """Delete this tenant's runs that finished (completed, failed, cancelled) over ``run_retention`` ago."""
+        return self._runs.sweep_runs(now=now)
+
+    def run_state_at(self, run_id: str, checkpoint_id: str) -> dict[str, JsonValue]:
+        """A run's state values as of one of its checkpoints (time travel; see ``TaskTier.state_at``)."""
+        return self._runs.run_state_at(run_id, checkpoint_id)
+
+    def update_run_state(
+        self,
+        run_id: str,
+        checkpoint_id: str,
+        values: dict[str, Any],
+        *,
+        by: str = "operator",
+        by_key: str | None = None,
+    ) -> Checkpoint:
+        """Edit a run's state as of a checkpoint: a new branch from there (see ``TaskTier.update_state``)."""
+        return self._runs.update_run_state(run_id, checkpoint_id, values, by=by, by_key=by_key)
+
+    def attach_run(
+        self,
+        run_id: str,
+        lease_epoch: int,
+        *,
+        incarnation: str | None = None,
+        finished_ok: bool = False,
+    ) -> RunHandle:
+        """A handle on the lease a caller holds already, by its epoch, without taking it again."""
+        return self._runs.attach_run(
+            run_id, lease_epoch, incarnation=incarnation, finished_ok=finished_ok
+        )
+
+    def get_effect(self, run_id: str, key: str) -> EffectRecord:
+        """One entry of a run's effect ledger, by its idempotency key."""
+        return self._runs.get_effect(run_id, key)
+
+    def run_effects(self, run_id: str) -> list[EffectRecord]:
+        """A run's effect ledger: every external effect, its status and recorded output."""
+        return self._runs.run_effects(run_id)
+
+    def resolve_effect(
+        self,
+        run_id: str,
+        key: str,
+        *,
+        output: object = UNSET,
+        rerun: bool = False,
+        by: str = "operator",
+        by_key: str | None = None,
+    ) -> EffectRecord:
+        """Decide an effect of unknown outcome: it happened (``output=``) or not (``rerun=True``)."""
+        return self._runs.resolve_effect(
+            run_id, key, output=output, rerun=rerun, by=by, by_key=by_key
+        )
+
+    def get_run(self, run_id: str) -> RunInfo:
+        """Status and head of a run (``RunNotFoundError`` if none)."""
+        return self._runs.get_run(run_id)
+
+    def delete_run(self, run_id: str) -> bool:
+        """Delete a run whole, whatever its status: head, checkpoints, events, effect ledger."""
+        return self._runs.delete_run(run_id)
+
+    def get_checkpoint(self, run_id: str, checkpoint_id: str) -> Checkpoint:
+        """One checkpoint of a run by its id (any branch), in one point read."""
+        return self._runs.get_checkpoint(run_id, checkpoint_id)
+
+    def checkpoint_for_key(self, run_id: str, idempotency_key: str) -> Checkpoint | None:
+        """The checkpoint that committed an idempotency key on the run's current branch."""
+        return self._runs.checkpoint_for_key(run_id, idempotency_key)
+
+    def run_history(
+        self,
+        run_id: str,
+        *,
+        newest_first: bool = False,
+        limit: int | None = None,
+        after_seq: int | None = None,
+        before_seq: int | None = None,
+    ) -> list[Checkpoint]:
+        """A run's checkpoints: all of them in sequence order by default, or one page."""
+        return self._runs.run_history(
+            run_id,
+            newest_first=newest_first,
+            limit=limit,
+            after_seq=after_seq,
+            before_seq=before_seq,
+        )
+
+    def run_events(
+        self, run_id: str, *, after_seq: int | None = None, limit: int | None = None
+    ) -> list[Event]:
+        """A run's append-only event log, the audit trail of the run, in sequence order."""
+        return self._runs.run_events(run_id, after_seq=after_seq, limit=limit)
+
+    def list_runs(
+        self, *, user_id: str | None = None, status: RunStatus | None = None
+    ) -> list[RunInfo]:
+        """Runs of this tenant, optionally filtered."""
+        return self._runs.list_runs(user_id=user_id, status=status)
+
+    # -- lifecycle ----------------------------------------------------------
+
+    def ping(self) -> None:
+        """Raise ``BackendUnavailableError`` unless the KV store and vector index answer."""
+        self.kv.ping()
+        self.index.ping()
+
+    def force_flush(self) -> None:
+        """Make every commit acknowledged so far durable (bounded-durability mode; else a no-op).
+
+        Run effects call it themselves before invoking an external effect;
+        call it before anything else irreversible that depends on stored state.
+        """
+        self.tasks.force_flush()
+
+    def flush(self, timeout: float | None = None) -> bool:
+        """Wait until the vector index holds every session saved so far (all tenant views).
+
+        Recall does not need this (it reads its own writes); benchmarks and
+        backups do. Returns whether everything was indexed within ``timeout``.
+        """
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for memory in self._with_views():
+            left = None if deadline is None else max(0.0, deadline - time.monotonic())
+            if not memory.sessions.flush(left):
+                return False
+        return True
+
+    # -- retention and vector index upkeep ---------------------------------
+
+    def retention(self) -> RetentionPolicy:
+        """The retention in effect for this tenant: the default with the tenant's own overrides."""
+        return self._maintenance.retention()
+
+    def set_retention(self, **ttls: timedelta | str | None) -> RetentionPolicy:
+        """Set this tenant's retention of some kinds (stored in the KV store; the others are unchanged)."""
+        return self._maintenance.set_retention(**ttls)
+
+    def sweep(self, *, now: datetime | None = None) -> SweepReport:
+        """Delete what this tenant's retention says is expired, and finished runs past ``run_retention``."""
+        return self._maintenance.sweep(now=now)
+
+    def check_index(self) -> IndexReport:
+        """Compare this tenant's vector index with the KV store (the truth)."""
+        return self._maintenance.check_index()
+
+    def repair_index(self, *, limit: int | None = None) -> IndexRepair:
+        """Check the index (:meth:`check_index`) and repair what is wrong, without a restart."""
+        return self._maintenance.repair_index(limit=limit)
+
+    def tenants(self) -> list[str]:
+        """Every tenant of these stores, sorted: those a ``Memory`` was opened for or with an API key."""
+        return self._maintenance.tenants()
+
+    def close(self) -> None:
+        """Finish queued index work, then close the stores (unless this is a tenant view).
+
+        Index work not finished in time stays queued in the KV store and is
+        replayed by the next instance opened on it. Idempotent.
+        """
+        if not self._owns_stores:
+            return
+        try:
+            for memory in self._with_views():
+                memory.sessions.close()
+            self.index.close()
+            self.kv.close()
+        finally:
+            if self._dir_lock is not None:
+                self._dir_lock.release()
+
+    def _with_views(self) -> list[Memory]:
+        with self._tenants_lock:
+            return [self, *self._tenants.values()]
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()

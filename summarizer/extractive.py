@@ -34,6 +34,7 @@ from datetime import datetime
 from typing import Any
 
 from summarizer.base import Summarization, parse_transcript
+from summarizer.errors import InvalidSummarizerConfigError
 from summarizer.formats import render_tool_use, tool_uses
 from tiers.ids import ID_PATTERN, check_id
 from tiers.models import FactCandidate, Message, SessionSummary, utcnow
@@ -714,6 +715,9 @@ class ExtractiveSummarizer:
         max_item_chars: Longer sentences are clipped (with "…") to this many characters.
         max_task_chars: Cap of ``task_description``.
         max_facts: Cap of fact candidates.
+
+    Raises:
+        InvalidSummarizerConfigError: A cap is out of range (also a ``ValueError``).
     """
 
     name = "extractive"
@@ -727,7 +731,7 @@ class ExtractiveSummarizer:
         max_facts: int = 12,
     ) -> None:
         if min(max_items, max_facts) < 0 or min(max_item_chars, max_task_chars) < 20:
-            raise ValueError(
+            raise InvalidSummarizerConfigError(
                 "max_items and max_facts must be >= 0, max_item_chars and max_task_chars >= 20"
             )
         self.max_items = max_items

@@ -48,6 +48,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from summarizer.base import Summarization, parse_transcript
 from summarizer.errors import (
+    InvalidSummarizerConfigError,
     SummarizerError,
     SummarizerRateLimitError,
     SummarizerTimeoutError,
@@ -491,8 +492,8 @@ class LiteLLMSummarizer:
             skip the backoff).
 
     Raises:
-        ValueError: An argument is out of range or ``completion_kwargs`` sets a
-            reserved argument.
+        InvalidSummarizerConfigError: An argument is out of range or
+            ``completion_kwargs`` sets a reserved argument (also a ``ValueError``).
     """
 
     def __init__(
@@ -514,18 +515,24 @@ class LiteLLMSummarizer:
         sleep: Callable[[float], None] = time.sleep,
     ) -> None:
         if not model:
-            raise ValueError("model must be a litellm model name, e.g. 'gpt-4o-mini'")
+            raise InvalidSummarizerConfigError(
+                "model must be a litellm model name, e.g. 'gpt-4o-mini'"
+            )
         if timeout <= 0 or retry_base_delay < 0 or retry_max_delay < 0:
-            raise ValueError("timeout must be > 0 and retry delays >= 0")
+            raise InvalidSummarizerConfigError("timeout must be > 0 and retry delays >= 0")
         if max_retries < 0 or max_transient_retries < 0 or max_items < 1:
-            raise ValueError("max_retries and max_transient_retries must be >= 0, max_items >= 1")
+            raise InvalidSummarizerConfigError(
+                "max_retries and max_transient_retries must be >= 0, max_items >= 1"
+            )
         if max_input_tokens is not None and max_input_tokens < _MIN_BUDGET:
-            raise ValueError(f"max_input_tokens must be at least {_MIN_BUDGET}")
+            raise InvalidSummarizerConfigError(f"max_input_tokens must be at least {_MIN_BUDGET}")
         if structured_output not in ("auto", "json_schema", "json_object", "none"):
-            raise ValueError("structured_output must be auto, json_schema, json_object or none")
+            raise InvalidSummarizerConfigError(
+                "structured_output must be auto, json_schema, json_object or none"
+            )
         reserved = _RESERVED_KWARGS & set(completion_kwargs or {})
         if reserved:
-            raise ValueError(
+            raise InvalidSummarizerConfigError(
                 f"completion_kwargs may not set {', '.join(sorted(reserved))}: the summarizer "
                 "sets them (use structured_output to choose the response format)"
             )

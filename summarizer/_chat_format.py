@@ -13,11 +13,7 @@ from summarizer._transcript_parts import (
     _message,
     _type_name,
 )
-from tiers.models import (
-    MAX_TOOL_CALLS,
-    Message,
-    ToolCall,
-)
+from tiers.models import MAX_TOOL_CALLS, Message, ToolCall
 
 
 def _chat_message(item: _Item) -> Message:

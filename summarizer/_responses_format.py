@@ -15,11 +15,7 @@ from summarizer._transcript_parts import (
     _message,
     _type_name,
 )
-from tiers.models import (
-    MAX_MESSAGE_TEXT,
-    Message,
-    ToolCall,
-)
+from tiers.models import MAX_MESSAGE_TEXT, Message, ToolCall
 
 _Reader = Callable[[_Item], list[Message]]
 

@@ -9,12 +9,7 @@ from typing import Any, Literal
 from pydantic import ValidationError
 
 from summarizer.errors import InvalidTranscriptError
-from tiers.models import (
-    MAX_MESSAGE_NAME,
-    MAX_MESSAGE_TEXT,
-    MAX_TOOL_CALLS,
-    Message,
-)
+from tiers.models import MAX_MESSAGE_NAME, MAX_MESSAGE_TEXT, MAX_TOOL_CALLS, Message
 
 Role = Literal["system", "user", "assistant", "tool"]
 

@@ -61,10 +61,7 @@ from summarizer._chat_format import _chat_message
 from summarizer._responses_format import ITEM_READERS, ITEM_TYPES, SILENT_ITEM_TYPES
 from summarizer._transcript_parts import CHAT_ROLES, CONTENT_PART_TYPES, _fail, _Item, _type_name
 from summarizer.errors import InvalidTranscriptError
-from tiers.models import (
-    Message,
-    ToolCall,
-)
+from tiers.models import Message, ToolCall
 
 __all__ = [
     "CHAT_ROLES",

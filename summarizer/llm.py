@@ -68,10 +68,7 @@ from summarizer._llm_schema import (
     summary_json_schema,
 )
 from summarizer.base import Summarization, parse_transcript
-from summarizer.errors import (
-    InvalidSummarizerConfigError,
-    SummaryGenerationError,
-)
+from summarizer.errors import InvalidSummarizerConfigError, SummaryGenerationError
 from summarizer.formats import render_lines
 from summarizer.tokens import count_tokens, get_encoding
 from tiers.ids import check_id

@@ -5,9 +5,7 @@ from __future__ import annotations
 import re
 from typing import Final
 
-from memory.errors import (
-    InvalidScopeInputError,
-)
+from memory.errors import InvalidScopeInputError
 from summarizer.errors import SummarizerError
 from summarizer.tokens import get_encoding
 

@@ -6,9 +6,7 @@ from datetime import UTC, datetime
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from memory.errors import (
-    InvalidScopeInputError,
-)
+from memory.errors import InvalidScopeInputError
 
 
 class _Strict(BaseModel):

@@ -6,10 +6,7 @@ from collections.abc import Iterator, Mapping
 from types import MappingProxyType
 from typing import NoReturn, Self
 
-from memory.errors import (
-    InvalidScopeInputError,
-    ReadOnlyScopeError,
-)
+from memory.errors import InvalidScopeInputError, ReadOnlyScopeError
 from memory.scope._base import SECTION_SEPARATOR
 
 

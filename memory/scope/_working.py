@@ -8,10 +8,7 @@ from dataclasses import dataclass
 
 from pydantic import JsonValue
 
-from memory.errors import (
-    InvalidScopeInputError,
-    TokenBudgetExceededError,
-)
+from memory.errors import InvalidScopeInputError, TokenBudgetExceededError
 from memory.scope._base import (
     DEFAULT_ENCODING,
     DEFAULT_WORKING_BUDGET_TOKENS,

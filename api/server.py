@@ -101,7 +101,6 @@ def head_timeout_protocol(
         timeout: Seconds allowed for a request line and its headers.
         implementation: uvicorn's parser: ``auto`` is httptools when installed, else h11.
     """
-    base: type[asyncio.Protocol]
     if implementation in ("auto", "httptools"):
         try:
             from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
@@ -109,12 +108,10 @@ def head_timeout_protocol(
             if implementation == "httptools":
                 raise
         else:
-            base = _httptools_guard(HttpToolsProtocol)
-            return type(base.__name__, (base,), {"head_timeout": timeout})
+            return _httptools_guard(HttpToolsProtocol, timeout)
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    base = _h11_guard(H11Protocol)
-    return type(base.__name__, (base,), {"head_timeout": timeout})
+    return _h11_guard(H11Protocol, timeout)
 
 
 def _problem_bytes(status: int, reason: str, slug: str, detail: str) -> bytes:
@@ -149,96 +146,109 @@ _NOT_HTTP = _problem_bytes(
 )
 
 
-def _refuse_unparsable(transport: asyncio.Transport) -> None:
-    # uvicorn's own answer to a request it cannot parse is text/plain; ours is a problem.
-    if not transport.is_closing():
-        transport.write(_NOT_HTTP)
-        transport.close()
+class _HeadGuard:
+    """The head timeout of one connection; each guarded protocol holds one.
 
-
-class _HeadTimer:
-    """The per-connection timer of a guarded protocol (one armed at a time)."""
-
-    __slots__ = ("handle", "started")
-
-    def __init__(self) -> None:
-        self.handle: asyncio.TimerHandle | None = None
-        self.started = False  # whether a byte of the current head arrived
-
-    def cancel(self) -> None:
-        if self.handle is not None:
-            self.handle.cancel()
-            self.handle = None
-        self.started = False
-
-
-def _expire(transport: asyncio.Transport, timer: _HeadTimer, timeout: float) -> None:
-    timer.handle = None
-    if transport.is_closing():
-        return
-    if timer.started:
-        logger.info("closing a connection whose request head took over %g s", timeout)
-        transport.write(_timeout_response(timeout))
-    transport.close()
-
-
-class _HeadTimeout:
-    """What both parsers' guarded protocols share: the timer, armed while a head is awaited.
-
-    Mixed in before a uvicorn protocol class, which provides ``loop`` and ``transport``.
+    Both parsers' protocols delegate to it the same three things: arming the
+    timer while a request head is awaited, stopping it when the head is
+    complete or the connection is lost, and answering an unparsable request.
+    Only where a head begins and ends differs between the parsers.
     """
 
-    head_timeout = 10.0
-    loop: asyncio.AbstractEventLoop
-    transport: asyncio.Transport
+    __slots__ = ("_handle", "_loop", "_started", "_timeout", "_transport")
 
-    def connection_made(self, transport: asyncio.Transport) -> None:
-        super().connection_made(transport)  # type: ignore[misc]
-        self._head = _HeadTimer()
-        self._arm()
+    def __init__(
+        self, loop: asyncio.AbstractEventLoop, transport: asyncio.Transport, timeout: float
+    ) -> None:
+        self._loop = loop
+        self._transport = transport
+        self._timeout = timeout
+        self._handle: asyncio.TimerHandle | None = None
+        self._started = False  # whether a byte of the current head arrived
 
-    def connection_lost(self, exc: Exception | None) -> None:
-        self._head.cancel()
-        super().connection_lost(exc)  # type: ignore[misc]
+    def arm(self) -> None:
+        """Start the clock, unless it already runs (one timer at a time)."""
+        if self._handle is None:
+            self._handle = self._loop.call_later(self._timeout, self._expire)
 
-    def send_400_response(self, msg: str) -> None:
-        self._head.cancel()
-        _refuse_unparsable(self.transport)
+    def head_begins(self) -> None:
+        """A byte of a request head arrived: a timeout now answers 408 before closing."""
+        self.arm()
+        self._started = True
 
-    def _arm(self) -> None:
-        if self._head.handle is None:
-            self._head.handle = self.loop.call_later(
-                self.head_timeout, _expire, self.transport, self._head, self.head_timeout
-            )
+    def stop(self) -> None:
+        """The head is complete, or the connection is gone: stop the clock."""
+        if self._handle is not None:
+            self._handle.cancel()
+            self._handle = None
+        self._started = False
+
+    def refuse_unparsable(self) -> None:
+        """Answer a request the parser cannot read with a 400 problem, and close."""
+        self.stop()
+        # uvicorn's own answer to a request it cannot parse is text/plain; ours is a problem.
+        if not self._transport.is_closing():
+            self._transport.write(_NOT_HTTP)
+            self._transport.close()
+
+    def _expire(self) -> None:
+        self._handle = None
+        if self._transport.is_closing():
+            return
+        if self._started:
+            logger.info("closing a connection whose request head took over %g s", self._timeout)
+            self._transport.write(_timeout_response(self._timeout))
+        self._transport.close()
 
 
-def _httptools_guard(base: type[Any]) -> type[asyncio.Protocol]:
-    class HeadTimeoutHttpToolsProtocol(_HeadTimeout, base):  # type: ignore[misc]
+def _httptools_guard(base: type[Any], timeout: float) -> type[asyncio.Protocol]:
+    class HeadTimeoutHttpToolsProtocol(base):  # type: ignore[misc]
+        def connection_made(self, transport: asyncio.Transport) -> None:
+            super().connection_made(transport)
+            self._head = _HeadGuard(self.loop, transport, timeout)
+            self._head.arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._head.stop()
+            super().connection_lost(exc)
+
+        def send_400_response(self, msg: str) -> None:
+            self._head.refuse_unparsable()
+
         def on_message_begin(self) -> None:
             super().on_message_begin()
-            self._arm()
-            self._head.started = True
+            self._head.head_begins()
 
         def on_headers_complete(self) -> None:
-            self._head.cancel()
+            self._head.stop()
             super().on_headers_complete()
 
     return HeadTimeoutHttpToolsProtocol
 
 
-def _h11_guard(base: type[Any]) -> type[asyncio.Protocol]:
+def _h11_guard(base: type[Any], timeout: float) -> type[asyncio.Protocol]:
     import h11
 
-    class HeadTimeoutH11Protocol(_HeadTimeout, base):  # type: ignore[misc]
+    class HeadTimeoutH11Protocol(base):  # type: ignore[misc]
+        def connection_made(self, transport: asyncio.Transport) -> None:
+            super().connection_made(transport)
+            self._head = _HeadGuard(self.loop, transport, timeout)
+            self._head.arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._head.stop()
+            super().connection_lost(exc)
+
+        def send_400_response(self, msg: str) -> None:
+            self._head.refuse_unparsable()
+
         def data_received(self, data: bytes) -> None:
             # h11 has no "message begins" event: a request's head is pending while the
             # peer's state is IDLE (between requests, before its Request event).
-            waiting = self.conn.their_state is h11.IDLE
-            if waiting:
-                self._arm()
-                self._head.started = True
+            if self.conn.their_state is h11.IDLE:
+                self._head.head_begins()
             super().data_received(data)
             if self.conn.their_state is not h11.IDLE:
-                self._head.cancel()
+                self._head.stop()
 
     return HeadTimeoutH11Protocol

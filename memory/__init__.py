@@ -9,10 +9,12 @@ What an app imports::
         print(memory.build_continuation_context("alice", "where were we?"))
 """
 
+from memory.apikeys import ApiKeyError, ApiKeyNotFoundError, InvalidApiKeyError
 from memory.context import ContextSection, ContinuationContext
 from memory.errors import (
     InvalidScopeInputError,
     InvalidScopeSnapshotError,
+    MemoryLayerError,
     PromptBudgetTooSmallError,
     ReadOnlyScopeError,
     ScopeError,
@@ -30,11 +32,14 @@ from memory.scope import (
 from memory.settings import Settings
 from summarizer import (
     ExtractiveSummarizer,
+    InvalidSummarizerConfigError,
     InvalidTranscriptError,
     LiteLLMSummarizer,
     Summarization,
     Summarizer,
     SummarizerError,
+    SummarizerRateLimitError,
+    SummarizerTimeoutError,
     SummarizerUnavailableError,
     SummaryGenerationError,
 )
@@ -46,8 +51,11 @@ from tiers.errors import (
     CompensationError,
     ConflictError,
     CorruptRecordError,
+    DataDirLockedError,
+    EffectNotFoundError,
     EffectOutcomeUnknownError,
     EmbedderError,
+    EncryptionKeyError,
     FactNotFoundError,
     InputMismatchError,
     InvalidInputError,
@@ -60,8 +68,11 @@ from tiers.errors import (
     RunStateError,
     SessionNotFoundError,
     StaleWriterError,
+    ThreadConflictError,
     TierError,
+    UndecryptableValueError,
     ValueTooLargeError,
+    VolatileStoreError,
 )
 from tiers.ids import run_id_for
 from tiers.index_check import IndexRepair, IndexReport
@@ -69,19 +80,23 @@ from tiers.models import (
     Checkpoint,
     FactCandidate,
     Message,
+    PendingApproval,
     RunInfo,
     RunStatus,
     SessionSummary,
     SummaryUsage,
+    ToolCall,
     UserFact,
 )
 from tiers.redaction import Redactor
 from tiers.retention import RetentionPolicy, SweepReport
-from tiers.session import RecalledSession
-from tiers.task import NOT_DONE, Approval, Charged, RunHandle
+from tiers.session import RecalledSession, SummaryJob
+from tiers.task import NOT_DONE, Approval, Charged, EffectRecord, Event, RunHandle
 
 __all__ = [
     "NOT_DONE",
+    "ApiKeyError",
+    "ApiKeyNotFoundError",
     "Approval",
     "ApprovalPendingError",
     "AsyncMemory",
@@ -95,23 +110,32 @@ __all__ = [
     "ContextSection",
     "ContinuationContext",
     "CorruptRecordError",
+    "DataDirLockedError",
+    "EffectNotFoundError",
     "EffectOutcomeUnknownError",
+    "EffectRecord",
     "EmbedderError",
+    "EncryptionKeyError",
+    "Event",
     "ExtractiveSummarizer",
     "FactCandidate",
     "FactNotFoundError",
     "IndexRepair",
     "IndexReport",
     "InputMismatchError",
+    "InvalidApiKeyError",
     "InvalidInputError",
     "InvalidScopeInputError",
     "InvalidScopeSnapshotError",
+    "InvalidSummarizerConfigError",
     "InvalidTranscriptError",
     "LeaseHeldError",
     "LiteLLMSummarizer",
     "Memory",
+    "MemoryLayerError",
     "Message",
     "NotFoundError",
+    "PendingApproval",
     "PlanMismatchError",
     "PromptBudgetTooSmallError",
     "PromptContext",
@@ -135,17 +159,24 @@ __all__ = [
     "Summarization",
     "Summarizer",
     "SummarizerError",
+    "SummarizerRateLimitError",
+    "SummarizerTimeoutError",
     "SummarizerUnavailableError",
     "SummaryGenerationError",
+    "SummaryJob",
     "SummaryUsage",
     "SweepReport",
     "SystemContext",
+    "ThreadConflictError",
     "TierError",
     "TokenBudgetExceededError",
+    "ToolCall",
     "Trace",
     "TraceEntry",
+    "UndecryptableValueError",
     "UserFact",
     "ValueTooLargeError",
+    "VolatileStoreError",
     "WorkingMemory",
     "run_id_for",
 ]

@@ -32,6 +32,7 @@ from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from memory.errors import MemoryLayerError
 from tiers import keys
 from tiers.backends.base import Check, KVStore, Put
 from tiers.codec import decode, encode
@@ -58,7 +59,7 @@ _KEY_ID = re.compile(r"[0-9a-f]{12}")
 _CAS_ATTEMPTS = 16
 
 
-class ApiKeyError(Exception):
+class ApiKeyError(MemoryLayerError):
     """Root of every API-key error."""
 
 

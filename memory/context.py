@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import functools
 import json
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 
 from pydantic import BaseModel, ConfigDict
 
@@ -137,13 +138,8 @@ def assemble_context(
     def cost(text: str) -> int:
         return _count(text, encoding)
 
+    ranked = _without_duplicates(ranked_sessions, most_recent)
     # Each summary is rendered once here (rendering is as costly as counting).
-    ranked: list[SessionSummary] = []
-    seen: set[str] = {most_recent.session_id} if most_recent else set()
-    for summary in ranked_sessions:
-        if summary.session_id not in seen:
-            seen.add(summary.session_id)
-            ranked.append(summary)
     rendered = {
         summary.session_id: summary.render()
         for summary in ([most_recent] if most_recent else []) + ranked
@@ -158,77 +154,147 @@ def assemble_context(
         if alone <= max_tokens:
             latest_cost = alone
 
-    fact_lines: list[str] = []
-    fact_keys: list[str] = []
-    omitted_facts: list[str] = []
     facts_budget = min(int(max_tokens * FACTS_SHARE), max_tokens - latest_cost - 2)
-    used = cost(FACTS_HEADER)
-    for fact in sorted(facts, key=lambda f: f.updated_at, reverse=True):
-        line = render_fact(fact)
-        line_cost = cost(line) + 1
-        if used + line_cost <= facts_budget:
-            fact_lines.append(line)
-            fact_keys.append(fact.key)
-            used += line_cost
-        else:
-            omitted_facts.append(fact.key)
-    facts_text = "\n".join([FACTS_HEADER, *fact_lines]) if fact_lines else ""
+    draft = _Draft(rendered=rendered, latest=most_recent if latest_cost else None)
+    _fit_facts(draft, facts, facts_budget, cost)
+    facts_text = draft.facts_text()
+    used = (cost(facts_text) + 2 if facts_text else 0) + (latest_cost or header_cost)
+    _fit_sessions(draft, ranked, used, max_tokens, cost)
 
-    latest: SessionSummary | None = most_recent if latest_cost else None
-    others: list[SessionSummary] = []
-    total = (cost(facts_text) + 2 if facts_text else 0) + (latest_cost or header_cost)
-    for summary in ranked:
-        summary_cost = cost(rendered[summary.session_id]) + 2
-        if total + summary_cost > max_tokens:
-            break  # this one and every less relevant one: never keep a less relevant one instead
-        others.append(summary)
-        total += summary_cost
+    text = draft.text()
+    while cost(text) > max_tokens and draft.drop_one():
+        text = draft.text()
 
-    def sessions_text() -> str:
-        return _sessions_text([*([latest] if latest else []), *others], rendered)
-
-    text = _join(facts_text, sessions_text())
-    while cost(text) > max_tokens and (others or fact_lines or latest):
-        if others:
-            others.pop()
-        elif fact_lines:
-            fact_lines.pop()
-            omitted_facts.append(fact_keys.pop())
-            facts_text = "\n".join([FACTS_HEADER, *fact_lines]) if fact_lines else ""
-        else:
-            latest = None
-        text = _join(facts_text, sessions_text())
-
-    chosen = [*([latest] if latest else []), *others]
-    kept = {s.session_id for s in chosen}
-    # Most recent first, then by relevance: the order in which they were considered.
-    omitted_sessions = [sid for sid in rendered if sid not in kept]
-    sections = []
-    if facts_text:
-        sections.append(
-            ContextSection(
-                name="user_facts", text=facts_text, tokens=cost(facts_text), items=fact_keys
-            )
-        )
-    if chosen:
-        final_sessions = sessions_text()
-        sections.append(
-            ContextSection(
-                name="sessions",
-                text=final_sessions,
-                tokens=cost(final_sessions),
-                items=[s.session_id for s in _chronological(chosen)],
-            )
-        )
+    kept = {s.session_id for s in draft.chosen()}
     return ContinuationContext(
         user_id=user_id,
         text=text,
         tokens=cost(text),
         max_tokens=max_tokens,
-        sections=sections,
-        omitted_session_ids=omitted_sessions,
-        omitted_fact_keys=omitted_facts,
+        sections=_sections(draft, cost),
+        # Most recent first, then by relevance: the order in which they were considered.
+        omitted_session_ids=[sid for sid in rendered if sid not in kept],
+        omitted_fact_keys=draft.omitted_facts,
     )
+
+
+@dataclass
+class _Draft:
+    """The pieces of a context chosen so far, trimmed one at a time until the exact count fits.
+
+    Attributes:
+        rendered: Session id -> rendered summary, for every session considered.
+        latest: The most recent session, while it is kept.
+        others: The other kept sessions, most relevant first.
+        fact_lines: Kept fact lines, most recently updated first.
+        fact_keys: Their keys, in the same order.
+        omitted_facts: Keys of the facts left out, in the order they were left out.
+    """
+
+    rendered: dict[str, str]
+    latest: SessionSummary | None
+    others: list[SessionSummary] = field(default_factory=list)
+    fact_lines: list[str] = field(default_factory=list)
+    fact_keys: list[str] = field(default_factory=list)
+    omitted_facts: list[str] = field(default_factory=list)
+
+    def chosen(self) -> list[SessionSummary]:
+        return [*([self.latest] if self.latest else []), *self.others]
+
+    def facts_text(self) -> str:
+        return "\n".join([FACTS_HEADER, *self.fact_lines]) if self.fact_lines else ""
+
+    def sessions_text(self) -> str:
+        return _sessions_text(self.chosen(), self.rendered)
+
+    def text(self) -> str:
+        return _join(self.facts_text(), self.sessions_text())
+
+    def drop_one(self) -> bool:
+        """Leave out the least relevant session, else the oldest fact, else the latest session.
+
+        Returns:
+            False when nothing was left to leave out.
+        """
+        if self.others:
+            self.others.pop()
+        elif self.fact_lines:
+            self.fact_lines.pop()
+            self.omitted_facts.append(self.fact_keys.pop())
+        elif self.latest:
+            self.latest = None
+        else:
+            return False
+        return True
+
+
+def _without_duplicates(
+    ranked_sessions: Sequence[SessionSummary], most_recent: SessionSummary | None
+) -> list[SessionSummary]:
+    """``ranked_sessions`` in order, each once, without the most recent session."""
+    ranked: list[SessionSummary] = []
+    seen: set[str] = {most_recent.session_id} if most_recent else set()
+    for summary in ranked_sessions:
+        if summary.session_id not in seen:
+            seen.add(summary.session_id)
+            ranked.append(summary)
+    return ranked
+
+
+def _fit_facts(
+    draft: _Draft, facts: Sequence[UserFact], budget: int, cost: Callable[[str], int]
+) -> None:
+    """Keep the most recently updated facts whose lines fit ``budget`` (header included)."""
+    used = cost(FACTS_HEADER)
+    for fact in sorted(facts, key=lambda f: f.updated_at, reverse=True):
+        line = render_fact(fact)
+        line_cost = cost(line) + 1
+        if used + line_cost <= budget:
+            draft.fact_lines.append(line)
+            draft.fact_keys.append(fact.key)
+            used += line_cost
+        else:
+            draft.omitted_facts.append(fact.key)
+
+
+def _fit_sessions(
+    draft: _Draft,
+    ranked: Sequence[SessionSummary],
+    used: int,
+    max_tokens: int,
+    cost: Callable[[str], int],
+) -> None:
+    """Keep the most relevant sessions while they fit after ``used`` tokens."""
+    total = used
+    for summary in ranked:
+        summary_cost = cost(draft.rendered[summary.session_id]) + 2
+        if total + summary_cost > max_tokens:
+            break  # this one and every less relevant one: never keep a less relevant one instead
+        draft.others.append(summary)
+        total += summary_cost
+
+
+def _sections(draft: _Draft, cost: Callable[[str], int]) -> list[ContextSection]:
+    sections = []
+    facts_text = draft.facts_text()
+    if facts_text:
+        sections.append(
+            ContextSection(
+                name="user_facts", text=facts_text, tokens=cost(facts_text), items=draft.fact_keys
+            )
+        )
+    chosen = draft.chosen()
+    if chosen:
+        sessions_text = draft.sessions_text()
+        sections.append(
+            ContextSection(
+                name="sessions",
+                text=sessions_text,
+                tokens=cost(sessions_text),
+                items=[s.session_id for s in _chronological(chosen)],
+            )
+        )
+    return sections
 
 
 def _chronological(summaries: Sequence[SessionSummary]) -> list[SessionSummary]:

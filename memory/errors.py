@@ -1,22 +1,34 @@
-"""Errors raised by the scope manager (:mod:`memory.scope`).
+"""Errors raised by ``memory`` itself (the errors of the layers below are ``TierError`` and
+``SummarizerError``, re-exported by :mod:`memory`).
 
-Every scope error derives from :class:`ScopeError`. A scope operation that
-raises leaves the scopes exactly as they were.
+Every error ``memory`` defines derives from :class:`MemoryLayerError`. A scope
+operation that raises leaves the scopes exactly as they were.
 
 Hierarchy::
 
-    ScopeError                           root of every scope-manager error
-    ├── InvalidScopeInputError           a bad argument (key, kind, phase, value, budget)
-    ├── ReadOnlyScopeError               an attempt to change the read-only system context
-    ├── TokenBudgetExceededError         content does not fit a token budget; nothing changed
-    │   └── PromptBudgetTooSmallError    max_tokens cannot hold even the system context
-    └── InvalidScopeSnapshotError        a snapshot failed validation; nothing was restored
+    MemoryLayerError                     root of every error ``memory`` defines
+    ├── ScopeError                       the scope manager (:mod:`memory.scope`)
+    │   ├── InvalidScopeInputError       a bad argument (key, kind, phase, value, budget)
+    │   ├── ReadOnlyScopeError           an attempt to change the read-only system context
+    │   ├── TokenBudgetExceededError     content does not fit a token budget; nothing changed
+    │   │   └── PromptBudgetTooSmallError    max_tokens cannot hold even the system context
+    │   └── InvalidScopeSnapshotError    a snapshot failed validation; nothing was restored
+    └── ApiKeyError                      API keys of the service (:mod:`memory.apikeys`)
+        ├── InvalidApiKeyError           the key is malformed, unknown or revoked
+        └── ApiKeyNotFoundError          no key has that key id
 """
 
 from __future__ import annotations
 
 
-class ScopeError(Exception):
+class MemoryLayerError(Exception):
+    """Root of every error defined by ``memory`` (scope manager, API keys).
+
+    Named for the layer, not ``MemoryError``: that would shadow the builtin.
+    """
+
+
+class ScopeError(MemoryLayerError):
     """Root of every error raised by the scope manager."""
 
 

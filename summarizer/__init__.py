@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from summarizer.base import Summarization, Summarizer, parse_transcript
 from summarizer.errors import (
+    InvalidSummarizerConfigError,
     InvalidTranscriptError,
     SummarizerError,
     SummarizerRateLimitError,
@@ -25,6 +26,7 @@ from tiers.models import SummaryUsage
 
 __all__ = [
     "ExtractiveSummarizer",
+    "InvalidSummarizerConfigError",
     "InvalidTranscriptError",
     "LiteLLMSummarizer",
     "Summarization",

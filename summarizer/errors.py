@@ -3,6 +3,7 @@
 Hierarchy::
 
     SummarizerError                  root of every summarizer error
+    ├── InvalidSummarizerConfigError a constructor argument is refused (also a ValueError)
     ├── InvalidTranscriptError       the transcript is malformed; nothing was summarized
     └── SummaryGenerationError       the model failed or never produced a valid summary
         │   (``raw_output`` keeps the last thing the model said, for debugging)
@@ -20,6 +21,14 @@ UnavailableReason = Literal["timeout", "rate_limit", "connection", "server_error
 
 class SummarizerError(Exception):
     """Root of every error raised by ``summarizer``."""
+
+
+class InvalidSummarizerConfigError(SummarizerError, ValueError):
+    """A summarizer was built with an argument it refuses (e.g. ``timeout=0``).
+
+    Also a :class:`ValueError`, which is what the constructors raised before
+    this class existed, so older ``except ValueError`` clauses keep working.
+    """
 
 
 class InvalidTranscriptError(SummarizerError):

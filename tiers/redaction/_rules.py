@@ -1,0 +1,266 @@
+"""The rule table: one rule per kind of secret or personal data, tried in order."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from typing import Final
+
+from tiers.redaction._base import Classify, _group, _Rule
+from tiers.redaction._values import (
+    _LABEL_AT,
+    _LABEL_FIND,
+    _LABEL_FIND_I,
+    _card,
+    _digit_count,
+    _has_letter_and_digit,
+    _labelled,
+    _machine_made,
+    _nanp,
+    _plain_value,
+    _ssn,
+    _standalone,
+)
+
+_WORDISH = r"[A-Za-z0-9_\-]"
+
+
+def _after_boundary(literal: str) -> str:
+    """``literal`` not glued to a token before it (the literal comes first, for a fast scan)."""
+    return f"{re.escape(literal)}(?<!{_WORDISH}{re.escape(literal)})"
+
+
+def _rule(
+    name: str,
+    pattern: str,
+    classify: Classify,
+    triggers: tuple[str, ...] = (),
+    finder: str | None = None,
+    words: tuple[str, ...] = (),
+    digits: bool = False,
+) -> _Rule:
+    return _Rule(
+        name,
+        re.compile(pattern),
+        classify,
+        triggers,
+        None if finder is None else re.compile(finder),
+        None if finder is None else re.compile(finder, re.IGNORECASE),
+        words,
+        digits,
+    )
+
+
+def _secret_rules() -> list[_Rule]:
+    api_key = _group("api_key", check=_has_letter_and_digit)
+    return [
+        _rule(
+            "private_key",
+            r"-----BEGIN[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"
+            r"(?:[\s\S]{0,65536}?-----END[A-Z0-9 ]{0,40}PRIVATE KEY(?: BLOCK)?-----"
+            r"|[A-Za-z0-9+/=\s\\:,.\-]*)",
+            _group("private_key"),
+            ("PRIVATE KEY",),
+        ),
+        _rule(
+            "anthropic", _after_boundary("sk-ant-") + r"[A-Za-z0-9_\-]{20,}", api_key, ("sk-ant-",)
+        ),
+        _rule(
+            "openai",
+            _after_boundary("sk-") + r"(?:proj-|svcacct-|admin-|None-)?[A-Za-z0-9_\-]{20,}",
+            api_key,
+            ("sk-",),
+        ),
+        _rule(
+            "stripe",
+            r"(?:[sr]k_(?:live|test)_[A-Za-z0-9]{16,}|whsec_[A-Za-z0-9]{24,})",
+            _group("api_key", check=_has_letter_and_digit),
+            ("k_live_", "k_test_", "whsec_"),
+        ),
+        _rule(
+            "aws_access_key_id",
+            r"A(?:KIA|SIA|BIA|CCA|GPA|IDA|ROA|IPA|NPA|NVA|PKA)(?<![A-Z0-9]A...)[A-Z0-9]{16}(?![A-Z0-9])",
+            _group("api_key"),
+            (
+                "AKIA",
+                "ASIA",
+                "ABIA",
+                "ACCA",
+                "AGPA",
+                "AIDA",
+                "AROA",
+                "AIPA",
+                "ANPA",
+                "ANVA",
+                "APKA",
+            ),
+        ),
+        _rule(
+            "github",
+            r"(?:gh[pousr]_[A-Za-z0-9]{36,255}|github_pat_[A-Za-z0-9_]{22,255})",
+            api_key,
+            ("ghp_", "gho_", "ghu_", "ghs_", "ghr_", "github_pat_"),
+        ),
+        _rule(
+            "gitlab",
+            r"gl(?:pat|dt|rt|cbt|ptt)-[A-Za-z0-9_\-]{20,}",
+            _group("api_key"),
+            ("glpat-", "gldt-", "glrt-", "glcbt-", "glptt-"),
+        ),
+        _rule(
+            "slack",
+            r"(?:xox[abposre]-[A-Za-z0-9\-]{10,}|xapp-\d-[A-Za-z0-9\-]{20,})",
+            api_key,
+            ("xox", "xapp-"),
+        ),
+        _rule(
+            "webhook_url",
+            r"https://(?:hooks\.slack\.com/(?:services|workflows|triggers)/"
+            r"|discord(?:app)?\.com/api/webhooks/\d+/)(?P<v>[A-Za-z0-9/_\-]{20,})",
+            _group("secret", "v"),
+            ("hooks.slack.com", "/api/webhooks/"),
+        ),
+        _rule(
+            "google_api_key",
+            _after_boundary("AIza") + r"[0-9A-Za-z_\-]{35}(?![A-Za-z0-9_\-])",
+            _group("api_key"),
+            ("AIza",),
+        ),
+        _rule(
+            "google_oauth",
+            r"(?:ya29\.[0-9A-Za-z_\-]{20,}|GOCSPX-[0-9A-Za-z_\-]{20,})",
+            _group("token"),
+            ("ya29.", "GOCSPX-"),
+        ),
+        _rule(
+            "tiermem",
+            _after_boundary("tmk_") + r"[0-9a-f]{12}_[A-Za-z0-9_\-]{43}",
+            _group("api_key"),
+            ("tmk_",),
+        ),
+        _rule("huggingface", _after_boundary("hf_") + r"[A-Za-z0-9]{30,}", api_key, ("hf_",)),
+        _rule("npm", _after_boundary("npm_") + r"[A-Za-z0-9]{36,}", api_key, ("npm_",)),
+        _rule(
+            "sendgrid",
+            _after_boundary("SG.") + r"[A-Za-z0-9_\-]{16,32}\.[A-Za-z0-9_\-]{16,64}",
+            _group("api_key"),
+            ("SG.",),
+        ),
+        _rule(
+            "jwt",
+            _after_boundary("eyJ")
+            + r"[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",
+            _group("token"),
+            ("eyJ",),
+        ),
+        _rule(
+            "authorization_header",
+            r"(?i:(?:proxy-)?authorization)\\?[\"']?\s*[:=]\s*\\?[\"']?"
+            r"(?:(?i:bearer|basic|token|digest|apikey)\s+)?(?P<v>[A-Za-z0-9._~+/=\-]{8,})",
+            _group("token", "v", lambda v: _plain_value(v) and _machine_made(v, 8)),
+            finder="authorization",
+            words=("authorization",),
+        ),
+        _rule(
+            "bearer",
+            r"(?i:bearer)\s+(?P<v>[A-Za-z0-9._~+/\-]{16,}=*)",
+            _group("token", "v", _has_letter_and_digit),
+            finder="bearer",
+            words=("bearer",),
+        ),
+        _rule(
+            "url_credentials",
+            r"://[^\s:/@'\"<>]{1,128}:(?P<v>[^\s/@'\"<>]{1,256})@(?=[\w\[])",
+            _group("password", "v", _plain_value),
+            ("://",),
+        ),
+        _Rule(
+            "labelled",
+            _LABEL_AT,
+            _labelled,
+            (),
+            _LABEL_FIND,
+            _LABEL_FIND_I,
+            ("pass", "pwd", "key", "secret", "token", "pin", "cv", "csc", "security"),
+        ),
+        _rule(
+            "card_number",
+            r"\d(?<![\w.+\-/]\d)(?:[ \-]?\d){12,18}(?![\w\-]|\.\d)",
+            _group("card_number", check=_card),
+            digits=True,
+        ),
+    ]
+
+
+def _pii_rules() -> list[_Rule]:
+    def phone(check: Callable[[str], bool]) -> Classify:
+        standalone = _standalone(check)
+        return lambda m: ("phone", m.start(), m.end()) if standalone(m) else None
+
+    return [
+        _rule(
+            "email",
+            r"[A-Za-z0-9][A-Za-z0-9._%+\-]{0,63}@"
+            r"(?:[A-Za-z0-9](?:[A-Za-z0-9\-]{0,61}[A-Za-z0-9])?\.)+[A-Za-z]{2,24}(?![\w\-])",
+            _email,
+            ("@",),
+        ),
+        _rule(
+            "phone_labelled",
+            r"(?i:phone|telephone|tel|mobile|cell|whatsapp|sms|fax|call\s+me|text\s+me|reach\s+me)"
+            r"(?:\s*(?i:number|no\.?|#))?\s*(?:(?i:is|at|on)\s+|:\s*)?"
+            r"(?P<v>\+?\(?\d[\d ().\-]{5,18}\d)(?![\w\-])",
+            _word_start(_group("phone", "v", _digit_count(7, 15))),
+            finder="phone|tel|mobile|cell|whatsapp|sms|fax|call me|text me|reach me",
+            words=("phone", "tel", "mobile", "cell", "whatsapp", "sms", "fax", "me"),
+            digits=True,
+        ),
+        _rule(
+            "phone_international",
+            r"\+[1-9]\d{0,2}(?:[ .\-]?\(?\d{1,4}\)?){2,5}(?![\w\-])",
+            phone(_digit_count(8, 15)),
+            ("+",),
+            digits=True,
+        ),
+        _rule("phone_nanp", r"\d{3}[\-. ]\d{3}[\-. ]\d{4}", phone(_nanp), digits=True),
+        _rule(
+            "phone_nanp_paren", r"\(\d{3}\) ?\d{3}[\-. ]\d{4}", phone(_nanp), ("(",), digits=True
+        ),
+        _rule(
+            "phone_national",
+            r"0\d{2,4}[ \-]\d{3,4}[ \-]?\d{3,4}",
+            phone(_digit_count(10, 11)),
+            digits=True,
+        ),
+        _rule(
+            "ssn",
+            r"\d{3}-\d{2}-\d{4}",
+            lambda m: ("ssn", m.start(), m.end()) if _standalone(_ssn)(m) else None,
+            ("-",),
+            digits=True,
+        ),
+    ]
+
+
+def _word_start(classify: Classify) -> Classify:
+    """``classify``, for a match that starts a word ("Tel: ...", not "Hotel (2011-2013)")."""
+
+    def at_word_start(m: re.Match[str]) -> tuple[str, int, int] | None:
+        if m.start() and m.string[m.start() - 1].isalpha():
+            return None
+        return classify(m)
+
+    return at_word_start
+
+
+def _email(m: re.Match[str]) -> tuple[str, int, int] | None:
+    start = m.start()
+    if start and (m.string[start - 1].isalnum() or m.string[start - 1] in "._%+-:"):
+        return None
+    return "email", start, m.end()
+
+
+# Seven digits, with single separators between them: the least a card or phone number has.
+_DIGIT_RUN = re.compile(r"\d(?:[ \-().]?\d){6}")
+_SECRET_RULES: Final = _secret_rules()
+_PII_RULES: Final = _pii_rules()

@@ -23,6 +23,8 @@ from collections import deque
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from api.errors import ApiError
+
 T = TypeVar("T")
 
 _Outcome = tuple["asyncio.Future[Any]", bool, Any]
@@ -36,7 +38,7 @@ _Call = tuple[
 _BATCH = 32
 
 
-class OffloaderClosedError(RuntimeError):
+class OffloaderClosedError(ApiError):
     """A call was queued after :meth:`Offloader.close`."""
 
 

@@ -21,6 +21,13 @@ from memory.errors import (
     TokenBudgetExceededError,
 )
 from memory.facade import AsyncMemory, Memory
+from memory.problems import (
+    AuthenticationError,
+    ClientError,
+    PermissionDeniedError,
+    ServiceError,
+    ServiceOverloadedError,
+)
 from memory.scope import (
     PromptContext,
     ScopeManager,
@@ -100,11 +107,13 @@ __all__ = [
     "Approval",
     "ApprovalPendingError",
     "AsyncMemory",
+    "AuthenticationError",
     "BackendUnavailableError",
     "BudgetExceededError",
     "Charged",
     "Checkpoint",
     "CheckpointNotFoundError",
+    "ClientError",
     "CompensationError",
     "ConflictError",
     "ContextSection",
@@ -136,6 +145,7 @@ __all__ = [
     "Message",
     "NotFoundError",
     "PendingApproval",
+    "PermissionDeniedError",
     "PlanMismatchError",
     "PromptBudgetTooSmallError",
     "PromptContext",
@@ -152,6 +162,8 @@ __all__ = [
     "RunStatus",
     "ScopeError",
     "ScopeManager",
+    "ServiceError",
+    "ServiceOverloadedError",
     "SessionNotFoundError",
     "SessionSummary",
     "Settings",

@@ -13,16 +13,21 @@ Hierarchy::
     │   ├── TokenBudgetExceededError     content does not fit a token budget; nothing changed
     │   │   └── PromptBudgetTooSmallError    max_tokens cannot hold even the system context
     │   └── InvalidScopeSnapshotError    a snapshot failed validation; nothing was restored
-    └── ApiKeyError                      API keys of the service (:mod:`memory.apikeys`)
-        ├── InvalidApiKeyError           the key is malformed, unknown or revoked
-        └── ApiKeyNotFoundError          no key has that key id
+    ├── ApiKeyError                      API keys of the service (:mod:`memory.apikeys`)
+    │   ├── InvalidApiKeyError           the key is malformed, unknown or revoked
+    │   └── ApiKeyNotFoundError          no key has that key id
+    └── ClientError                      answers of the HTTP service (:mod:`memory.client`)
+        ├── AuthenticationError          401: the API key is missing or refused
+        ├── PermissionDeniedError        403: the key may not do this
+        ├── ServiceOverloadedError       429: too much queued work; retry_after says when
+        └── ServiceError                 any other failure answer (e.g. 500)
 """
 
 from __future__ import annotations
 
 
 class MemoryLayerError(Exception):
-    """Root of every error defined by ``memory`` (scope manager, API keys).
+    """Root of every error defined by ``memory`` (scope manager, API keys, HTTP client).
 
     Named for the layer, not ``MemoryError``: that would shadow the builtin.
     """

@@ -29,6 +29,7 @@ from memory.apikeys import ApiKeyError, ApiKeyNotFoundError, InvalidApiKeyError
 from memory.errors import (
     InvalidScopeInputError,
     InvalidScopeSnapshotError,
+    MemoryLayerError,
     PromptBudgetTooSmallError,
     ReadOnlyScopeError,
     ScopeError,
@@ -75,7 +76,7 @@ Rebuild = Callable[[str, Mapping[str, Any]], Exception]
 """How the client rebuilds an error from a problem's ``detail`` and members."""
 
 
-class ClientError(Exception):
+class ClientError(MemoryLayerError):
     """Root of the errors only the HTTP client raises.
 
     Attributes:

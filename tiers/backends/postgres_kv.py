@@ -35,6 +35,7 @@ opts in.
 from __future__ import annotations
 
 import hashlib
+import select
 import threading
 import time
 from collections.abc import Iterator, Sequence
@@ -127,7 +128,10 @@ class _Connections:
                 if not self._idle:
                     break
                 conn, since = self._idle.pop()
-            if time.monotonic() - since < _CHECK_IDLE_AFTER_S:
+            # An idle connection has nothing to read; a readable one was most likely
+            # ended by the server (restart, pg_terminate_backend): check it first.
+            readable, _, _ = select.select([conn.fileno()], [], [], 0)
+            if not readable and time.monotonic() - since < _CHECK_IDLE_AFTER_S:
                 return conn
             try:
                 conn.execute("SELECT 1")

@@ -164,15 +164,18 @@ class PostgresServer:
         if initdb is None or postgres is None:
             pytest.fail("PostgreSQL is not installed: run the README's test command")
         self.root = Path(tempfile.mkdtemp(prefix="tiermem-pg-"))
-        as_user: dict[str, object] = {}
-        if os.geteuid() == 0:
-            as_user = {"user": "postgres", "group": "postgres", "extra_groups": []}
-            shutil.chown(self.root, "postgres", "postgres")
+        # As root, the server runs as the ``postgres`` user (which Debian's package creates).
+        run_as = "postgres" if os.geteuid() == 0 else None
         self.data = self.root / "data"
         pwfile = self.root / "pw"
         pwfile.write_text(self.password)
-        if as_user:
-            shutil.chown(pwfile, "postgres", "postgres")
+        if run_as is not None:
+            try:
+                shutil.chown(self.root, run_as, run_as)
+                shutil.chown(pwfile, run_as, run_as)
+            except LookupError:
+                shutil.rmtree(self.root)
+                pytest.fail("as root, the PostgreSQL tests need a 'postgres' user to run it as")
         # --no-sync: initdb's own files need not reach the disk (a test cluster);
         # the server's commits are fsync'd as configured below.
         subprocess.run(
@@ -193,7 +196,9 @@ class PostgresServer:
             cwd=self.root,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.PIPE,
-            **as_user,  # type: ignore[arg-type]
+            user=run_as,
+            group=run_as,
+            extra_groups=[] if run_as else None,
         )
         self.port = free_port()
         self.url = f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/postgres"
@@ -219,7 +224,9 @@ class PostgresServer:
             cwd=self.root,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            **as_user,  # type: ignore[arg-type]
+            user=run_as,
+            group=run_as,
+            extra_groups=[] if run_as else None,
         )
         deadline = time.monotonic() + 30
         while True:

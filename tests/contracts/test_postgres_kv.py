@@ -12,8 +12,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
+from typer.testing import CliRunner
 
 from memory import Memory
+from memory.cli import app as cli
 from tests.conftest import PostgresServer, free_port
 from tiers.backends import open_kv_store, redact_url, require_durable
 from tiers.backends import postgres_kv as postgres_module
@@ -156,6 +158,20 @@ def test_redact_url_hides_postgres_passwords() -> None:
     assert (
         redact_url("postgresql://db/app?sslmode=require") == "postgresql://db/app?sslmode=require"
     )
+
+
+def test_tiermem_info_names_the_backend_without_the_password(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    monkeypatch.setenv("TIERMEM_DATA_DIR", str(tmp_path))
+    monkeypatch.setenv("TIERMEM_KV_URL", "postgresql://app:pg-pw@db.internal:5432/memory")
+    result = CliRunner().invoke(cli, ["info"])
+    assert result.exit_code == 0, result.output
+    assert "pg-pw" not in result.output
+    assert "kv_backend = PostgreSQL at postgresql://***@db.internal:5432/memory" in result.output
+    monkeypatch.delenv("TIERMEM_KV_URL")
+    result = CliRunner().invoke(cli, ["info"])
+    assert f"kv_backend = SQLite at {tmp_path / 'tiermem.sqlite3'}" in result.output
 
 
 def test_an_invalid_url_is_invalid_input_without_the_password() -> None:

@@ -92,6 +92,34 @@ def redact_url(url: str) -> str:
     return urlunsplit(parts) if parts.geturl() != url else url
 
 
+# URL scheme -> the KV backend it opens (see open_kv_backend); a bare path is SQLite.
+_KV_BACKENDS = {
+    "": "SQLite",
+    "sqlite": "SQLite",
+    "redis": "Redis",
+    "rediss": "Redis",
+    "unix": "Redis",
+    "postgresql": "PostgreSQL",
+    "postgres": "PostgreSQL",
+}
+
+
+def kv_backend_name(url: str) -> str:
+    """The KV backend a URL names (``SQLite``, ``Redis``, ``PostgreSQL``), without opening it.
+
+    Raises:
+        InvalidInputError: The URL's scheme is not supported.
+    """
+    scheme = urlsplit(url).scheme
+    if scheme not in _KV_BACKENDS:
+        raise InvalidInputError(
+            f"unsupported KV store URL scheme {scheme!r}: use sqlite:///path, "
+            "redis://host:port/db or postgresql://user:password@host:port/db",
+            field="kv_url",
+        )
+    return _KV_BACKENDS[scheme]
+
+
 def open_kv_store(
     url: str,
     *,
@@ -168,29 +196,19 @@ def open_kv_backend(
         InvalidInputError: The URL's scheme is not supported.
         MissingExtraError: A ``postgresql://`` URL without ``tiermem[postgres]`` installed.
     """
-    scheme = urlsplit(url).scheme
-    if scheme in ("redis", "rediss", "unix"):
+    backend = kv_backend_name(url)
+    if backend == "Redis":
         from tiers.backends.redis_kv import RedisKVStore
 
         return RedisKVStore(url, max_value_bytes=max_value_bytes)
-    if scheme in ("postgresql", "postgres"):
+    if backend == "PostgreSQL":
         from tiers.backends.postgres_kv import PostgresKVStore
 
         return PostgresKVStore(url, max_value_bytes=max_value_bytes)
-    if scheme == "sqlite":
-        path = url.removeprefix("sqlite:///")
-    elif scheme == "":
-        path = url
-    else:
-        raise InvalidInputError(
-            f"unsupported KV store URL scheme {scheme!r}: use sqlite:///path, "
-            "redis://host:port/db or postgresql://user:password@host:port/db",
-            field="kv_url",
-        )
     from tiers.backends.sqlite_kv import SqliteKVStore
 
     return SqliteKVStore(
-        Path(path),
+        Path(url.removeprefix("sqlite:///")),
         max_value_bytes=max_value_bytes,
         durable=durable,
         flush_interval=flush_interval,

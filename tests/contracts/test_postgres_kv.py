@@ -5,6 +5,9 @@ through the ``kv`` and ``backend`` fixtures (tests/contracts/test_kv_contract.py
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
@@ -172,6 +175,30 @@ def test_tiermem_info_names_the_backend_without_the_password(
     monkeypatch.delenv("TIERMEM_KV_URL")
     result = CliRunner().invoke(cli, ["info"])
     assert f"kv_backend = SQLite at {tmp_path / 'tiermem.sqlite3'}" in result.output
+
+
+def test_without_psycopg_a_postgres_url_names_the_extra_to_install() -> None:
+    child = subprocess.run(
+        [sys.executable, "-c", _WITHOUT_PSYCOPG],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])},
+    )
+    assert child.returncode == 0, child.stderr
+    assert "pip install 'tiermem[postgres]'" in child.stdout
+
+
+_WITHOUT_PSYCOPG = """
+import sys
+sys.modules["psycopg"] = None  # as if not installed
+from memory.integrations import MissingExtraError
+from tiers.backends import open_kv_store
+try:
+    open_kv_store("postgresql://u@127.0.0.1:1/db")
+except MissingExtraError as exc:
+    print(exc)
+"""
 
 
 def test_an_invalid_url_is_invalid_input_without_the_password() -> None:

@@ -58,7 +58,7 @@ try:
     from psycopg import sql
     from psycopg.conninfo import conninfo_to_dict
     from psycopg.rows import TupleRow
-except ModuleNotFoundError as exc:  # pragma: no cover - exercised only without the extra
+except ModuleNotFoundError as exc:
     raise MissingExtraError(
         "'psycopg' is not installed: the PostgreSQL KV store needs the 'postgres' extra, "
         "install it with: pip install 'tiermem[postgres]'"

@@ -200,6 +200,7 @@ class PostgresServer:
             group=run_as,
             extra_groups=[] if run_as else None,
         )
+        self._databases: set[str] = set()
         self.port = free_port()
         self.url = f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/postgres"
         self.process = subprocess.Popen(
@@ -239,12 +240,20 @@ class PostgresServer:
                     pytest.fail("postgres did not start")
                 time.sleep(0.05)
 
+    def admin(self, database: str = "postgres") -> psycopg.Connection[tuple[object, ...]]:
+        """A superuser connection over the server's Unix socket (no password round trips)."""
+        return psycopg.connect(
+            host=str(self.root), port=self.port, user=self.user, dbname=database, autocommit=True
+        )
+
     def database_url(self, name: str) -> str:
         """The URL of database ``name``, created empty if it does not exist."""
-        with psycopg.connect(self.url, autocommit=True) as conn:
-            exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
-            if exists.fetchone() is None:
-                conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+        if name not in self._databases:
+            with self.admin() as conn:
+                exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+                if exists.fetchone() is None:
+                    conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            self._databases.add(name)
         return self.url.rsplit("/", 1)[0] + f"/{name}"
 
     def stop(self) -> None:
@@ -270,9 +279,13 @@ def postgres_server() -> Iterator[PostgresServer]:
 def postgres_url(postgres_server: PostgresServer) -> str:
     """URL of the shared test database, its KV table emptied before each test."""
     url = postgres_server.database_url("tiermem_test")
-    with psycopg.connect(url, autocommit=True) as conn:
-        if conn.execute("SELECT to_regclass('tiermem_kv')").fetchone() != (None,):
-            conn.execute("TRUNCATE tiermem_kv")
+    with postgres_server.admin("tiermem_test") as conn:
+        # The clean-up need not wait for its own fsync; the stores' commits still do.
+        conn.execute("SET synchronous_commit = off")
+        conn.execute(
+            "DO $$ BEGIN IF to_regclass('tiermem_kv') IS NOT NULL THEN DELETE FROM tiermem_kv; "
+            "END IF; END $$"
+        )
     return url
 
 

@@ -368,7 +368,9 @@ class PostgresKVStore:
         spaces = {item.space.encode() for item in (*checks, *writes)}
         # One order for every commit, so two commits never wait for each other in a cycle.
         lock_ids = sorted({_lock_id(self._space_scope, space) for space in spaces})
-        with self._connection("commit") as conn, conn.transaction():
+        # Pipelined: BEGIN, the locks and the check go in one round trip, the writes and
+        # COMMIT in a second, so a checked commit holds its space locks briefly.
+        with self._connection("commit") as conn, conn.pipeline(), conn.transaction():
             for lock_id in lock_ids:
                 conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_id,))
             if checks:

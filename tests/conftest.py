@@ -203,9 +203,15 @@ class PostgresServer:
         self._databases: set[str] = set()
         self.port = free_port()
         self.url = f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/postgres"
+        self._postgres, self._run_as, self._settings = postgres, run_as, tuple(settings)
+        self.start()
+
+    def start(self) -> None:
+        """Start the server on its cluster and port; wait until it takes connections."""
+        # Its own process group, so kill() can take down the postmaster and every backend.
         self.process = subprocess.Popen(
             [
-                postgres,
+                self._postgres,
                 "-D",
                 str(self.data),
                 "-p",
@@ -220,14 +226,15 @@ class PostgresServer:
                 "synchronous_commit=on",
                 "-c",
                 "max_connections=200",
-                *(arg for option in settings for arg in ("-c", option)),
+                *(arg for option in self._settings for arg in ("-c", option)),
             ],
             cwd=self.root,
             stdout=subprocess.DEVNULL,
             stderr=subprocess.DEVNULL,
-            user=run_as,
-            group=run_as,
-            extra_groups=[] if run_as else None,
+            user=self._run_as,
+            group=self._run_as,
+            extra_groups=[] if self._run_as else None,
+            start_new_session=True,
         )
         deadline = time.monotonic() + 30
         while True:
@@ -239,6 +246,11 @@ class PostgresServer:
                     self.stop()
                     pytest.fail("postgres did not start")
                 time.sleep(0.05)
+
+    def kill(self) -> None:
+        """Crash the server: SIGKILL to the postmaster and every backend at once."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
 
     def admin(self, database: str = "postgres") -> psycopg.Connection[tuple[object, ...]]:
         """A superuser connection over the server's Unix socket (no password round trips)."""

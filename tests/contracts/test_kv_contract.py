@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.conftest import RedisServer, free_port
+from tests.conftest import PostgresServer, RedisServer, free_port
 from tiers.backends import sqlite_kv
 from tiers.backends.base import Check, Delete, DeleteSpace, KVStore, Put, Write
 from tiers.backends.postgres_kv import PostgresKVStore
@@ -832,6 +832,22 @@ def test_acknowledged_commits_survive_a_killed_redis_server(tmp_path: Path) -> N
     finally:
         store.close()
         restarted.stop()
+
+
+@pytest.mark.slow
+def test_acknowledged_commits_survive_a_killed_postgres_server() -> None:
+    server = PostgresServer()
+    try:
+        url = server.database_url("crash")
+        acked = _run_until_killed(["postgres", url], 150, server.kill)
+        server.start()  # crash recovery replays the WAL
+        store = PostgresKVStore(url)
+        try:
+            _assert_crash_consistent(store, acked)
+        finally:
+            store.close()
+    finally:
+        server.stop()
 
 
 def test_ping_answers_on_a_live_store(kv: KVStore) -> None:

@@ -86,8 +86,12 @@ _CONNECT_TIMEOUT_S = 10
 
 
 def _lock_id(scope: str, name: bytes) -> int:
-    """A signed 64-bit advisory-lock id for ``name`` (a collision only makes two commits wait)."""
-    digest = hashlib.blake2b(name, digest_size=8, person=scope.encode()[:16]).digest()
+    """A signed 64-bit advisory-lock id for ``name`` in ``scope``.
+
+    Advisory locks are database-wide; a collision (with another scope, or another
+    application's locks) only makes two transactions wait for each other.
+    """
+    digest = hashlib.blake2b(name, digest_size=8, key=scope.encode()).digest()
     return int.from_bytes(digest, "big", signed=True)
 
 
@@ -130,8 +134,7 @@ class _Connections:
                 conn, since = self._idle.pop()
             # An idle connection has nothing to read; a readable one was most likely
             # ended by the server (restart, pg_terminate_backend): check it first.
-            readable, _, _ = select.select([conn.fileno()], [], [], 0)
-            if not readable and time.monotonic() - since < _CHECK_IDLE_AFTER_S:
+            if not _readable(conn) and time.monotonic() - since < _CHECK_IDLE_AFTER_S:
                 return conn
             try:
                 conn.execute("SELECT 1")
@@ -159,6 +162,13 @@ class _Connections:
 
 
 _IDLE = psycopg.pq.TransactionStatus.IDLE
+
+
+def _readable(conn: psycopg.Connection[TupleRow]) -> bool:
+    # poll, not select: select() refuses descriptors above 1023.
+    poller = select.poll()
+    poller.register(conn.fileno(), select.POLLIN)
+    return bool(poller.poll(0))
 
 
 class PostgresKVStore:
@@ -202,7 +212,7 @@ class PostgresKVStore:
         self._table = sql.Identifier(table)
         self._migrations_table = sql.Identifier(f"{table}_migrations")
         self._schema_lock_id = _lock_id("tiermem-schema", table.encode())
-        self._space_scope = f"tm:{table}"[:16]
+        self._space_scope = f"tiermem-space:{table}"
         self._connections = _Connections(url)
         self._schema_lock = threading.Lock()
         self._schema_version: int | None = None
@@ -263,7 +273,7 @@ class PostgresKVStore:
                 row = conn.execute(
                     sql.SQL("SELECT coalesce(max(v) + 1, 0) FROM {}").format(self._migrations_table)
                 ).fetchone()
-                version = int(str(row[0])) if row else 0
+                version = int(row[0]) if row else 0
                 if version > len(MIGRATIONS):
                     raise BackendUnavailableError(
                         f"the PostgreSQL table is at schema version {version}, newer than this "
@@ -393,7 +403,7 @@ class PostgresKVStore:
             ).format(self._table),
             ([c.space.encode() for c in checks], [c.key.encode() for c in checks]),
         ).fetchall()
-        current = {int(str(i)): None if value is None else _bytes(value) for i, value in rows}
+        current = {int(i): None if value is None else _bytes(value) for i, value in rows}
         for number, check in enumerate(checks, start=1):
             if current.get(number) != check.expected:
                 return check

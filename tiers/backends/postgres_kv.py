@@ -11,15 +11,18 @@ migrations (:data:`MIGRATIONS`; the index is the version, as in LangGraph's
 checkpoint-postgres), applied under a transaction-level advisory lock so
 stores opening together on a new database apply each migration once.
 
-A commit is one transaction. It first takes a transaction-level advisory lock
-per space it touches (in a fixed order, so two commits cannot deadlock), then
-compares the checked values byte for byte, then applies the writes in order.
-The space lock, not ``SELECT ... FOR UPDATE``, is what makes a check of an
-*absent* key hold until the commit ends: there is no row to lock, and two
-commits that both saw the key absent must not both insert it. Commits on
-different spaces run in parallel; commits on one space run one at a time, as
-they do on Redis. Reads are single statements, so each sees one committed
-state (no half of a commit).
+A commit is one transaction. It first takes transaction-level advisory locks:
+an exclusive one per key it checks or writes, with a shared one on the key's
+space, and an exclusive one per space it deletes whole; all in one global
+order (by lock id, whatever the mode), so two commits cannot deadlock. Then
+it compares the checked values byte for byte and applies the writes in
+order. The key lock, not ``SELECT ... FOR UPDATE``, is what makes a check of
+an *absent* key hold until the commit ends: there is no row to lock, and two
+commits that both saw the key absent must not both insert it. So commits
+that share a key (or delete a space another one touches) run one at a time,
+and all others in parallel, their WAL flushes grouped by the server. Reads
+are single statements, so each sees one committed state (no half of a
+commit).
 
 A commit is never re-sent after a lost connection: it may have been applied,
 and a re-sent checked commit would then conflict with itself. Such a failure
@@ -43,7 +46,7 @@ from contextlib import contextmanager
 from itertools import groupby
 
 from tiers.backends import MissingExtraError, redact_url
-from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, Delete, Put, Write
+from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, Delete, DeleteSpace, Put, Write
 from tiers.backends.common import (
     check_checks,
     check_reads,
@@ -213,6 +216,7 @@ class PostgresKVStore:
         self._migrations_table = sql.Identifier(f"{table}_migrations")
         self._schema_lock_id = _lock_id("tiermem-schema", table.encode())
         self._space_scope = f"tiermem-space:{table}"
+        self._key_scope = f"tiermem-key:{table}"
         self._connections = _Connections(url)
         self._schema_lock = threading.Lock()
         self._schema_version: int | None = None
@@ -375,14 +379,16 @@ class PostgresKVStore:
             if self._closed:
                 raise self._closed_error()
             return
-        spaces = {item.space.encode() for item in (*checks, *writes)}
-        # One order for every commit, so two commits never wait for each other in a cycle.
-        lock_ids = sorted({_lock_id(self._space_scope, space) for space in spaces})
+        locks = self._locks(writes, checks)
         # Pipelined: BEGIN, the locks and the check go in one round trip, the writes and
-        # COMMIT in a second, so a checked commit holds its space locks briefly.
+        # COMMIT in a second, so a commit holds its locks briefly.
         with self._connection("commit") as conn, conn.pipeline(), conn.transaction():
-            for lock_id in lock_ids:
-                conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_id,))
+            # One order for every commit, so two commits never wait for each other in a cycle.
+            for lock_id in sorted(locks):
+                if locks[lock_id]:
+                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_id,))
+                else:
+                    conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", (lock_id,))
             if checks:
                 failed = self._first_failed_check(conn, checks)
                 if failed is not None:
@@ -391,6 +397,21 @@ class PostgresKVStore:
                         "re-read and retry"
                     )
             self._apply(conn, writes)
+
+    def _locks(self, writes: Sequence[Write], checks: Sequence[Check]) -> dict[int, bool]:
+        """Advisory-lock id -> exclusive? for a commit of ``writes`` under ``checks``."""
+        locks: dict[int, bool] = {}
+        for item in (*checks, *writes):
+            space = item.space.encode()
+            space_lock = _lock_id(self._space_scope, space)
+            if isinstance(item, DeleteSpace):
+                locks[space_lock] = True
+                continue
+            locks.setdefault(space_lock, False)
+            # Length-prefixed, so (space, key) pairs never run together.
+            address = len(space).to_bytes(4, "big") + space + item.key.encode()
+            locks[_lock_id(self._key_scope, address)] = True
+        return locks
 
     def _first_failed_check(
         self, conn: psycopg.Connection[TupleRow], checks: Sequence[Check]

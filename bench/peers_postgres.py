@@ -35,7 +35,7 @@ import bench  # noqa: E402  (the harness, found through PEERS)
 TABLE_NOTE = "tiermem_kv (space bytea, key bytea, value bytea, primary key (space, key))"
 
 
-class TierMemPostgres(bench.TierMem):  # type: ignore[misc]
+class TierMemPostgres(bench.TierMem):
     """The harness's tiermem adapter with its KV store on the harness's PostgreSQL server."""
 
     def __init__(self, a: Any, ns: str) -> None:

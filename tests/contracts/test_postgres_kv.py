@@ -26,6 +26,7 @@ from tiers.backends.base import Check, Put
 from tiers.backends.postgres_kv import MIGRATIONS, PostgresKVStore
 from tiers.errors import (
     BackendUnavailableError,
+    ConflictError,
     InvalidInputError,
     VolatileStoreError,
 )
@@ -115,6 +116,46 @@ def test_a_table_from_a_newer_version_is_refused(postgres_url: str) -> None:
     with pytest.raises(BackendUnavailableError, match="newer"):
         store.get_many("s", ["k"])
     store.close()
+
+
+def _race_to_create(kv: PostgresKVStore, key: str, racers: int) -> list[int]:
+    """``racers`` threads commit ``key`` at once, each checking it is absent; the winners."""
+    barrier = threading.Barrier(racers, timeout=30)
+    won: list[int] = []
+    errors: list[BaseException] = []
+
+    def create(slot: int) -> None:
+        barrier.wait()
+        try:
+            kv.commit(
+                [Put("s", key, b"%d" % slot), Put("other", f"{key}-{slot}", b"x")],
+                [Check("s", key, None)],
+            )
+            won.append(slot)
+        except ConflictError:
+            pass
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=create, args=(i,)) for i in range(racers)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert errors == []
+    return won
+
+
+def test_of_commits_that_all_find_a_key_absent_exactly_one_creates_it(
+    postgres_kv: PostgresKVStore,
+) -> None:
+    # No row to lock yet: the key's advisory lock is what makes the losers see the winner.
+    for round_no in range(10):
+        key = f"new-{round_no}"
+        won = _race_to_create(postgres_kv, key, 6)
+        assert len(won) == 1
+        assert postgres_kv.get_many("s", [key]) == [b"%d" % won[0]]
+        assert [k for k, _ in postgres_kv.scan("other", prefix=f"{key}-")] == [f"{key}-{won[0]}"]
 
 
 def test_tables_are_isolated(postgres_url: str) -> None:

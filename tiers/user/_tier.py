@@ -76,6 +76,7 @@ class UserTier:
         self._tenant = check_id(tenant, "tenant")
         self._decoded = decoded if decoded is not None else SHARED
         self._key_token = kv.key_token if isinstance(kv, TokenizesKeys) else None
+        self._writers = cas.Stripes()
 
     def set_fact(
         self,
@@ -223,6 +224,12 @@ class UserTier:
         dates were clamped) is replaced by any write, so it cannot outrank
         every later one. ``guard`` (re-run before each attempt) adds checks.
         """
+        with self._writers.lock(user_id):
+            return self._commit_facts(user_id, facts, guard)
+
+    def _commit_facts(
+        self, user_id: str, facts: list[UserFact], guard: Guard | None
+    ) -> list[UserFact]:
         space = keys.facts_space(self._tenant, user_id)
         names = [self._name(space, fact.key) for fact in facts]
         for attempt in range(cas.ATTEMPTS):

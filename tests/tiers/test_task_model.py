@@ -19,8 +19,7 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import timedelta
 from pathlib import Path
 
 import pytest
@@ -31,6 +30,16 @@ from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, pr
 from hypothesis.stateful import run_state_machine_as_test as run_machine
 from pydantic import JsonValue
 
+from tests.tiers.task_model import (
+    Clock,
+    RunModel,
+    WorkerCrashError,
+    effect_name,
+    endable,
+    releasable,
+    step_name,
+    unsettled,
+)
 from tiers.backends.base import KVStore
 from tiers.backends.redis_kv import RedisKVStore
 from tiers.backends.sqlite_kv import SqliteKVStore
@@ -62,86 +71,6 @@ settlers = st.sampled_from(
 )
 
 
-class WorkerCrashError(Exception):
-    """The worker process "dies" inside an effect: the exception escapes, the handle is dropped."""
-
-
-class Clock:
-    """A UTC clock the machine moves forward to expire leases."""
-
-    def __init__(self) -> None:
-        self.now = datetime(2026, 1, 1, tzinfo=UTC)
-
-    def __call__(self) -> datetime:
-        return self.now
-
-
-@dataclass
-class RunModel:
-    """What one run should hold."""
-
-    run_id: str
-    status: RunStatus = RunStatus.RUNNING
-    # (step name, idempotency key, output) per checkpoint, in seq order.
-    checkpoints: list[tuple[str, str, JsonValue]] = field(default_factory=list)
-    # Effect keys without a checkpoint: "invoked" (outcome unknown), "resolved"
-    # (an operator recorded its output; the checkpoint comes on the next call) or
-    # "not_done" (an operator said it did not happen).
-    effects: dict[str, str] = field(default_factory=dict)
-    resolved: dict[str, JsonValue] = field(default_factory=dict)
-    # Effect keys this run's own ledger recorded (a fork copies checkpoints, not the ledger).
-    recorded: set[str] = field(default_factory=set)
-    # Effects a worker found invoked and could not settle: they block the run.
-    flagged: set[str] = field(default_factory=set)
-    # gate -> (plan, "requested" | "granted" | "rejected")
-    gates: dict[str, tuple[str, str]] = field(default_factory=dict)
-    pending: str | None = None
-    handle: RunHandle | None = None
-    # Handles whose lease epoch is over: every write of theirs is refused.
-    stale: list[RunHandle] = field(default_factory=list)
-    # Handles dropped by a crash: fenced once another worker takes the run.
-    abandoned: list[RunHandle] = field(default_factory=list)
-    lease_live: bool = False
-
-    @property
-    def outputs(self) -> dict[str, JsonValue]:
-        """Committed idempotency key -> the output a replay returns."""
-        return {key: output for _, key, output in self.checkpoints}
-
-    @property
-    def writable(self) -> bool:
-        """Whether the run's current handle may append (it holds the run, which goes on)."""
-        return (
-            self.handle is not None
-            and not self.status.finished
-            and self.status is not RunStatus.PAUSED
-        )
-
-
-def releasable(run: RunModel) -> bool:
-    """A run whose worker may release it here.
-
-    Not a run resumable by a decision its worker has not written after: releasing
-    it leaves it ``running`` (a known defect, pinned by
-    :func:`test_release_after_a_decision_leaves_the_run_resumable`); drop this
-    exception once that test passes.
-    """
-    return run.writable and run.status is not RunStatus.RESUMABLE
-
-
-def unsettled(run: RunModel) -> bool:
-    """A run whose handle may meet an effect that has no checkpoint yet."""
-    return run.handle is not None and bool(run.effects)
-
-
-def step_name(key: str) -> str:
-    return f"step-{key}"
-
-
-def effect_name(key: str) -> str:
-    return f"pay-{key}"
-
-
 class TaskModelMachine(RuleBasedStateMachine):
     """One task tier on a real store and the model, stepped together."""
 
@@ -161,9 +90,17 @@ class TaskModelMachine(RuleBasedStateMachine):
 
     # -- helpers
 
-    def _pick(self, pick: int, wanted: Callable[[RunModel], bool]) -> RunModel | None:
+    def _pick(self, pick: int, wanted: Callable[[RunModel], bool]) -> RunModel:
+        """One of the runs ``wanted`` accepts (the rule's precondition says there is one)."""
         candidates = [run for run in self.runs if wanted(run)]
-        return candidates[pick % len(candidates)] if candidates else None
+        return candidates[pick % len(candidates)]
+
+    def _pick_worker(self, pick: int) -> tuple[RunModel, RunHandle]:
+        """A run with a handle, one that goes on if there is any (else the refusals are tested)."""
+        going_on = [run for run in self.runs if run.writable]
+        run = self._pick(pick, lambda r: r in going_on or (not going_on and r.handle is not None))
+        assert run.handle is not None
+        return run, run.handle
 
     def _any(self, wanted: Callable[[RunModel], bool]) -> bool:
         return any(wanted(run) for run in self.runs)
@@ -210,44 +147,43 @@ class TaskModelMachine(RuleBasedStateMachine):
         self._took(run, handle)
 
     @precondition(lambda self: bool(self.runs))
-    @rule(pick=run_picks, steal=st.booleans())
-    def acquire(self, pick: int, steal: bool) -> None:
+    @rule(pick=run_picks, how=st.sampled_from(["acquire", "after_expiry", "steal", "retake"]))
+    def take(self, pick: int, how: str) -> None:
+        """Another worker acquires the run (after every lease expired, or stealing), or the
+        holder retakes its own live lease; every handle taken over is fenced from then on."""
         run = self._pick(pick, lambda r: True)
-        assert run is not None
+        if how == "after_expiry":
+            self.clock.now += timedelta(seconds=LEASE_TTL * 2)
+            for each in self.runs:
+                each.lease_live = False
+        worker_id = run.handle.worker_id if how == "retake" and run.handle is not None else None
+        steal = how == "steal"
         if run.status.finished:
             with pytest.raises(RunStateError):
-                self.tier.acquire(run.run_id, steal=steal)
-        elif run.lease_live and not steal:
+                self.tier.acquire(run.run_id, worker_id=worker_id, steal=steal)
+            return
+        if run.lease_live and not steal and worker_id is None:
             with pytest.raises(LeaseHeldError):
                 self.tier.acquire(run.run_id)
-        else:
-            handle = self.tier.acquire(run.run_id, steal=steal)
-            assert handle.resumed
-            self._took(run, handle)
-
-    @precondition(lambda self: self._any(lambda r: r.handle is not None and r.lease_live))
-    @rule(pick=run_picks)
-    def worker_retakes_its_own_live_lease(self, pick: int) -> None:
-        run = self._pick(pick, lambda r: r.handle is not None and r.lease_live)
-        assert run is not None
-        assert run.handle is not None
-        if run.status.finished:
             return
-        handle = self.tier.start_run(USER, run.run_id, worker_id=run.handle.worker_id)
+        handle = self.tier.acquire(run.run_id, worker_id=worker_id, steal=steal)
+        assert handle.resumed
         self._took(run, handle)
+        for stale in run.stale:
+            self._fenced(stale)
 
-    @precondition(lambda self: bool(self.runs))
-    @rule()
-    def leases_expire(self) -> None:
-        self.clock.now += timedelta(seconds=LEASE_TTL * 2)
-        for run in self.runs:
-            run.lease_live = False
+    @staticmethod
+    def _fenced(stale: RunHandle) -> None:
+        """A handle whose lease epoch is over writes nothing, and its step's function never runs."""
+        called: list[bool] = []
+        with pytest.raises(StaleWriterError):
+            stale.step("late", lambda: called.append(True), idempotency_key="late")
+        assert not called
 
     @precondition(lambda self: self._any(releasable))
     @rule(pick=run_picks)
     def release(self, pick: int) -> None:
         run = self._pick(pick, releasable)
-        assert run is not None
         assert run.handle is not None
         run.handle.release()
         run.handle = None
@@ -265,9 +201,7 @@ class TaskModelMachine(RuleBasedStateMachine):
         raises=st.booleans(),
     )
     def step(self, pick: int, key: str, value: int, raises: bool) -> None:
-        run = self._pick(pick, lambda r: r.handle is not None)
-        assert run is not None
-        assert run.handle is not None
+        run, handle = self._pick_worker(pick)
         called: list[int] = []
 
         def fn() -> JsonValue:
@@ -279,20 +213,20 @@ class TaskModelMachine(RuleBasedStateMachine):
         recorded = run.outputs
         if key in recorded and not run.status.finished:
             # A committed key replays its recorded output, also while the run is paused.
-            assert run.handle.step(step_name(key), fn, idempotency_key=key) == recorded[key]
+            assert handle.step(step_name(key), fn, idempotency_key=key) == recorded[key]
             assert not called
             return
         expected = self._refusal(run)
         if expected is not None:
             with pytest.raises(expected):
-                run.handle.step(step_name(key), fn, idempotency_key=key)
+                handle.step(step_name(key), fn, idempotency_key=key)
             assert not called
             return
         if raises:
             with pytest.raises(ValueError, match="model call failed"):
-                run.handle.step(step_name(key), fn, idempotency_key=key)
+                handle.step(step_name(key), fn, idempotency_key=key)
             return
-        output = run.handle.step(step_name(key), fn, idempotency_key=key)
+        output = handle.step(step_name(key), fn, idempotency_key=key)
         assert output == {"step": key, "value": value}
         run.checkpoints.append((step_name(key), key, output))
         self._wrote(run)
@@ -317,8 +251,7 @@ class TaskModelMachine(RuleBasedStateMachine):
         settle=settlers,
     )
     def effect(self, pick: int, key: str, behaviour: str, settle: str) -> None:
-        run = self._pick(pick, lambda r: r.handle is not None)
-        assert run is not None
+        run, _ = self._pick_worker(pick)
         self._effect(run, key, behaviour, settle)
 
     @precondition(lambda self: self._any(unsettled))
@@ -326,7 +259,6 @@ class TaskModelMachine(RuleBasedStateMachine):
     def effect_again(self, pick: int, behaviour: str, settle: str) -> None:
         """The resumed script reaches an effect that was invoked, or settled, without a checkpoint."""
         run = self._pick(pick, unsettled)
-        assert run is not None
         self._effect(run, min(run.effects), behaviour, settle)
 
     def _effect(self, run: RunModel, key: str, behaviour: str, settle: str) -> None:
@@ -402,7 +334,6 @@ class TaskModelMachine(RuleBasedStateMachine):
     @rule(pick=run_picks, rerun=st.booleans())
     def operator_resolves_effect(self, pick: int, rerun: bool) -> None:
         run = self._pick(pick, lambda r: "invoked" in r.effects.values())
-        assert run is not None
         key = min(k for k, state in run.effects.items() if state == "invoked")
         if rerun:
             rec = self.tier.resolve_effect(run.run_id, key, rerun=True, by="ops")
@@ -416,46 +347,32 @@ class TaskModelMachine(RuleBasedStateMachine):
             run.resolved[key] = output
         run.flagged.discard(key)
 
-    # -- leases and fencing
-
-    @precondition(lambda self: self._any(lambda r: bool(r.stale)))
-    @rule(pick=run_picks, key=st.sampled_from(STEP_KEYS))
-    def stale_handle_is_fenced(self, pick: int, key: str) -> None:
-        run = self._pick(pick, lambda r: bool(r.stale))
-        assert run is not None
-        called: list[bool] = []
-        with pytest.raises(StaleWriterError):
-            run.stale[-1].step("late", lambda: called.append(True), idempotency_key=f"late-{key}")
-        assert not called
-
     # -- approvals
 
     @precondition(lambda self: self._any(lambda r: r.handle is not None))
     @rule(pick=run_picks, gate=st.sampled_from(GATES), plan=st.sampled_from(PLANS))
     def await_approval(self, pick: int, gate: str, plan: str) -> None:
-        run = self._pick(pick, lambda r: r.handle is not None)
-        assert run is not None
-        assert run.handle is not None
+        run, handle = self._pick_worker(pick)
         known = run.gates.get(gate)
         if run.status.finished:
             with pytest.raises(
                 RunCancelledError if run.status is RunStatus.CANCELLED else RunStateError
             ):
-                run.handle.await_approval(plan, key=gate)
+                handle.await_approval(plan, key=gate)
             return
         if known is not None:
             frozen, decision = known
             if frozen != plan:
                 with pytest.raises(PlanMismatchError):
-                    run.handle.await_approval(plan, key=gate)
+                    handle.await_approval(plan, key=gate)
             elif decision == "requested":
                 with pytest.raises(ApprovalPendingError):
-                    run.handle.await_approval(plan, key=gate)
+                    handle.await_approval(plan, key=gate)
             else:
-                assert run.handle.await_approval(plan, key=gate).approved == (decision == "granted")
+                assert handle.await_approval(plan, key=gate).approved == (decision == "granted")
             return
         with pytest.raises(ApprovalPendingError) as raised:
-            run.handle.await_approval(plan, key=gate)
+            handle.await_approval(plan, key=gate)
         if run.pending is not None:
             return  # another gate is pending: nothing was written
         assert raised.value.plan_hash == input_hash(plan, field="plan")
@@ -468,7 +385,6 @@ class TaskModelMachine(RuleBasedStateMachine):
     @rule(pick=run_picks, grant=st.booleans())
     def operator_decides(self, pick: int, grant: bool) -> None:
         run = self._pick(pick, lambda r: r.pending is not None and not r.status.finished)
-        assert run is not None
         assert run.pending is not None
         gate = run.pending
         plan_hash = input_hash(run.gates[gate][0], field="plan")
@@ -486,7 +402,6 @@ class TaskModelMachine(RuleBasedStateMachine):
     @rule(pick=run_picks, at=st.integers(min_value=0, max_value=20))
     def fork(self, pick: int, at: int) -> None:
         source = self._pick(pick, lambda r: bool(r.checkpoints))
-        assert source is not None
         index = at % len(source.checkpoints)
         target = self.tier.history(source.run_id)[index]
         self.forks += 1
@@ -504,30 +419,26 @@ class TaskModelMachine(RuleBasedStateMachine):
     @rule(pick=run_picks)
     def compact(self, pick: int) -> None:
         run = self._pick(pick, lambda r: True)
-        assert run is not None
         self.tier.compact(run.run_id)
 
     # -- the end of a run
 
-    @precondition(lambda self: self._any(lambda r: not r.status.finished))
+    @precondition(lambda self: self._any(endable))
     @rule(pick=run_picks, ending=st.sampled_from(["complete", "fail", "cancel"]))
     def end_run(self, pick: int, ending: str) -> None:
         """The worker completes or fails its run, or an operator cancels it."""
-        run = self._pick(pick, lambda r: not r.status.finished)
-        assert run is not None
+        run = self._pick(pick, endable)
         if ending == "cancel":
             assert self.tier.cancel(run.run_id).status is RunStatus.CANCELLED
             run.status = RunStatus.CANCELLED
-        elif not run.writable:
+        elif run.handle is None or not run.writable:
             return
         elif ending == "complete":
-            assert run.handle is not None
-            assert run.handle.complete({"done": True}).status is RunStatus.COMPLETED
-            run.status = RunStatus.COMPLETED
+            run.status = run.handle.complete({"done": True}).status
+            assert run.status is RunStatus.COMPLETED
         else:
-            assert run.handle is not None
-            assert run.handle.fail("gave up").status is RunStatus.FAILED
-            run.status = RunStatus.FAILED
+            run.status = run.handle.fail("gave up").status
+            assert run.status is RunStatus.FAILED
         run.lease_live = False
         # A finished run refuses to be cancelled; a cancelled one stays cancelled.
         if run.status is RunStatus.CANCELLED:
@@ -552,13 +463,9 @@ class TaskModelMachine(RuleBasedStateMachine):
                 assert ckpt is not None
                 assert ckpt.output == output
             assert set(info.unknown_effects) == run.flagged
-            assert info.pending_approval is None or info.pending_approval.key == run.pending
-            assert (info.pending_approval is None) == (run.pending is None)
-
-    @invariant()
-    def event_seqs_are_gap_free(self) -> None:
-        for run in self.runs:
-            info = self.tier.get_run(run.run_id)
+            pending = info.pending_approval
+            assert (None if pending is None else pending.key) == run.pending
+            # Events are gap-free (after what compaction dropped), and fold to the same head.
             seqs = [e.seq for e in self.tier.events(run.run_id)]
             assert seqs == list(range(info.compacted_through + 1, info.event_seq + 1))
             rebuilt = self.tier.rebuild(run.run_id)
@@ -597,7 +504,7 @@ class TaskModelMachine(RuleBasedStateMachine):
 
 
 MODEL_SETTINGS = settings(
-    max_examples=40,
+    max_examples=60,
     stateful_step_count=40,
     deadline=None,
     database=None,
@@ -605,30 +512,22 @@ MODEL_SETTINGS = settings(
 )
 
 
-def _sqlite_opener(root: Path) -> Callable[[], KVStore]:
-    counter = iter(range(1_000_000))
-    return lambda: SqliteKVStore(root / f"model-{next(counter)}.sqlite3")
-
-
-def _redis_opener(url: str) -> Callable[[], KVStore]:
-    def opener() -> KVStore:
-        client = redis.Redis.from_url(url)
-        client.flushall()
-        client.close()
-        return RedisKVStore(url)
-
-    return opener
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("backend", ["sqlite", "redis"])
 def test_task_tier_behaves_like_its_model(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
-    if backend == "sqlite":
-        opener = _sqlite_opener(tmp_path)
-    else:
-        opener = _redis_opener(request.getfixturevalue("redis_url"))
+    stores = iter(range(1_000_000))  # each example gets an empty store
+
+    def opener() -> KVStore:
+        if backend == "sqlite":
+            return SqliteKVStore(tmp_path / f"model-{next(stores)}.sqlite3")
+        url: str = request.getfixturevalue("redis_url")
+        client = redis.Redis.from_url(url)
+        client.flushall()
+        client.close()
+        return RedisKVStore(url)
+
     run_machine(lambda: TaskModelMachine(opener), settings=MODEL_SETTINGS)
 
 

@@ -12,6 +12,7 @@ import itertools
 import math
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pytest
@@ -63,7 +64,6 @@ def open_index(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenI
     opened: list[tuple[ChromaVectorIndex, str | Path, str]] = []
 
     def open_(*, batch_size: int | None = None, again: bool = False) -> ChromaVectorIndex:
-        extra = {} if batch_size is None else {"batch_size": batch_size}
         if again:
             _, where, collection = opened[-1]
         elif request.param == "embedded":
@@ -71,7 +71,9 @@ def open_index(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[OpenI
         else:
             where = request.getfixturevalue("chroma_server").url
             collection = f"contract_{next(_collections)}"
-        ix = ChromaVectorIndex(where, collection, dimension=DIM, embedder_name=NAME, **extra)
+        # Without batch_size, the index's own default.
+        options: dict[str, Any] = {} if batch_size is None else {"batch_size": batch_size}
+        ix = ChromaVectorIndex(where, collection, dimension=DIM, embedder_name=NAME, **options)
         opened.append((ix, where, collection))
         return ix
 

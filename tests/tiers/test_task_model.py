@@ -218,8 +218,9 @@ class TaskModelMachine(RuleBasedStateMachine):
             return
         expected = self._refusal(run)
         if expected is not None:
-            with pytest.raises(expected):
+            with pytest.raises(expected) as refused:
                 handle.step(step_name(key), fn, idempotency_key=key)
+            assert type(refused.value) is expected  # not merely a subclass
             assert not called
             return
         if raises:
@@ -285,8 +286,9 @@ class TaskModelMachine(RuleBasedStateMachine):
             return
         expected = self._refusal(run)
         if expected is not None:
-            with pytest.raises(expected):
+            with pytest.raises(expected) as refused:
                 call()
+            assert type(refused.value) is expected
             return
         state = run.effects.get(key)
         if state == "resolved":

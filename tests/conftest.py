@@ -341,3 +341,18 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
 
     monkeypatch.setattr(socket, "getaddrinfo", guarded_getaddrinfo)
     monkeypatch.setattr(socket.socket, "connect", guarded_connect)
+
+
+# -- markers: `heavy` (see tests/heavy_tests.txt) is what `./run fast` leaves out.
+
+HEAVY_TESTS = Path(__file__).with_name("heavy_tests.txt")
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    """Mark the tests listed in ``heavy_tests.txt`` (by file or by test) ``heavy``."""
+    lines = HEAVY_TESTS.read_text(encoding="utf-8").splitlines()
+    heavy = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
+    for item in items:
+        test = item.nodeid.split("[", 1)[0]
+        if test in heavy or test.split("::", 1)[0] in heavy:
+            item.add_marker(pytest.mark.heavy)

@@ -28,7 +28,7 @@ from memory.cli import app as cli
 from memory.settings import Settings
 from tests.api.conftest import Api, start_app
 from tests.memory.test_index_repair import TOPICS
-from tests.tiers.test_chroma_index import ChromaServer, chroma_binary
+from tests.servers import ChromaServer, chroma_binary
 from tiers.backends.chroma_index import DEFAULT_COLLECTION
 
 BASE = datetime(2025, 3, 1, tzinfo=UTC)

@@ -68,14 +68,8 @@ class RunModel:
 
 
 def releasable(run: RunModel) -> bool:
-    """A run whose worker may release it here.
-
-    Not a run resumable by a decision its worker has not written after: releasing
-    it leaves it ``running`` (a known defect, pinned by
-    ``test_task_model.test_release_after_a_decision_leaves_the_run_resumable``); drop this
-    exception once that test passes.
-    """
-    return run.writable and run.status is not RunStatus.RESUMABLE
+    """A run whose worker may release it here (a run resumable by a decision included)."""
+    return run.writable
 
 
 def unsettled(run: RunModel) -> bool:

@@ -533,13 +533,8 @@ def test_task_tier_behaves_like_its_model(
     run_machine(lambda: TaskModelMachine(opener), settings=MODEL_SETTINGS)
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="RunHandle.release() after an approval decision leaves the run running: its "
-    "transaction turns resumable into running before the release checks for running",
-)
 def test_release_after_a_decision_leaves_the_run_resumable(sqlite_kv: SqliteKVStore) -> None:
-    """Found by the model: ``release`` promises a resumable run, and ``rebuild`` folds one."""
+    """Found by the model (fixed): ``release`` promises a resumable run, and ``rebuild`` folds one."""
     tasks = TaskTier(sqlite_kv)
     run = tasks.start_run(USER, "r0")
     with pytest.raises(ApprovalPendingError) as pending:

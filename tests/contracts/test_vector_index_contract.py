@@ -155,11 +155,6 @@ def test_upsert_is_idempotent_by_id_and_the_last_write_wins(index: ChromaVectorI
     assert hit.document == "last"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="ChromaVectorIndex.upsert merges the new metadata into the stored one (Chroma's "
-    "upsert does), though VectorIndex.upsert says it replaces an item",
-)
 def test_upsert_replaces_the_metadata_whole(index: ChromaVectorIndex) -> None:
     index.upsert([item("a", unit(1, 0, 0, 0), "alice")])
     index.upsert([VectorItem("a", unit(1, 0, 0, 0), "second", {"user_id": "alice"})])

@@ -290,15 +290,23 @@ class ChromaVectorIndex:
         for start in range(0, len(unique), self._max_batch):
             chunk = unique[start : start + self._max_batch]
             embeddings = vectors[start : start + self._max_batch]
+            ids = [item.id for item in chunk]
+            stored = self._call("upsert", "get", ids=ids, include=["metadatas"])
+            old_keys = {
+                vector_id: set(metadata or {})
+                for vector_id, metadata in zip(
+                    stored.get("ids") or [], stored.get("metadatas") or [], strict=False
+                )
+            }
             self._call(
                 "upsert",
                 "upsert",
-                ids=[item.id for item in chunk],
+                ids=ids,
                 embeddings=embeddings,
                 # Always a string: Chroma's upsert keeps an item's old document when
                 # given None, and a replaced or erased text must not stay behind.
                 documents=[item.document for item in chunk],
-                metadatas=[dict(item.metadata) or None for item in chunk],
+                metadatas=[_replacing(item, old_keys.get(item.id, set())) for item in chunk],
             )
 
     def query(
@@ -467,3 +475,14 @@ class ChromaVectorIndex:
             # Closing is best effort: a failure here must not hide the caller's own error.
             with contextlib.suppress(Exception):
                 close()
+
+
+def _replacing(
+    item: VectorItem, old_keys: set[str]
+) -> dict[str, str | int | float | bool | None] | None:
+    """``item``'s metadata for Chroma's upsert, which merges into the stored metadata: a key
+    the item no longer has is sent as None, which deletes it, so the item is replaced whole."""
+    metadata: dict[str, str | int | float | bool | None] = dict(item.metadata)
+    for key in old_keys - metadata.keys():
+        metadata[key] = None
+    return metadata or None

@@ -1,9 +1,10 @@
-"""The operator console under ``/ui`` and the offline API docs under ``/docs`` and ``/redoc``.
+"""The operator console under ``/ui`` and the offline API docs under ``/docs``.
 
 :func:`mount_console` adds both to the app: the console's pages
 (:mod:`api.ui.router`), its static files (one stylesheet, plus the vendored
-Swagger UI and ReDoc bundles with their licenses), and docs pages that load
-those bundles from the app itself, so they render with no network.
+Swagger UI bundle with its license), and a docs page that loads that bundle
+from the app itself, so it renders with no network. ``/redoc`` redirects to
+``/docs``: ReDoc's bundle loads its logo from a CDN.
 """
 
 from __future__ import annotations
@@ -11,11 +12,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from fastapi import FastAPI, Request
-from fastapi.openapi.docs import (
-    get_redoc_html,
-    get_swagger_ui_html,
-    get_swagger_ui_oauth2_redirect_html,
-)
+from fastapi.openapi.docs import get_swagger_ui_html, get_swagger_ui_oauth2_redirect_html
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.staticfiles import StaticFiles
 
@@ -70,12 +67,6 @@ def mount_console(app: FastAPI) -> None:
         return get_swagger_ui_oauth2_redirect_html()
 
     @app.get(REDOC_URL, include_in_schema=False)
-    async def redoc(request: Request) -> HTMLResponse:
-        root = _root(request)
-        return get_redoc_html(
-            openapi_url=root + openapi_url,
-            title=f"{app.title} - ReDoc",
-            redoc_js_url=f"{root}{STATIC_URL}/redoc/redoc.standalone.js",
-            redoc_favicon_url=f"{root}{STATIC_URL}/swagger-ui/favicon-32x32.png",
-            with_google_fonts=False,
-        )
+    async def redoc(request: Request) -> RedirectResponse:
+        # Old links keep working, offline: the one docs page is Swagger UI.
+        return RedirectResponse(_root(request) + DOCS_URL, status_code=307)

@@ -307,15 +307,21 @@ async def open_user(request: Request, user_id: str | None = None) -> Response:
 
 
 @router.get("/users/{user_id}")
-async def user_page(
-    request: Request, user_id: str, q: str = "", max_tokens: int | None = None
-) -> Response:
-    """A user's facts with history and provenance, sessions, and a context preview."""
+async def user_page(request: Request, user_id: str, q: str = "", max_tokens: str = "") -> Response:
+    """A user's facts with history and provenance, sessions, and a context preview.
+
+    ``max_tokens`` is the preview's budget; empty (the form left blank) for the default.
+    """
     principal = await console_principal(request)
     try:
         _require_user(principal, user_id)
+        budget = None
+        if max_tokens.strip():
+            if not max_tokens.strip().isdecimal():
+                raise _PageError(400, f"max_tokens must be a positive integer, got {max_tokens!r}")
+            budget = int(max_tokens)
         memory = await _memory(request, principal)
-        data = await _read(views.user_page, memory, user_id, q, max_tokens)
+        data = await _read(views.user_page, memory, user_id, q, budget)
     except _PageError as error:
         return _error_page(request, principal, error)
-    return _render(request, "user.html", principal, data=data, max_tokens=max_tokens or "")
+    return _render(request, "user.html", principal, data=data, max_tokens=max_tokens)

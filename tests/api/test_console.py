@@ -1,5 +1,9 @@
 """The console (/ui) and the offline API docs in a real headless Chromium against `tiermem serve`.
 
+The browser tests are marked slow: their module fixture starts a server process and a
+browser (about 10 s), and the docs page takes seconds to render. A few checks that need
+no browser run in-process against the app.
+
 Playwright for Python drives Debian's chromium (``/usr/bin/chromium``; ``./run test``
 installs it); no browser is ever downloaded. The server is a real ``tiermem serve``
 process on a loopback port over the embedded default store; the data the pages
@@ -30,11 +34,12 @@ from api.ui.auth import COOKIE, csrf_token
 from memory import ApprovalPendingError, RunStatus
 from memory.apikeys import ApiKeyRegistry
 from memory.client import MemoryClient
+from memory.facade import Memory
+from memory.settings import Settings
+from tests.api.conftest import Api, new_tenant, start_app
 from tests.api.test_routes import SUMMARY
 from tests.conftest import free_port
 from tiers.backends import open_kv_store
-
-pytestmark = pytest.mark.slow  # a browser and a server process per module; pages take seconds
 
 TIERMEM = str(Path(sys.executable).parent / "tiermem")
 CHROMIUM = "/usr/bin/chromium"
@@ -161,6 +166,7 @@ def log_in(console: Console, key: str) -> Page:
     return page
 
 
+@pytest.mark.slow
 def test_pages_without_a_login_redirect_to_it_and_a_bad_key_is_refused(console: Console) -> None:
     page = console.page()
     for path in ("/ui", "/ui/runs", "/ui/approvals", "/ui/users/ann", "/ui/runs/any"):
@@ -175,6 +181,7 @@ def test_pages_without_a_login_redirect_to_it_and_a_bad_key_is_refused(console: 
     assert console.blocked == []
 
 
+@pytest.mark.slow
 def test_approve_a_gate_in_the_page_then_resume_and_complete(
     console: Console, client: MemoryClient
 ) -> None:
@@ -216,6 +223,7 @@ def test_approve_a_gate_in_the_page_then_resume_and_complete(
     assert console.blocked == []
 
 
+@pytest.mark.slow
 def test_a_users_memory_shows_facts_sessions_and_the_context_with_token_counts(
     console: Console, client: MemoryClient
 ) -> None:
@@ -246,6 +254,7 @@ def test_a_users_memory_shows_facts_sessions_and_the_context_with_token_counts(
     assert console.blocked == []
 
 
+@pytest.mark.slow
 def test_a_user_bound_key_sees_its_own_user_only(console: Console, client: MemoryClient) -> None:
     client.set_fact("zed", "secret", "zed-only-value")
     client.set_fact("yara", "color", "green")
@@ -266,6 +275,7 @@ def test_a_user_bound_key_sees_its_own_user_only(console: Console, client: Memor
     assert console.blocked == []
 
 
+@pytest.mark.slow
 def test_a_post_without_the_csrf_token_is_refused(console: Console, client: MemoryClient) -> None:
     run = client.start_run("cy", "csrf-1")
     with pytest.raises(ApprovalPendingError) as pending:
@@ -289,6 +299,7 @@ def test_a_post_without_the_csrf_token_is_refused(console: Console, client: Memo
     assert httpx.post(f"{console.base_url}/ui/logout", headers=cookie).status_code == 403
 
 
+@pytest.mark.slow
 def test_docs_render_offline(console: Console, no_network: None) -> None:
     page = console.page()
     page.goto(f"{console.base_url}/docs")
@@ -299,3 +310,54 @@ def test_docs_render_offline(console: Console, no_network: None) -> None:
     expect(page).to_have_url(f"{console.base_url}/docs")
     expect(page.locator(".swagger-ui .info .title")).to_contain_text("tiermem")
     assert console.blocked == []
+
+
+def _csrf(html: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]{64})"', html)
+    assert found is not None, html
+    return found.group(1)
+
+
+def test_stored_values_are_escaped_and_pages_are_not_cached(api: Api) -> None:
+    tenant = new_tenant()
+    key = api.key(tenant)["Authorization"].removeprefix("Bearer ")
+    memory = api.service.view(tenant)
+    memory.set_fact("u1", "k", "<img src=x onerror=alert(1)>", evidence="<script>x</script>")
+    c = api.client
+    login = c.get("/ui/login")
+    assert login.headers["Cache-Control"] == "no-store"
+    signed_in = c.post("/ui/login", data={"api_key": key, "csrf": _csrf(login.text)})
+    assert signed_in.url.path == "/ui/runs"
+    page = c.get("/ui/users/u1")
+    assert page.status_code == 200
+    assert "<img src=x" not in page.text
+    assert "<script>x</script>" not in page.text
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page.text
+    assert "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
+    cookie = signed_in.history[0].headers["set-cookie"]
+    assert "HttpOnly" in cookie
+    assert "SameSite=strict" in cookie
+    assert "Path=/ui" in cookie
+
+
+def test_login_needs_the_login_pages_csrf_token(api: Api) -> None:
+    key = api.key(new_tenant())["Authorization"].removeprefix("Bearer ")
+    c = api.client
+    c.get("/ui/login")
+    refused = c.post("/ui/login", data={"api_key": key}, follow_redirects=False)
+    assert refused.status_code == 403
+    assert COOKIE not in c.cookies
+
+
+def test_with_auth_off_the_console_acts_in_the_servers_tenant(
+    memory: Memory, tmp_path: Path
+) -> None:
+    settings = Settings(data_dir=tmp_path, auth_enabled=False)
+    with start_app(settings, memory) as running:
+        c = running.client
+        assert c.get("/ui/runs", follow_redirects=False).status_code == 303
+        login = c.get("/ui/login")
+        assert 'name="api_key"' not in login.text
+        runs = c.post("/ui/login", data={"csrf": _csrf(login.text)})
+        assert runs.url.path == "/ui/runs"
+        assert f"tenant <b>{memory.tenant}</b>" in runs.text

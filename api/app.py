@@ -18,6 +18,7 @@ from api.metrics import Metrics
 from api.middleware import ServiceMiddleware
 from api.routers import context, facts, health, runs, sessions
 from api.state import ServiceState
+from api.ui import mount_console
 from memory.facade import Memory
 from memory.settings import Settings
 
@@ -155,6 +156,9 @@ def create_app(
         description=DESCRIPTION,
         lifespan=lifespan,
         generate_unique_id_function=_operation_id,
+        # mount_console serves /docs and /redoc from the package (offline), not from a CDN.
+        docs_url=None,
+        redoc_url=None,
     )
     app.auth_enabled = settings.auth_enabled
     install_error_handlers(app)
@@ -166,4 +170,5 @@ def create_app(
     )
     for module in (health, facts, sessions, context, runs):
         app.include_router(module.router)
+    mount_console(app)
     return app

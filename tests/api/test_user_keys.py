@@ -26,6 +26,8 @@ from fastapi.routing import iter_route_contexts
 from typer.testing import CliRunner
 
 from api.mcp_http import MCP_PATH, create_mcp_app
+from api.ui.auth import COOKIE as CONSOLE_COOKIE
+from api.ui.auth import csrf_token
 from memory.apikeys import ApiKeyRecord, ApiKeyRegistry
 from memory.binding import refusal
 from memory.cli import app as cli
@@ -41,6 +43,9 @@ FORBIDDEN = "403: names another user"
 NOT_FOUND = "404: another user's object, answered as an absent one"
 FILTERED = "200: a tenant-wide listing, filtered to the key's user"
 PUBLIC = "200: no key needed, no user data"
+# Console pages (api/ui/) read the key from their cookie and answer HTML: probed with the bound
+# key as that cookie (and a valid CSRF token), expecting Probe.status and no trace of bob's data.
+CONSOLE = "console page: the status in the probe, nothing of bob's"
 MCP_TOOLS = "per tool: tests/integrations/test_mcp_user_keys.py"
 
 
@@ -51,6 +56,7 @@ class Probe:
     decision: str
     path: str
     body: Any = None
+    status: int | None = None  # the expected status of a CONSOLE probe
 
 
 def every_route(app: FastAPI) -> set[tuple[str, str]]:
@@ -78,6 +84,24 @@ def decisions(ids: dict[str, str], epoch: int) -> dict[tuple[str, str], Probe]:
         ("GET", "/docs/oauth2-redirect"): Probe(PUBLIC, "/docs/oauth2-redirect"),
         ("GET", "/redoc"): Probe(PUBLIC, "/redoc"),
         ("*", MCP_PATH): Probe(MCP_TOOLS, MCP_PATH),
+        # The console: bob's run and gate are absent (404), bob's page refused (403), the
+        # listings filtered to alice's runs; a decision on bob's gate is refused (404).
+        ("GET", "/ui"): Probe(CONSOLE, "/ui", status=303),
+        ("GET", "/ui/login"): Probe(CONSOLE, "/ui/login", status=200),
+        ("POST", "/ui/login"): Probe(CONSOLE, "/ui/login", {"api_key": "x"}, status=403),
+        ("POST", "/ui/logout"): Probe(CONSOLE, "/ui/logout", {}, status=303),
+        ("GET", "/ui/runs"): Probe(CONSOLE, "/ui/runs", status=200),
+        ("GET", "/ui/runs/{run_id}"): Probe(CONSOLE, f"/ui/runs/{run}", status=404),
+        ("GET", "/ui/approvals"): Probe(CONSOLE, "/ui/approvals", status=200),
+        ("POST", "/ui/runs/{run_id}/approve"): Probe(
+            CONSOLE, f"/ui/runs/{gate}/approve", {"plan_hash": ids["plan_hash"]}, status=404
+        ),
+        ("POST", "/ui/runs/{run_id}/reject"): Probe(
+            CONSOLE, f"/ui/runs/{gate}/reject", {"plan_hash": ids["plan_hash"]}, status=404
+        ),
+        ("GET", "/ui/users"): Probe(CONSOLE, "/ui/users?user_id=bob", status=303),
+        ("GET", "/ui/users/{user_id}"): Probe(CONSOLE, "/ui/users/bob", status=403),
+        ("*", "/ui/static"): Probe(CONSOLE, "/ui/static/console.css", status=200),
         # A user id in the path: refused outright.
         ("GET", "/v1/users/{user_id}/facts"): Probe(FORBIDDEN, f"{user}/facts"),
         ("PUT", "/v1/users/{user_id}/facts"): Probe(
@@ -286,6 +310,34 @@ def test_a_user_bound_key_is_refused_every_other_user_on_every_route(
     refused = refusal("alice", f"API key {key_id}")
     for (method, template), probe in sorted(table.items()):
         if probe.decision == MCP_TOOLS:
+            continue
+        if probe.decision == CONSOLE:
+            alice_key = alice["Authorization"].removeprefix("Bearer ")
+            form = None if probe.body is None else {**probe.body, "csrf": csrf_token(alice_key)}
+            r = c.request(
+                "GET" if method == "*" else method,  # a mount: its files are read
+                probe.path,
+                data=form,
+                headers={"Cookie": f"{CONSOLE_COOKIE}={alice_key}"},
+                follow_redirects=False,
+            )
+            c.cookies.clear()
+            assert r.status_code == probe.status, (method, template, r.status_code, r.text)
+            assert SECRET not in r.text, (method, template)
+            if r.status_code == 200:  # a listing: alice's runs only
+                assert "run-b" not in r.text, (method, template)
+                assert "gate-b" not in r.text, (method, template)
+            if r.status_code == 404:  # word for word the page of an absent run
+                absent = c.request(
+                    method,
+                    probe.path.replace(ids["gate"], "absent-1").replace(ids["run"], "absent-1"),
+                    data=form,
+                    headers={"Cookie": f"{CONSOLE_COOKIE}={alice_key}"},
+                    follow_redirects=False,
+                )
+                assert absent.status_code == 404, (method, template)
+                got = r.text.replace(ids["gate"], "absent-1").replace(ids["run"], "absent-1")
+                assert got == absent.text, (method, template)
             continue
         r = c.request(method, probe.path, json=probe.body, headers=alice)
         where = (method, template)

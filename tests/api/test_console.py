@@ -1,0 +1,363 @@
+"""The console (/ui) and the offline API docs in a real headless Chromium against `tiermem serve`.
+
+The browser tests are marked slow: their module fixture starts a server process and a
+browser (about 10 s), and the docs page takes seconds to render. A few checks that need
+no browser run in-process against the app.
+
+Playwright for Python drives Debian's chromium (``/usr/bin/chromium``; ``./run test``
+installs it); no browser is ever downloaded. The server is a real ``tiermem serve``
+process on a loopback port over the embedded default store; the data the pages
+show is made through :class:`~memory.client.MemoryClient`, as an agent would.
+Every page request the browser makes to anything but the server is aborted and
+recorded, so a page that reaches for a CDN fails its test.
+
+Screenshots of the main pages are kept under ``tests/artifacts/console/``
+(ignored by git); the path is printed.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+import pytest
+from playwright.sync_api import BrowserContext, Page, Route, expect, sync_playwright
+
+from api.ui.auth import COOKIE, csrf_token
+from memory import ApprovalPendingError, RunStatus
+from memory.apikeys import ApiKeyRegistry
+from memory.client import MemoryClient
+from memory.facade import Memory
+from memory.settings import Settings
+from tests.api.conftest import Api, new_tenant, start_app
+from tests.api.test_routes import SUMMARY
+from tests.conftest import free_port
+from tiers.backends import open_kv_store
+
+TIERMEM = str(Path(sys.executable).parent / "tiermem")
+CHROMIUM = "/usr/bin/chromium"
+ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "console"
+TENANT = "console-test"
+
+
+@dataclass
+class Console:
+    """A served tiermem, its keys, and a browser context that may reach only that server."""
+
+    base_url: str
+    key: str
+    read_only_key: str
+    yara_key: str  # bound to user yara
+    context: BrowserContext
+    blocked: list[str] = field(default_factory=list)  # URLs the pages tried outside the server
+
+    def page(self) -> Page:
+        """A fresh page with no console cookie."""
+        self.context.clear_cookies()
+        return self.context.new_page()
+
+
+def _start_server(work: Path) -> tuple[subprocess.Popen[bytes], str, dict[str, str]]:
+    env = {
+        **os.environ,
+        "TIERMEM_DATA_DIR": str(work / "data"),
+        "TIERMEM_DURABLE": "false",
+        "TIERMEM_ALLOW_VOLATILE": "true",
+        "LITELLM_LOCAL_MODEL_COST_MAP": "True",
+    }
+    env.pop("TIERMEM_KV_URL", None)
+    (work / "data").mkdir()
+    kv = open_kv_store(str(work / "data" / "tiermem.sqlite3"))
+    registry = ApiKeyRegistry(kv)
+    keys = {
+        "key": registry.create(TENANT)[0],
+        "read_only": registry.create(TENANT, read_only=True)[0],
+        "yara": registry.create(TENANT, user_id="yara")[0],
+    }
+    kv.close()
+    port = free_port()
+    log = work / "server.log"
+    with log.open("wb") as out:
+        process = subprocess.Popen(
+            [TIERMEM, "serve", "--port", str(port)], env=env, stdout=out, stderr=out
+        )
+    base_url = f"http://127.0.0.1:{port}"
+    deadline = time.monotonic() + 60
+    while True:
+        try:
+            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
+                return process, base_url, keys
+        except httpx.TransportError:
+            pass
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            pytest.fail(f"tiermem serve did not start:\n{log.read_text()}")
+        time.sleep(0.1)
+
+
+@pytest.fixture(scope="module")
+def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
+    if not os.access(CHROMIUM, os.X_OK):
+        pytest.fail(f"{CHROMIUM} is missing: `apt-get install chromium` (./run test does)")
+    work = tmp_path_factory.mktemp("console")
+    process, base_url, keys = _start_server(work)
+    try:
+        with sync_playwright() as playwright:
+            context = playwright.chromium.launch_persistent_context(
+                str(work / "profile"),  # a fresh user-data-dir
+                executable_path=CHROMIUM,
+                headless=True,
+                args=[
+                    "--headless",
+                    "--no-sandbox",
+                    "--disable-gpu",
+                    "--disable-background-networking",
+                    "--disable-component-update",
+                    "--disable-sync",
+                    "--no-first-run",
+                ],
+                viewport={"width": 1280, "height": 900},
+            )
+            served = Console(base_url, keys["key"], keys["read_only"], keys["yara"], context)
+
+            def only_the_server(route: Route) -> None:
+                if route.request.url.startswith(base_url + "/"):
+                    route.continue_()
+                else:
+                    served.blocked.append(route.request.url)
+                    route.abort()
+
+            context.route("**/*", only_the_server)
+            yield served
+            context.close()
+    finally:
+        process.kill()
+        process.wait()
+
+
+@pytest.fixture
+def client(console: Console) -> Iterator[MemoryClient]:
+    with MemoryClient(console.base_url, console.key) as memory_client:
+        yield memory_client
+
+
+def screenshot(page: Page, name: str) -> Path:
+    """Keep a full-page PNG of ``page`` as a test artifact and print where."""
+    ARTIFACTS.mkdir(parents=True, exist_ok=True)
+    path = ARTIFACTS / f"{name}.png"
+    page.screenshot(path=str(path), full_page=True)
+    print(f"screenshot: {path}")
+    return path
+
+
+def log_in(console: Console, key: str) -> Page:
+    page = console.page()
+    page.goto(f"{console.base_url}/ui/login")
+    page.fill("input[name=api_key]", key)
+    page.click("button[type=submit]")
+    expect(page).to_have_url(re.compile(r"/ui/runs$"))
+    return page
+
+
+@pytest.mark.slow
+def test_pages_without_a_login_redirect_to_it_and_a_bad_key_is_refused(console: Console) -> None:
+    page = console.page()
+    for path in ("/ui", "/ui/runs", "/ui/approvals", "/ui/users/ann", "/ui/runs/any"):
+        page.goto(console.base_url + path)
+        expect(page).to_have_url(f"{console.base_url}/ui/login")
+    page.fill("input[name=api_key]", "tmk_000000000000_" + "A" * 43)
+    page.click("button[type=submit]")
+    expect(page.get_by_role("alert")).to_contain_text("malformed, unknown or revoked")
+    screenshot(page, "login")
+    page.goto(f"{console.base_url}/ui/runs")
+    expect(page).to_have_url(f"{console.base_url}/ui/login")
+    assert console.blocked == []
+
+
+@pytest.mark.slow
+def test_approve_a_gate_in_the_page_then_resume_and_complete(
+    console: Console, client: MemoryClient
+) -> None:
+    run = client.start_run("ann", "refund-7")
+    run.append_checkpoint("plan", {"items": 2}, state={"planned": True})
+    plan = {"refund": 42, "to": "<script>alert('x')</script>"}
+    with pytest.raises(ApprovalPendingError) as pending:
+        run.await_approval(plan, key="refund")
+    plan_hash = pending.value.plan_hash
+    assert client.get_run("refund-7").status is RunStatus.PAUSED
+
+    page = log_in(console, console.key)
+    page.click("text=paused")
+    expect(page.locator("table")).to_contain_text("refund-7")
+    page.goto(f"{console.base_url}/ui/approvals")
+    gate = page.locator("section.card", has_text="refund-7")
+    expect(gate).to_contain_text(plan_hash)
+    expect(gate.locator("pre.plan")).to_contain_text("<script>alert('x')</script>")  # as text
+    screenshot(page, "approvals")
+    gate.locator("input[name=note]").fill("checked the order")
+    gate.get_by_role("button", name="Approve").click()
+
+    expect(page).to_have_url(f"{console.base_url}/ui/runs/refund-7")
+    expect(page.locator("#run-status")).to_have_text("resumable")
+    expect(page.locator(".gate")).to_contain_text("checked the order")
+    info = client.get_run("refund-7")
+    assert info.status is RunStatus.RESUMABLE
+
+    resumed = client.start_run("ann", "refund-7")
+    assert resumed.await_approval(plan, key="refund").approved
+    resumed.complete({"refunded": 42})
+    page.reload()
+    expect(page.locator("#run-status")).to_have_text("completed")
+    expect(page.locator("table").first).to_contain_text("plan")
+    page.locator("a", has_text="state").first.click()  # the run as of its first checkpoint
+    expect(page.locator("#scope")).to_contain_text("At seq 1")
+    expect(page.locator("pre").filter(has_text="planned")).to_have_count(1)
+    screenshot(page, "run")
+    assert console.blocked == []
+
+
+@pytest.mark.slow
+def test_a_users_memory_shows_facts_sessions_and_the_context_with_token_counts(
+    console: Console, client: MemoryClient
+) -> None:
+    client.set_fact("bea", "language", "Python", source="session:s-1", confidence=0.8)
+    client.set_fact("bea", "language", "Rust <b>not bold</b>", evidence="said so twice")
+    client.save_session({**SUMMARY, "session_id": "s-1", "user_id": "bea"})
+
+    page = log_in(console, console.key)
+    page.fill("header input[name=user_id]", "bea")
+    page.get_by_role("button", name="User memory").click()
+    expect(page).to_have_url(f"{console.base_url}/ui/users/bea")
+    fact = page.locator("tr.fact", has_text="language")
+    expect(fact).to_contain_text("Rust <b>not bold</b>")
+    expect(fact).to_contain_text("said so twice")
+    fact.locator("summary").click()
+    expect(fact.locator("details")).to_contain_text("session:s-1")
+    expect(page.locator("section.session")).to_contain_text("logical replication")
+
+    page.fill("input[name=q]", "billing database")
+    page.get_by_role("button", name="Preview").click()
+    sections = page.locator("tr.section")
+    expect(sections.first).to_be_visible()
+    for row in sections.all():
+        assert int(row.locator("td.num").inner_text()) > 0
+    expect(page.locator(".tokens")).to_contain_text("tokens")
+    expect(page.locator("pre.context")).to_contain_text("Rust")
+    screenshot(page, "user")
+    assert console.blocked == []
+
+
+@pytest.mark.slow
+def test_a_user_bound_key_sees_its_own_user_only(console: Console, client: MemoryClient) -> None:
+    client.set_fact("zed", "secret", "zed-only-value")
+    client.set_fact("yara", "color", "green")
+    client.start_run("zed", "zed-run")
+    page = log_in(console, console.yara_key)
+    response = page.goto(f"{console.base_url}/ui/users/zed")
+    assert response is not None
+    assert response.status == 403
+    expect(page.get_by_role("alert")).to_contain_text("bound to user 'yara'")
+    assert "zed-only-value" not in page.content()
+    response = page.goto(f"{console.base_url}/ui/runs/zed-run")
+    assert response is not None
+    assert response.status == 404
+    page.goto(f"{console.base_url}/ui/runs")
+    assert "zed-run" not in page.content()
+    page.goto(f"{console.base_url}/ui/users/yara")
+    expect(page.locator("tr.fact")).to_contain_text("green")
+    assert console.blocked == []
+
+
+@pytest.mark.slow
+def test_a_post_without_the_csrf_token_is_refused(console: Console, client: MemoryClient) -> None:
+    run = client.start_run("cy", "csrf-1")
+    with pytest.raises(ApprovalPendingError) as pending:
+        run.await_approval({"delete": "everything"}, key="g")
+    form = {"plan_hash": pending.value.plan_hash}
+    cookie = {"Cookie": f"{COOKIE}={console.key}"}
+    url = f"{console.base_url}/ui/runs/csrf-1/approve"
+    for bad in ({}, {"csrf": "0" * 64}, {"csrf": csrf_token(console.read_only_key)}):
+        refused = httpx.post(url, data={**form, **bad}, headers=cookie)
+        assert refused.status_code == 403, refused.text
+        assert "CSRF" in refused.text
+    assert client.get_run("csrf-1").status is RunStatus.PAUSED
+    # A read-only key's valid token still cannot decide.
+    read_only = {"Cookie": f"{COOKIE}={console.read_only_key}"}
+    token = {"csrf": csrf_token(console.read_only_key)}
+    refused = httpx.post(url, data={**form, **token}, headers=read_only)
+    assert refused.status_code == 403
+    assert "read-only" in refused.text
+    assert client.get_run("csrf-1").status is RunStatus.PAUSED
+    # Logging out needs the token too.
+    assert httpx.post(f"{console.base_url}/ui/logout", headers=cookie).status_code == 403
+
+
+@pytest.mark.slow
+def test_docs_render_offline(console: Console, no_network: None) -> None:
+    page = console.page()
+    page.goto(f"{console.base_url}/docs")
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text("tiermem")
+    expect(page.locator(".opblock").first).to_be_visible()
+    screenshot(page, "docs")
+    page.goto(f"{console.base_url}/redoc")  # redirected to the offline Swagger UI
+    expect(page).to_have_url(f"{console.base_url}/docs")
+    expect(page.locator(".swagger-ui .info .title")).to_contain_text("tiermem")
+    assert console.blocked == []
+
+
+def _csrf(html: str) -> str:
+    found = re.search(r'name="csrf" value="([0-9a-f]{64})"', html)
+    assert found is not None, html
+    return found.group(1)
+
+
+def test_stored_values_are_escaped_and_pages_are_not_cached(api: Api) -> None:
+    tenant = new_tenant()
+    key = api.key(tenant)["Authorization"].removeprefix("Bearer ")
+    memory = api.service.view(tenant)
+    memory.set_fact("u1", "k", "<img src=x onerror=alert(1)>", evidence="<script>x</script>")
+    c = api.client
+    login = c.get("/ui/login")
+    assert login.headers["Cache-Control"] == "no-store"
+    signed_in = c.post("/ui/login", data={"api_key": key, "csrf": _csrf(login.text)})
+    assert signed_in.url.path == "/ui/runs"
+    page = c.get("/ui/users/u1")
+    assert page.status_code == 200
+    assert "<img src=x" not in page.text
+    assert "<script>x</script>" not in page.text
+    assert "&lt;img src=x onerror=alert(1)&gt;" in page.text
+    assert "frame-ancestors 'none'" in page.headers["Content-Security-Policy"]
+    cookie = signed_in.history[0].headers["set-cookie"]
+    assert "HttpOnly" in cookie
+    assert "SameSite=strict" in cookie
+    assert "Path=/ui" in cookie
+
+
+def test_login_needs_the_login_pages_csrf_token(api: Api) -> None:
+    key = api.key(new_tenant())["Authorization"].removeprefix("Bearer ")
+    c = api.client
+    c.get("/ui/login")
+    refused = c.post("/ui/login", data={"api_key": key}, follow_redirects=False)
+    assert refused.status_code == 403
+    assert COOKIE not in c.cookies
+
+
+def test_with_auth_off_the_console_acts_in_the_servers_tenant(
+    memory: Memory, tmp_path: Path
+) -> None:
+    settings = Settings(data_dir=tmp_path, auth_enabled=False)
+    with start_app(settings, memory) as running:
+        c = running.client
+        assert c.get("/ui/runs", follow_redirects=False).status_code == 303
+        login = c.get("/ui/login")
+        assert 'name="api_key"' not in login.text
+        runs = c.post("/ui/login", data={"csrf": _csrf(login.text)})
+        assert runs.url.path == "/ui/runs"
+        assert f"tenant <b>{memory.tenant}</b>" in runs.text

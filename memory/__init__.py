@@ -98,7 +98,7 @@ from tiers.models import (
 from tiers.redaction import Redactor
 from tiers.retention import RetentionPolicy, SweepReport
 from tiers.session import RecalledSession, SummaryJob
-from tiers.task import NOT_DONE, Approval, Charged, EffectRecord, Event, RunHandle
+from tiers.task import NOT_DONE, Approval, ApprovalRecord, Charged, EffectRecord, Event, RunHandle
 
 __all__ = [
     "NOT_DONE",
@@ -106,6 +106,7 @@ __all__ = [
     "ApiKeyNotFoundError",
     "Approval",
     "ApprovalPendingError",
+    "ApprovalRecord",
     "AsyncMemory",
     "AuthenticationError",
     "BackendUnavailableError",

@@ -35,6 +35,7 @@ from tiers.task import (
     DEFAULT_SNAPSHOT_EVERY,
     UNSET,
     Approval,
+    ApprovalRecord,
     EffectRecord,
     Event,
     RunHandle,
@@ -130,7 +131,6 @@ class Memory:
         self.allow_volatile = False
         # The data dir's lock (from_settings, when an embedded store lives there).
         self._dir_lock: DataDirLock | None = None
-        # The operations, by kind, each group with its contracts in its own module.
         self._sessions_ops = SessionOperations(
             tiers, summarizer=lambda: self.summarizer, context_max_tokens=context_max_tokens
         )
@@ -443,6 +443,10 @@ class Memory:
     def get_effect(self, run_id: str, key: str) -> EffectRecord:
         """One entry of a run's effect ledger, by its idempotency key."""
         return self._runs.get_effect(run_id, key)
+
+    def run_approval(self, run_id: str, key: str) -> ApprovalRecord | None:
+        """A run's approval gate ``key`` (frozen plan, hash, decision), or ``None``."""
+        return self._runs.run_approval(run_id, key)
 
     def run_effects(self, run_id: str) -> list[EffectRecord]:
         """A run's effect ledger: every external effect, its status and recorded output."""

@@ -24,7 +24,7 @@ from tiers.index_check import IndexRepair, IndexReport
 from tiers.models import Checkpoint, Message, RunInfo, RunStatus, SessionSummary, UserFact
 from tiers.retention import RetentionPolicy, SweepReport
 from tiers.session import RecalledSession
-from tiers.task import UNSET, Approval, EffectRecord, Event, RunHandle
+from tiers.task import UNSET, Approval, ApprovalRecord, EffectRecord, Event, RunHandle
 
 __all__ = ["DEFAULT_TOP_K", "AsyncMemory", "Memory"]
 
@@ -327,6 +327,10 @@ class AsyncMemory:
             incarnation=incarnation,
             finished_ok=finished_ok,
         )
+
+    async def run_approval(self, run_id: str, key: str) -> ApprovalRecord | None:
+        """See :meth:`Memory.run_approval`."""
+        return await self._call(self.sync.run_approval, run_id, key)
 
     async def get_effect(self, run_id: str, key: str) -> EffectRecord:
         """See :meth:`Memory.get_effect`."""

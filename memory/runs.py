@@ -13,7 +13,7 @@ from typing import Any
 from pydantic import JsonValue
 
 from tiers.models import Checkpoint, RunInfo, RunStatus
-from tiers.task import UNSET, Approval, EffectRecord, Event, RunHandle, TaskTier
+from tiers.task import UNSET, Approval, ApprovalRecord, EffectRecord, Event, RunHandle, TaskTier
 from tiers.values import check_datetime
 
 
@@ -179,6 +179,17 @@ class RunOperations:
             EffectNotFoundError: The run has no effect with that key.
         """
         return self._tasks.get_effect(run_id, key)
+
+    def run_approval(self, run_id: str, key: str) -> ApprovalRecord | None:
+        """A run's approval gate ``key``: its frozen plan (as stored, redacted), hash and decision.
+
+        Returns:
+            The gate, or ``None`` if the run never requested it.
+
+        Raises:
+            RunNotFoundError: No such run.
+        """
+        return self._tasks.approval(run_id, key)
 
     def run_effects(self, run_id: str) -> list[EffectRecord]:
         """A run's effect ledger: every external effect, its status and recorded output."""

@@ -141,6 +141,7 @@ def test_public_surface_is_pinned() -> None:
         "ApiKeyNotFoundError",
         "Approval",
         "ApprovalPendingError",
+        "ApprovalRecord",
         "AsyncMemory",
         "AuthenticationError",
         "BackendUnavailableError",

@@ -271,7 +271,7 @@ async def _decide(request: Request, run_id: str, *, approve: bool) -> Response:
             )
         memory = await _memory(request, principal)
         await _read(views.visible_run, memory, run_id, principal.user_id)
-        decide = memory.tasks.approve if approve else memory.tasks.reject
+        decide = memory.approve_run if approve else memory.reject_run
         by = f"console:api-key:{principal.key_id}" if principal.key_id else "console"
         note = form.get("note", "").strip() or None
         await _read(

@@ -68,8 +68,8 @@ class Gate:
 
 
 def _gate(memory: Memory, run_id: str, key: str) -> Gate | None:
-    """A run's gate ``key`` read through ``TaskTier.approval``, or ``None`` if never requested."""
-    record = memory.tasks.approval(run_id, key)
+    """A run's gate ``key``, or ``None`` if never requested."""
+    record = memory.run_approval(run_id, key)
     if record is None:
         return None
     return Gate(

@@ -13,7 +13,9 @@ from api.app import create_app
 from memory.operations import OPERATIONS, RUN_OPERATIONS, SERVICE_ROUTES, Route
 from memory.settings import Settings
 
-ROUTERS = Path(__file__).resolve().parents[2] / "api" / "routers"
+API = Path(__file__).resolve().parents[2] / "api"
+# Modules that serve requests: the REST routers and the console's pages.
+REQUEST_MODULES = [*sorted((API / "routers").glob("*.py")), *sorted((API / "ui").glob("*.py"))]
 TIERS = {"tasks", "sessions", "users", "items", "threads"}
 MEMORY_TYPES = {"Memory", "ReadMemory", "WriteMemory", "MemoryDep"}
 
@@ -60,8 +62,8 @@ def tier_reads(source: str) -> list[str]:
 
 def test_routers_reach_the_tiers_only_through_memory_operations() -> None:
     offenders = {
-        path.name: reads
-        for path in sorted(ROUTERS.glob("*.py"))
+        str(path.relative_to(API)): reads
+        for path in REQUEST_MODULES
         if (reads := tier_reads(path.read_text()))
     }
     assert offenders == {}

@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 from pydantic import JsonValue
 
+from memory.facade import Memory
 from memory.workers import (
     REGISTRATION_KEY,
     WORKFLOW_STATE_KEY,
@@ -86,6 +87,14 @@ def broken_workflow(run: WorkflowRun, input: JsonValue) -> JsonValue:
     raise ValueError(f"bad input {input!r}")
 
 
+@workflows.workflow("gated")
+def gated_workflow(run: WorkflowRun, input: JsonValue) -> JsonValue:
+    """Waits for a human's approval of its plan between two steps."""
+    plan = run.step("plan", lambda: {"refund": input})
+    decision = run.await_approval(plan)
+    return {"approved": decision.approved}
+
+
 @pytest.fixture
 def store(redis_url: str) -> Iterator[KVStore]:
     kv = open_kv_store(redis_url)
@@ -140,7 +149,8 @@ def test_load_app_accepts_a_registry_or_an_app() -> None:
         load_app("tests.memory.test_workers:ROOT")
 
 
-APP_WITH_MEMORY = WorkerApp(workflows)
+# The same workflows in workers that open the whole Memory from their settings.
+APP_WITH_MEMORY = WorkerApp(workflows, open_memory=Memory.from_settings)
 
 
 def test_a_worker_runs_runs_to_the_end_and_fails_broken_ones(
@@ -168,6 +178,22 @@ def test_a_worker_runs_runs_to_the_end_and_fails_broken_ones(
     assert bad.error == "ValueError: bad input 7"
     assert tasks.get_run("plain").status is RunStatus.RESUMABLE
     assert sorted(log.read_text().splitlines()) == [f"r-{n}/effect:append/0" for n in range(3)]
+
+
+def test_a_run_paused_at_an_approval_gate_is_left_until_approved(tasks: TaskTier) -> None:
+    workflows.start(tasks, "maria", "gated", 30, run_id="g")
+    worker = Worker(tasks, workflows, lease_ttl=60)
+    assert worker.run_once() == "g"
+    info = tasks.get_run("g")
+    assert info.status is RunStatus.PAUSED
+    assert info.pending_approval is not None
+    assert info.lease_owner is None  # released: no TTL to wait once approved
+    assert worker.run_once() is None  # a paused run is nobody's work
+    tasks.approve("g", info.pending_approval.plan_hash, by="ops")
+    assert worker.run_once() == "g"
+    done = tasks.get_run("g")
+    assert done.status is RunStatus.COMPLETED
+    assert done.result == {"approved": True}
 
 
 def test_stop_lets_the_current_step_commit_then_releases_the_run(
@@ -215,7 +241,7 @@ class Fleet:
         self.lease_ttl = lease_ttl
         self.processes: list[subprocess.Popen[bytes]] = []
 
-    def spawn(self, concurrency: int = 2) -> subprocess.Popen[bytes]:
+    def spawn(self, concurrency: int = 2, app: str = APP) -> subprocess.Popen[bytes]:
         index = len(self.processes)
         env = {
             **os.environ,
@@ -231,7 +257,7 @@ class Fleet:
                     "memory.cli",
                     "worker",
                     "--app",
-                    APP,
+                    app,
                     "--concurrency",
                     str(concurrency),
                     "--lease-ttl",
@@ -303,7 +329,7 @@ def test_a_fleet_with_killed_workers_completes_every_run_exactly_once(
         time.sleep(rng.uniform(0.5, 2.5))
         victims = fleet.alive()
         rng.choice(victims).send_signal(signal.SIGKILL)
-        fleet.spawn()
+        fleet.spawn(app="tests.memory.test_workers:APP_WITH_MEMORY")
 
     def all_done() -> bool:
         return all(tasks.get_run(r).status is RunStatus.COMPLETED for r in runs)

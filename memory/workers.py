@@ -72,7 +72,7 @@ from tiers.errors import (
 from tiers.ids import check_id
 from tiers.models import RunInfo
 from tiers.redaction import Redactor
-from tiers.task import Approval, Charged, RunHandle, TaskTier
+from tiers.task import Approval, Charged, RunHandle, TaskTier, input_hash
 
 if TYPE_CHECKING:
     from memory.facade import Memory
@@ -256,6 +256,10 @@ class Workflows:
         polls takes it. Starting again with the same ``run_id``, name and input
         returns the run as it is (safe to retry).
 
+        The input is stored like a step's output: with redaction on, what the
+        redactor finds in it (secrets) is replaced before it is stored, and the
+        worker gets the redacted input; pass references to secrets, not secrets.
+
         Args:
             memory: A :class:`~memory.facade.Memory` (its tenant's task tier) or a task tier.
             user_id: Owner of the run.
@@ -283,17 +287,23 @@ class Workflows:
         tasks = _task_tier(memory)
         record = {"workflow": name, "input": input}
         if run_id is not None:
-            existing = _existing(tasks, run_id)
-            if existing is not None:
-                info, registered = existing
-                if info.user_id != user_id:
-                    raise ConflictError(f"run id {run_id!r} is taken by another user")
-                if registered is not None:
-                    if registered != record:
-                        raise ConflictError(
-                            f"run {run_id!r} runs another workflow or input: choose another run_id"
-                        )
-                    return info
+            check_id(run_id, "run_id")
+            try:
+                info: RunInfo | None = tasks.get_run(run_id)
+            except RunNotFoundError:
+                info = None
+            if info is not None and info.user_id != user_id:
+                raise ConflictError(f"run id {run_id!r} is taken by another user")
+            registered = (
+                None if info is None else tasks.checkpoint_for_key(run_id, REGISTRATION_KEY)
+            )
+            if info is not None and registered is not None:
+                # Compared by the hash of what was given (the stored input may be redacted).
+                if registered.input_hash != input_hash(record, step=_REGISTRATION_STEP):
+                    raise ConflictError(
+                        f"run {run_id!r} runs another workflow or input: choose another run_id"
+                    )
+                return info
         handle = tasks.start_run(
             user_id,
             run_id,
@@ -324,16 +334,6 @@ def registration(tasks: TaskTier, run_id: str) -> tuple[str, JsonValue] | None:
     if not isinstance(name, str):
         return None
     return name, checkpoint.output.get("input")
-
-
-def _existing(tasks: TaskTier, run_id: str) -> tuple[RunInfo, JsonValue] | None:
-    check_id(run_id, "run_id")
-    try:
-        info = tasks.get_run(run_id)
-    except RunNotFoundError:
-        return None
-    found = registration(tasks, run_id)
-    return info, None if found is None else {"workflow": found[0], "input": found[1]}
 
 
 def _task_tier(memory: Memory | TaskTier) -> TaskTier:
@@ -507,7 +507,10 @@ class Worker:
             for info in page:
                 if self._draining.is_set():
                     return None
-                found = registration(self.tasks, info.run_id)
+                try:
+                    found = registration(self.tasks, info.run_id)
+                except RunNotFoundError:
+                    continue  # deleted since the listing
                 workflow = None if found is None else self.workflows.get(found[0])
                 if found is None or workflow is None:
                     continue  # not a workflow run, or another fleet's workflow

@@ -263,11 +263,16 @@ def worker(
 
     Needs a store shared by processes (TIERMEM_KV_URL=redis://... or postgresql://...).
     """
+    import logging
     import signal
 
     from memory.workers import Worker, load_app, task_tier_from_settings
 
     settings = settings_from_env()
+    # What the fleet does (runs taken, released, failed) is its operators' only view of it.
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
     if urlsplit(settings.kv_location()).scheme in ("", "sqlite"):
         typer.echo(
             "error: `tiermem worker` needs a store shared by processes: set TIERMEM_KV_URL to "

@@ -493,6 +493,9 @@ class Worker:
             except TierError as exc:  # the store is down or overloaded: wait and poll again
                 logger.warning("worker %s: %s", worker_id, exc)
                 took = None
+            except Exception:  # a bug must not silently take a thread out of the fleet
+                logger.exception("worker %s: unexpected error", worker_id)
+                took = None
             if took is None:
                 self._draining.wait(self.poll_interval)
 

@@ -21,7 +21,7 @@ from pydantic import ValidationError
 from memory.apikeys import ApiKeyError, ApiKeyRegistry
 from memory.settings import Settings
 from summarizer.errors import SummarizerError
-from tiers.backends import open_kv_store, redact_url, require_durable
+from tiers.backends import kv_backend_name, open_kv_store, redact_url, require_durable
 from tiers.errors import DataDirLockedError, TierError
 
 if TYPE_CHECKING:
@@ -50,6 +50,12 @@ def info() -> None:
         if isinstance(value, str):
             value = redact_url(value)
         typer.echo(f"{name} = {value}")
+    location = settings.kv_location()
+    try:
+        backend = kv_backend_name(location)
+    except TierError as exc:
+        backend = f"none ({exc})"
+    typer.echo(f"kv_backend = {backend} at {redact_url(location)}")
 
 
 def keys_create(

@@ -34,7 +34,11 @@ class Settings(BaseSettings):
     data_dir: Path = Field(default=Path(".tiermem"), description="Folder of the embedded stores.")
     kv_url: str | None = Field(
         default=None,
-        description="KV store: 'redis://host:port/db' or 'sqlite:///path'; default: SQLite in data_dir.",
+        description=(
+            "KV store: 'sqlite:///path', 'redis://host:port/db' or "
+            "'postgresql://user:password@host:port/db' (the postgres extra); "
+            "default: SQLite in data_dir."
+        ),
     )
     vector_url: str | None = Field(
         default=None,

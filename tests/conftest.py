@@ -1,19 +1,25 @@
-"""Shared fixtures: real backends only (SQLite file, a real redis-server, embedded Chroma)."""
+"""Shared fixtures: real backends only (SQLite file, a real redis-server, a real
+PostgreSQL server, embedded Chroma)."""
 
 from __future__ import annotations
 
 import os
 import shutil
+import signal
 import socket
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
+import psycopg
 import pytest
 import redis
+from psycopg import sql
 
 from tiers.backends.base import KVStore
+from tiers.backends.postgres_kv import PostgresKVStore
 from tiers.backends.redis_kv import RedisKVStore
 from tiers.backends.sqlite_kv import SqliteKVStore
 
@@ -124,7 +130,188 @@ def redis_kv(redis_url: str) -> Iterator[RedisKVStore]:
     store.close()
 
 
-@pytest.fixture(params=["sqlite_kv", "redis_kv"])
+# ----------------------------------------------------------------------------- PostgreSQL
+
+
+def postgres_binary(name: str) -> str | None:
+    """A PostgreSQL server binary: on PATH, else the newest under Debian's /usr/lib/postgresql."""
+    found = shutil.which(name)
+    if found is not None:
+        return found
+    versions = sorted(
+        Path("/usr/lib/postgresql").glob(f"*/bin/{name}"),
+        key=lambda path: int(path.parts[-3]) if path.parts[-3].isdigit() else 0,
+    )
+    return str(versions[-1]) if versions else None
+
+
+class PostgresServer:
+    """A real PostgreSQL server (``initdb`` + ``postgres``) on a free loopback port.
+
+    Durable like a production server (``fsync=on``, ``synchronous_commit=on``);
+    ``settings`` adds ``-c name=value`` options. Its cluster lives in a new
+    temporary folder: as root, initdb refuses to run, so the server then runs
+    as the ``postgres`` user and the folder is that user's. Connections over
+    TCP need the password (``url`` carries it), so the tests see a credential
+    in every URL they must keep out of messages.
+    """
+
+    user = "tiermem"
+    password = "pg-secret-pw"  # a throwaway test server's
+
+    def __init__(self, *, settings: Sequence[str] = ()) -> None:
+        initdb, postgres = postgres_binary("initdb"), postgres_binary("postgres")
+        if initdb is None or postgres is None:
+            pytest.fail("PostgreSQL is not installed: run the README's test command")
+        self.root = Path(tempfile.mkdtemp(prefix="tiermem-pg-"))
+        # As root, the server runs as the ``postgres`` user (which Debian's package creates).
+        run_as = "postgres" if os.geteuid() == 0 else None
+        self.data = self.root / "data"
+        pwfile = self.root / "pw"
+        pwfile.write_text(self.password)
+        if run_as is not None:
+            try:
+                shutil.chown(self.root, run_as, run_as)
+                shutil.chown(pwfile, run_as, run_as)
+            except LookupError:
+                shutil.rmtree(self.root)
+                pytest.fail("as root, the PostgreSQL tests need a 'postgres' user to run it as")
+        # --no-sync: initdb's own files need not reach the disk (a test cluster);
+        # the server's commits are fsync'd as configured below.
+        subprocess.run(
+            [
+                initdb,
+                "-D",
+                str(self.data),
+                "-U",
+                self.user,
+                f"--pwfile={pwfile}",
+                "--auth-local=trust",
+                "--auth-host=scram-sha-256",
+                "--encoding=UTF8",
+                "--no-locale",
+                "--no-sync",
+            ],
+            check=True,
+            cwd=self.root,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            user=run_as,
+            group=run_as,
+            extra_groups=[] if run_as else None,
+        )
+        self._databases: set[str] = set()
+        self.port = free_port()
+        self.url = f"postgresql://{self.user}:{self.password}@127.0.0.1:{self.port}/postgres"
+        self._postgres, self._run_as, self._settings = postgres, run_as, tuple(settings)
+        self.start()
+
+    def start(self) -> None:
+        """Start the server on its cluster and port; wait until it takes connections."""
+        # Its own process group, so kill() can take down the postmaster and every backend.
+        self.process = subprocess.Popen(
+            [
+                self._postgres,
+                "-D",
+                str(self.data),
+                "-p",
+                str(self.port),
+                "-c",
+                "listen_addresses=127.0.0.1",
+                "-c",
+                f"unix_socket_directories={self.root}",
+                "-c",
+                "fsync=on",
+                "-c",
+                "synchronous_commit=on",
+                "-c",
+                "max_connections=200",
+                *(arg for option in self._settings for arg in ("-c", option)),
+            ],
+            cwd=self.root,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            user=self._run_as,
+            group=self._run_as,
+            extra_groups=[] if self._run_as else None,
+            start_new_session=True,
+        )
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                psycopg.connect(self.url, connect_timeout=2).close()
+                break
+            except psycopg.OperationalError:
+                if time.monotonic() > deadline or self.process.poll() is not None:
+                    self.stop()
+                    pytest.fail("postgres did not start")
+                time.sleep(0.05)
+
+    def kill(self) -> None:
+        """Crash the server: SIGKILL to the postmaster and every backend at once."""
+        os.killpg(self.process.pid, signal.SIGKILL)
+        self.process.wait()
+
+    def admin(self, database: str = "postgres") -> psycopg.Connection[tuple[object, ...]]:
+        """A superuser connection over the server's Unix socket (no password round trips)."""
+        return psycopg.connect(
+            host=str(self.root), port=self.port, user=self.user, dbname=database, autocommit=True
+        )
+
+    def database_url(self, name: str) -> str:
+        """The URL of database ``name``, created empty if it does not exist."""
+        if name not in self._databases:
+            with self.admin() as conn:
+                exists = conn.execute("SELECT 1 FROM pg_database WHERE datname = %s", (name,))
+                if exists.fetchone() is None:
+                    conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(name)))
+            self._databases.add(name)
+        return self.url.rsplit("/", 1)[0] + f"/{name}"
+
+    def stop(self) -> None:
+        """Stop the server by its pid (fast shutdown) and remove its folder."""
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGINT)
+            try:
+                self.process.wait(15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait()
+        shutil.rmtree(self.root, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def postgres_server() -> Iterator[PostgresServer]:
+    server = PostgresServer()
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def postgres_url(postgres_server: PostgresServer) -> str:
+    """URL of the shared test database, its KV table emptied before each test."""
+    url = postgres_server.database_url("tiermem_test")
+    with postgres_server.admin("tiermem_test") as conn:
+        # The clean-up need not wait for its own fsync; the stores' commits still do.
+        conn.execute("SET synchronous_commit = off")
+        conn.execute(
+            "DO $$ BEGIN IF to_regclass('tiermem_kv') IS NOT NULL THEN DELETE FROM tiermem_kv; "
+            "END IF; END $$"
+        )
+    return url
+
+
+@pytest.fixture
+def postgres_kv(postgres_url: str) -> Iterator[PostgresKVStore]:
+    store = PostgresKVStore(postgres_url, max_value_bytes=64 * 1024)
+    yield store
+    store.close()
+
+
+# ----------------------------------------------------------------------------- every KV backend
+
+
+@pytest.fixture(params=["sqlite_kv", "redis_kv", "postgres_kv"])
 def kv(request: pytest.FixtureRequest) -> KVStore:
     """Every KV backend, one after the other."""
     store: KVStore = request.getfixturevalue(request.param)

@@ -13,6 +13,7 @@ ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ["tiers", "summarizer", "memory", "api"]  # lowest first
 DRIVERS = {
     "redis": "tiers/backends",
+    "psycopg": "tiers/backends",
     "chromadb": "tiers/backends",
     "sqlite3": "tiers/backends",
     "onnxruntime": "tiers/backends",

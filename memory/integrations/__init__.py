@@ -19,11 +19,10 @@ from __future__ import annotations
 import importlib
 from types import ModuleType
 
+# Defined beside the storage drivers (the lowest layer that raises it); one class for both.
+from tiers.backends import MissingExtraError
+
 __all__ = ["MissingExtraError", "require"]
-
-
-class MissingExtraError(ImportError):
-    """An adapter's framework is not installed; the message names the extra that installs it."""
 
 
 def require(module: str, extra: str) -> ModuleType:

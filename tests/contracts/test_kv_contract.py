@@ -21,9 +21,10 @@ from pathlib import Path
 import pytest
 import redis
 
-from tests.conftest import RedisServer, free_port
+from tests.conftest import PostgresServer, RedisServer, free_port
 from tiers.backends import sqlite_kv
 from tiers.backends.base import Check, Delete, DeleteSpace, KVStore, Put, Write
+from tiers.backends.postgres_kv import PostgresKVStore
 from tiers.backends.redis_kv import RedisKVStore
 from tiers.backends.sqlite_kv import MIGRATIONS, SqliteKVStore
 from tiers.errors import (
@@ -678,15 +679,18 @@ class Backend:
         return store
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis", "postgres"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """A way to open several stores on the same storage, for every backend."""
     if request.param == "sqlite":
         path = tmp_path / "kv.sqlite3"
         spec = Backend("sqlite", lambda: SqliteKVStore(path, max_value_bytes=LIMIT), str(path))
-    else:
+    elif request.param == "redis":
         url: str = request.getfixturevalue("redis_url")
         spec = Backend("redis", lambda: RedisKVStore(url, max_value_bytes=LIMIT), url)
+    else:
+        pg_url: str = request.getfixturevalue("postgres_url")
+        spec = Backend("postgres", lambda: PostgresKVStore(pg_url, max_value_bytes=LIMIT), pg_url)
     yield spec
     for store in spec.opened:
         store.close()
@@ -721,6 +725,9 @@ kind, where = sys.argv[1], sys.argv[2]
 if kind.startswith("sqlite"):
     from tiers.backends.sqlite_kv import SqliteKVStore
     store = SqliteKVStore(where, durable=kind != "sqlite-fast")
+elif kind == "postgres":
+    from tiers.backends.postgres_kv import PostgresKVStore
+    store = PostgresKVStore(where)
 else:
     from tiers.backends.redis_kv import RedisKVStore
     store = RedisKVStore(where)
@@ -825,6 +832,22 @@ def test_acknowledged_commits_survive_a_killed_redis_server(tmp_path: Path) -> N
     finally:
         store.close()
         restarted.stop()
+
+
+@pytest.mark.slow
+def test_acknowledged_commits_survive_a_killed_postgres_server() -> None:
+    server = PostgresServer()
+    try:
+        url = server.database_url("crash")
+        acked = _run_until_killed(["postgres", url], 150, server.kill)
+        server.start()  # crash recovery replays the WAL
+        store = PostgresKVStore(url)
+        try:
+            _assert_crash_consistent(store, acked)
+        finally:
+            store.close()
+    finally:
+        server.stop()
 
 
 def test_ping_answers_on_a_live_store(kv: KVStore) -> None:

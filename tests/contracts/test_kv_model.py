@@ -26,6 +26,7 @@ from hypothesis.stateful import (
 )
 
 from tiers.backends.base import Check, Delete, DeleteSpace, KVStore, Put, Write
+from tiers.backends.postgres_kv import PostgresKVStore
 from tiers.backends.redis_kv import RedisKVStore
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.errors import ConflictError, ValueTooLargeError
@@ -238,15 +239,29 @@ def _redis_opener(url: str) -> Opener:
     return opener
 
 
+def _postgres_opener(url: str) -> Opener:
+    counter = iter(range(1_000_000))
+
+    def opener() -> tuple[KVStore, Callable[[], KVStore]]:
+        table = f"model_{next(counter)}"  # a new, empty table per example
+        return PostgresKVStore(
+            url, table=table, max_value_bytes=MAX_VALUE
+        ), lambda: PostgresKVStore(url, table=table, max_value_bytes=MAX_VALUE)
+
+    return opener
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+@pytest.mark.parametrize("backend", ["sqlite", "redis", "postgres"])
 def test_store_behaves_like_a_dict_model(
     backend: str, request: pytest.FixtureRequest, tmp_path: Path
 ) -> None:
     if backend == "sqlite":
         opener = _sqlite_opener(tmp_path)
-    else:
+    elif backend == "redis":
         opener = _redis_opener(request.getfixturevalue("redis_url"))
+    else:
+        opener = _postgres_opener(request.getfixturevalue("postgres_url"))
     run_state_machine_as_test(lambda: KVModelMachine(opener), settings=MODEL_SETTINGS)
 
 

@@ -17,6 +17,14 @@ if TYPE_CHECKING:
     from tiers.backends.encrypted_kv import MasterKey
 
 
+class MissingExtraError(ImportError):
+    """An optional driver or framework is not installed; the message names the extra to install.
+
+    Raised by the PostgreSQL backend without ``tiermem[postgres]``, and by the
+    framework adapters (``memory.integrations`` re-exports it) without theirs.
+    """
+
+
 @runtime_checkable
 class ReportsDurability(Protocol):
     """A store that can tell whether it would acknowledge a commit it may lose."""
@@ -64,17 +72,52 @@ def redact_url(url: str) -> str:
     """``url`` with any password (and a user name beside it) replaced by ``***``.
 
     For every URL that is printed or logged: ``redis://:secret@host:6379/0``
-    becomes ``redis://***@host:6379/0``. Anything that is not a URL with
-    credentials comes back unchanged.
+    becomes ``redis://***@host:6379/0``, and a ``password`` query parameter (which
+    libpq accepts in a ``postgresql://`` URL) becomes ``password=***``. Anything
+    that is not a URL with credentials comes back unchanged.
     """
     try:
         parts = urlsplit(url)
     except ValueError:
         return url
-    if "@" not in parts.netloc:
-        return url
-    host = parts.netloc.rsplit("@", 1)[1]
-    return urlunsplit(parts._replace(netloc=f"***@{host}"))
+    if "password=" in parts.query:
+        query = "&".join(
+            "password=***" if field.startswith("password=") else field
+            for field in parts.query.split("&")
+        )
+        parts = parts._replace(query=query)
+    if "@" in parts.netloc:
+        host = parts.netloc.rsplit("@", 1)[1]
+        parts = parts._replace(netloc=f"***@{host}")
+    return urlunsplit(parts) if parts.geturl() != url else url
+
+
+# URL scheme -> the KV backend it opens (see open_kv_backend); a bare path is SQLite.
+_KV_BACKENDS = {
+    "": "SQLite",
+    "sqlite": "SQLite",
+    "redis": "Redis",
+    "rediss": "Redis",
+    "unix": "Redis",
+    "postgresql": "PostgreSQL",
+    "postgres": "PostgreSQL",
+}
+
+
+def kv_backend_name(url: str) -> str:
+    """The KV backend a URL names (``SQLite``, ``Redis``, ``PostgreSQL``), without opening it.
+
+    Raises:
+        InvalidInputError: The URL's scheme is not supported.
+    """
+    scheme = urlsplit(url).scheme
+    if scheme not in _KV_BACKENDS:
+        raise InvalidInputError(
+            f"unsupported KV store URL scheme {scheme!r}: use sqlite:///path, "
+            "redis://host:port/db or postgresql://user:password@host:port/db",
+            field="kv_url",
+        )
+    return _KV_BACKENDS[scheme]
 
 
 def open_kv_store(
@@ -94,8 +137,9 @@ def open_kv_store(
 
     Args:
         url: ``sqlite:///relative/or/absolute/path.sqlite3`` (``sqlite:////abs`` for an
-            absolute path, as in SQLAlchemy), a bare file path, or ``redis://`` /
-            ``rediss://``.
+            absolute path, as in SQLAlchemy), a bare file path, ``redis://`` /
+            ``rediss://``, or ``postgresql://`` / ``postgres://`` (needs the
+            ``postgres`` extra).
         max_value_bytes: Largest value the store accepts.
         durable: SQLite only: fsync every commit.
         flush_interval: SQLite with ``durable=False`` only: make acknowledged
@@ -104,6 +148,7 @@ def open_kv_store(
 
     Raises:
         InvalidInputError: The URL's scheme is not supported.
+        MissingExtraError: A ``postgresql://`` URL without ``tiermem[postgres]`` installed.
         EncryptionKeyError: ``master_key`` is not the store's, the store is
             encrypted and no key is given, or it holds unencrypted data and a key
             is given (``tiermem encrypt`` first).
@@ -149,25 +194,21 @@ def open_kv_backend(
 
     Raises:
         InvalidInputError: The URL's scheme is not supported.
+        MissingExtraError: A ``postgresql://`` URL without ``tiermem[postgres]`` installed.
     """
-    scheme = urlsplit(url).scheme
-    if scheme in ("redis", "rediss", "unix"):
+    backend = kv_backend_name(url)
+    if backend == "Redis":
         from tiers.backends.redis_kv import RedisKVStore
 
         return RedisKVStore(url, max_value_bytes=max_value_bytes)
-    if scheme == "sqlite":
-        path = url.removeprefix("sqlite:///")
-    elif scheme == "":
-        path = url
-    else:
-        raise InvalidInputError(
-            f"unsupported KV store URL scheme {scheme!r}: use sqlite:///path or redis://host:port/db",
-            field="kv_url",
-        )
+    if backend == "PostgreSQL":
+        from tiers.backends.postgres_kv import PostgresKVStore
+
+        return PostgresKVStore(url, max_value_bytes=max_value_bytes)
     from tiers.backends.sqlite_kv import SqliteKVStore
 
     return SqliteKVStore(
-        Path(path),
+        Path(url.removeprefix("sqlite:///")),
         max_value_bytes=max_value_bytes,
         durable=durable,
         flush_interval=flush_interval,

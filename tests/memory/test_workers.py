@@ -1,8 +1,9 @@
 """The worker fleet (``tiermem worker``): registered workflows run to the end exactly once.
 
-The fleet tests start real ``tiermem worker`` processes on a real store, kill
-some with SIGKILL at random moments, drain one with SIGTERM, and check what the
-store and the "external system" (a file the workflow's effect appends to) hold.
+The fleet tests start real ``tiermem worker`` processes on a real store (Redis,
+then PostgreSQL), kill some with SIGKILL at random moments, drain one with
+SIGTERM, and check what the store and the "external system" (a file the
+workflow's effect appends to) hold.
 This module is also the workers' ``--app``: :data:`workflows` below.
 """
 
@@ -95,9 +96,16 @@ def gated_workflow(run: WorkflowRun, input: JsonValue) -> JsonValue:
     return {"approved": decision.approved}
 
 
+@pytest.fixture(params=["redis_url", "postgres_url"])
+def store_url(request: pytest.FixtureRequest) -> str:
+    """Each store a fleet can share: a real Redis server, then a real PostgreSQL server."""
+    url: str = request.getfixturevalue(request.param)
+    return url
+
+
 @pytest.fixture
-def store(redis_url: str) -> Iterator[KVStore]:
-    kv = open_kv_store(redis_url)
+def store(store_url: str) -> Iterator[KVStore]:
+    kv = open_kv_store(store_url)
     yield kv
     kv.close()
 
@@ -294,8 +302,8 @@ class Fleet:
 
 
 @pytest.fixture
-def fleet(redis_url: str, tmp_path: Path) -> Iterator[Fleet]:
-    group = Fleet(redis_url, tmp_path, lease_ttl=3.0)
+def fleet(store_url: str, tmp_path: Path) -> Iterator[Fleet]:
+    group = Fleet(store_url, tmp_path, lease_ttl=3.0)
     yield group
     group.stop_all()
 
@@ -348,10 +356,10 @@ def test_a_fleet_with_killed_workers_completes_every_run_exactly_once(
 
 @pytest.mark.slow
 def test_sigterm_drains_and_another_worker_resumes_before_the_ttl(
-    redis_url: str, tasks: TaskTier, tmp_path: Path
+    store_url: str, tasks: TaskTier, tmp_path: Path
 ) -> None:
     # A TTL far beyond the test's waits: the run can only move on because it was released.
-    fleet = Fleet(redis_url, tmp_path, lease_ttl=600.0)
+    fleet = Fleet(store_url, tmp_path, lease_ttl=600.0)
     log = tmp_path / "effects.log"
     workflows.start(
         tasks,

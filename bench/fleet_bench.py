@@ -3,11 +3,12 @@
 Usage::
 
     python bench/fleet_bench.py [--runs 200] [--workers 1,2,4] [--concurrency 2] [--ttl 5]
-                                [--postgres-url postgresql://...] [--quick]
+                                [--postgres | --postgres-url postgresql://...] [--quick]
 
 A redis-server (``appendonly yes``, ``appendfsync always``) is started on a
-free loopback port; ``--postgres-url`` adds the same figures on a PostgreSQL
-server (needs the PostgreSQL backend). Every worker is a real process
+free loopback port; ``--postgres`` adds the same figures on a PostgreSQL server
+it starts the same way (``initdb`` on PATH; fsync and synchronous_commit on),
+``--postgres-url`` on one of yours. Every worker is a real process
 (``python -m memory.cli worker --app fleet_bench:workflows``).
 
 The workflow is the shape of an agent task: four steps, each returning ~5 KB
@@ -139,6 +140,63 @@ class RedisAlways:
         self.proc.wait(10)
 
 
+class LocalPostgres:
+    """A PostgreSQL server (``initdb`` + ``postgres``, fsync on) on a free loopback port.
+
+    As root, initdb refuses to run, so the server then runs as the ``postgres`` user.
+    """
+
+    def __init__(self) -> None:
+        initdb, postgres = shutil.which("initdb"), shutil.which("postgres")
+        if initdb is None or postgres is None:
+            raise SystemExit("PostgreSQL is not installed (initdb and postgres on PATH)")
+        run_as = "postgres" if os.geteuid() == 0 else None
+        # A folder of its own: the server's user must be able to reach it.
+        self.workdir = workdir = Path(tempfile.mkdtemp(prefix="fleet-bench-pg-"))
+        if run_as is not None:
+            shutil.chown(workdir, run_as, run_as)
+        data = workdir / "data"
+        subprocess.run(
+            [initdb, "-D", str(data), "-U", "tiermem", "--auth=trust", "--no-sync"],
+            check=True,
+            stdout=subprocess.DEVNULL,
+            user=run_as,
+            group=run_as,
+            extra_groups=[] if run_as else None,
+        )
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = int(sock.getsockname()[1])
+        command = [postgres, "-D", str(data), "-p", str(port), "-c", "listen_addresses=127.0.0.1"]
+        command += ["-c", f"unix_socket_directories={workdir}", "-c", "fsync=on"]
+        command += ["-c", "synchronous_commit=on", "-c", "max_connections=200"]
+        self.proc = subprocess.Popen(
+            command,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            user=run_as,
+            group=run_as,
+            extra_groups=[] if run_as else None,
+        )
+        self.url = f"postgresql://tiermem@127.0.0.1:{port}/postgres"
+        ready = shutil.which("pg_isready")
+        for _ in range(600):
+            if (
+                ready is None
+                or subprocess.run(
+                    [ready, "-q", "-h", "127.0.0.1", "-p", str(port)], check=False
+                ).returncode
+                == 0
+            ):
+                break
+            time.sleep(0.05)
+
+    def stop(self) -> None:
+        self.proc.send_signal(signal.SIGINT)  # fast shutdown
+        self.proc.wait(30)
+        shutil.rmtree(self.workdir, ignore_errors=True)
+
+
 class Fleet:
     """Worker processes of one tenant on one store; each one's output in a file."""
 
@@ -229,7 +287,10 @@ def throughput(
     finally:
         fleet.stop()
     lines = log.read_text().splitlines()
-    assert len(lines) == len(set(lines)) == runs, "an effect was lost or repeated"
+    if not len(lines) == len(set(lines)) == runs:
+        raise SystemExit(
+            f"{len(lines)} effect lines for {runs} runs: an effect was lost or repeated"
+        )
     return runs / (ended - began).total_seconds()
 
 
@@ -270,6 +331,8 @@ def takeover(
 
 
 def bench_store(name: str, url: str, workdir: Path, args: argparse.Namespace) -> None:
+    # Each store's effect files and worker logs apart: the tenants' names repeat per store.
+    workdir = Path(tempfile.mkdtemp(prefix="store-", dir=workdir))
     kv = open_kv_store(url)
     try:
         print(f"\n== {name} ==")
@@ -299,7 +362,8 @@ def main() -> None:
     parser.add_argument("--concurrency", type=int, default=2, help="threads per worker")
     parser.add_argument("--ttl", type=float, default=5.0, help="lease TTL in seconds")
     parser.add_argument("--trials", type=int, default=3, help="kills and drains measured")
-    parser.add_argument("--postgres-url", help="also bench this PostgreSQL database")
+    parser.add_argument("--postgres", action="store_true", help="also bench a local PostgreSQL")
+    parser.add_argument("--postgres-url", help="also bench this PostgreSQL database instead")
     parser.add_argument("--quick", action="store_true", help="40 runs, 1 and 2 workers, 1 trial")
     args = parser.parse_args()
     args.workers = [int(k) for k in str(args.workers).split(",")]
@@ -315,6 +379,14 @@ def main() -> None:
             server.stop()
         if args.postgres_url:
             bench_store("PostgreSQL", args.postgres_url, workdir, args)
+        elif args.postgres:
+            local = LocalPostgres()
+            try:
+                bench_store(
+                    "PostgreSQL (fsync on, synchronous_commit on)", local.url, workdir, args
+                )
+            finally:
+                local.stop()
 
 
 if __name__ == "__main__":

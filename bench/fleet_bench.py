@@ -22,9 +22,10 @@ Figures:
    the clock runs from the first release to the last completion (read from the
    runs' heads);
 2. death to resume: a worker holding a run is SIGKILLed; the time from the kill
-   to another worker's ``RunResumed`` event is bound by the lease TTL (a
-   heartbeat renews it every TTL/3, so what is left of it at the kill is between
-   2/3 TTL and the TTL) plus a poll interval; printed beside the TTL;
+   to another worker's ``RunResumed`` event is bound by the lease TTL (every
+   commit renews the lease and a heartbeat does every TTL/3, so what is left of
+   it at the kill is between 2/3 of the TTL and, for a run committing steps
+   often, nearly all of it) plus a poll interval; printed beside the TTL;
 3. drain to resume: the same with SIGTERM: the worker finishes its step and
    releases the run, so the other worker takes it within a poll interval.
 

@@ -39,7 +39,7 @@ from tiers.backends import open_kv_store
 from tiers.backends.base import KVStore
 from tiers.errors import ConflictError, InvalidInputError
 from tiers.models import RunStatus
-from tiers.task import NOT_DONE, EventKind, TaskTier
+from tiers.task import NOT_DONE, Charged, EventKind, TaskTier
 
 ROOT = Path(__file__).resolve().parents[2]
 APP = "tests.memory.test_workers:workflows"
@@ -94,6 +94,14 @@ def gated_workflow(run: WorkflowRun, input: JsonValue) -> JsonValue:
     plan = run.step("plan", lambda: {"refund": input})
     decision = run.await_approval(plan)
     return {"approved": decision.approved}
+
+
+@workflows.workflow("spender")
+def spender_workflow(run: WorkflowRun, input: JsonValue) -> JsonValue:
+    """Spends 10 tokens a step, three steps."""
+    for i in range(3):
+        run.step(f"think-{i}", partial(Charged, i, tokens=10))
+    return "done"
 
 
 @pytest.fixture(params=["redis_url", "postgres_url"])
@@ -202,6 +210,18 @@ def test_a_run_paused_at_an_approval_gate_is_left_until_approved(tasks: TaskTier
     done = tasks.get_run("g")
     assert done.status is RunStatus.COMPLETED
     assert done.result == {"approved": True}
+
+
+def test_a_run_out_of_budget_fails_instead_of_coming_back(tasks: TaskTier) -> None:
+    workflows.start(tasks, "maria", "spender", None, run_id="s", budget_tokens=15)
+    worker = Worker(tasks, workflows, lease_ttl=60)
+    assert worker.run_once() == "s"
+    info = tasks.get_run("s")
+    assert info.status is RunStatus.FAILED
+    assert info.error is not None
+    assert info.error.startswith("BudgetExceededError: ")
+    assert info.spent_tokens == 20
+    assert worker.run_once() is None
 
 
 def test_stop_lets_the_current_step_commit_then_releases_the_run(

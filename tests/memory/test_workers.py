@@ -323,7 +323,9 @@ class Fleet:
 
 @pytest.fixture
 def fleet(store_url: str, tmp_path: Path) -> Iterator[Fleet]:
-    group = Fleet(store_url, tmp_path, lease_ttl=3.0)
+    # Short enough to wait out a few times, long enough that a loaded machine
+    # does not starve a live worker of its heartbeats.
+    group = Fleet(store_url, tmp_path, lease_ttl=5.0)
     yield group
     group.stop_all()
 

@@ -1,5 +1,5 @@
 """The ``tiermem`` command line of the library: demo, info, keys, reindex, resummarize, sweep,
-retention, and encryption at rest (new-master-key, encrypt, rotate-master-key).
+worker, retention, and encryption at rest (new-master-key, encrypt, rotate-master-key).
 
 :func:`build_app` makes the Typer app of these commands. The installed
 ``tiermem`` script is :mod:`api.cli`, at the top layer, which adds ``serve``
@@ -10,9 +10,10 @@ down only), not even by name at run time.
 from __future__ import annotations
 
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
+from urllib.parse import urlsplit
 
 import typer
 from pydantic import ValidationError
@@ -239,6 +240,82 @@ def sweep(
     )
 
 
+def worker(
+    app_path: Annotated[
+        str,
+        typer.Option(
+            "--app",
+            help="module:attr of the registered workflows: a memory.workers.Workflows, or a "
+            "memory.workers.WorkerApp (the workflows and how to open Memory from settings).",
+        ),
+    ],
+    concurrency: Annotated[int, typer.Option(min=1, help="Runs driven at once (threads).")] = 1,
+    poll_interval: Annotated[
+        float, typer.Option(min=0.01, help="Seconds between polls when there is nothing to take.")
+    ] = 1.0,
+    lease_ttl: Annotated[
+        float,
+        typer.Option(
+            min=0.1,
+            help="Seconds a lease lives without a heartbeat (heartbeats every third of it): "
+            "how long the runs of a killed worker wait for another.",
+        ),
+    ] = 30.0,
+    tenant: Annotated[
+        str | None, typer.Option(help="The tenant whose runs to serve (default: TIERMEM_TENANT).")
+    ] = None,
+) -> None:
+    """Run resumable workflow runs until SIGTERM, then drain (finish each step, release, exit 0).
+
+    Needs a store shared by processes (TIERMEM_KV_URL=redis://... or postgresql://...).
+    """
+    import logging
+    import signal
+
+    from memory.workers import Worker, load_app, task_tier_from_settings
+
+    settings = settings_from_env()
+    # What the fleet does (runs taken, released, failed) is its operators' only view of it.
+    logging.basicConfig(
+        level=settings.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s"
+    )
+    if urlsplit(settings.kv_location()).scheme in ("", "sqlite"):
+        typer.echo(
+            "error: `tiermem worker` needs a store shared by processes: set TIERMEM_KV_URL to "
+            "redis://... or postgresql://... (the embedded SQLite store is one process per data "
+            "dir, so a fleet of workers cannot share it)",
+            err=True,
+        )
+        raise typer.Exit(2)
+    try:
+        app = load_app(app_path)
+    except (ImportError, AttributeError, TypeError) as exc:
+        raise typer.BadParameter(str(exc), param_hint="--app") from exc
+    with ExitStack() as stack:
+        if app.open_memory is not None:
+            try:
+                memory = stack.enter_context(app.open_memory(settings))
+            except TierError as exc:
+                typer.echo(f"error: {exc}", err=True)
+                raise typer.Exit(1) from exc
+            tasks = memory.for_tenant(tenant or settings.tenant).tasks
+        else:
+            kv, _ = stack.enter_context(_kv())
+            tasks = task_tier_from_settings(kv, settings, tenant or settings.tenant)
+        fleet = Worker(
+            tasks,
+            app.workflows,
+            concurrency=concurrency,
+            lease_ttl=lease_ttl,
+            poll_interval=poll_interval,
+        )
+        for signum in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(signum, lambda *_: fleet.stop())
+        typer.echo(f"worker {fleet.name}: serving {', '.join(app.workflows.names)}", err=True)
+        fleet.run()
+    typer.echo(f"worker {fleet.name}: drained", err=True)
+
+
 def _ttl_option(kind: str, meaning: str) -> Any:
     return typer.Option(
         f"--{kind.replace('_', '-')}",
@@ -451,6 +528,7 @@ def build_app() -> typer.Typer:
     app.command()(reindex)
     app.command()(resummarize)
     app.command()(sweep)
+    app.command()(worker)
     retention_app = typer.Typer(
         help="Show and set a tenant's retention of sessions, transcripts, facts and idle runs.",
         no_args_is_help=True,

@@ -50,6 +50,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Final, Literal, TypeVar, cast, get_args
 
+import orjson
+
 from tiers.errors import InvalidInputError
 
 __all__ = [
@@ -389,6 +391,13 @@ _KEY_LABEL = re.compile(
     re.ASCII,
 )
 _AUTH_SCHEME = re.compile(r"(?i)(?:bearer|basic|token|digest|apikey)\s+")
+
+
+# Every key _KEY_LABEL classifies holds one of these, lowercased: a JSON value whose text
+# holds none has no key naming a credential (see Redactor._narrow).
+_KEY_WORDS: Final = (
+    "authorization", "cv", "csc", "key", "pass", "pin", "pwd", "secret", "security", "token",
+)  # fmt: skip
 
 
 @lru_cache(maxsize=4096)
@@ -789,6 +798,32 @@ def _anchored(rule: _Rule, text: str, lowered: str) -> Iterator[re.Match[str] | 
         yield m
 
 
+_JSON_PLAIN: Final = re.compile(r'[^"\\\x00-\x1f]*')
+"""Text JSON writes as it is (no quote, backslash or control character to escape)."""
+_MAX_NARROWED: Final = 256
+
+
+@dataclass(frozen=True, slots=True)
+class _RuleSet:
+    """Rules and their gates at once: text that passes none (most text) costs a few substring tests."""
+
+    rules: tuple[_Rule, ...]
+    ungated: bool
+    triggers: tuple[str, ...]
+    words: tuple[str, ...]
+    digits: bool
+
+    @classmethod
+    def of(cls, rules: tuple[_Rule, ...]) -> _RuleSet:
+        return cls(
+            rules,
+            any(not (r.triggers or r.words or r.digits) for r in rules),
+            tuple(sorted({t for r in rules for t in r.triggers})),
+            tuple(sorted({w for r in rules for w in r.words})),
+            any(r.digits for r in rules),
+        )
+
+
 class Redactor:
     """Finds secrets (and optionally PII) in text and JSON and replaces them with placeholders.
 
@@ -834,11 +869,15 @@ class Redactor:
                 rules.append(_Rule(f"custom:{kind}", regex, _group(kind, group)))
         self._rules: tuple[_Rule, ...] = tuple(rules)
         self._order = {rule.name: n for n, rule in enumerate(self._rules)}
-        # Every gate at once: text that passes none (most text) costs a few substring tests.
-        self._any_rule_ungated = any(not (r.triggers or r.words or r.digits) for r in self._rules)
-        self._triggers = tuple(sorted({t for r in self._rules for t in r.triggers}))
-        self._words = tuple(sorted({w for r in self._rules for w in r.words}))
-        self._any_digits = any(r.digits for r in self._rules)
+        self._all = _RuleSet.of(self._rules)
+        # The rule sets redact_json narrowed to, by the rules kept (a handful in practice).
+        self._narrowed: dict[tuple[int, ...], _RuleSet] = {}
+        # The gates can be tested on a value's JSON text only if JSON never escapes
+        # a character of theirs, so an occurrence in a string is one in the text too.
+        self._text_gates = all(
+            _JSON_PLAIN.fullmatch(gate) is not None
+            for gate in (*self._all.triggers, *self._all.words, *_KEY_WORDS)
+        ) and all(word.isascii() for word in self._all.words)
 
         # Redacting twice changes nothing: a value already replaced is never a finding.
         self._prefix = placeholder.split("{kind}", 1)[0]
@@ -865,20 +904,24 @@ class Redactor:
 
     def findings(self, text: str) -> list[Finding]:
         """What :meth:`redact` replaces in ``text``, in order, without overlaps."""
-        if not self._rules or len(text) < 6:
+        return self._find(text, self._all)
+
+    def _find(self, text: str, rule_set: _RuleSet) -> list[Finding]:
+        """:meth:`findings` by the rules of ``rule_set`` (all rules, or those a value can match)."""
+        if not rule_set.rules or len(text) < 6:
             return []
         found: list[tuple[int, int, int, str, str]] = []
         lowered: str | None = None
         digits: bool | None = None
-        if not self._any_rule_ungated:
+        if not rule_set.ungated:
             lowered = text.lower()
             if not (
-                any(map(text.__contains__, self._triggers))
-                or any(map(lowered.__contains__, self._words))
-                or (self._any_digits and (digits := _DIGIT_RUN.search(text) is not None))
+                any(map(text.__contains__, rule_set.triggers))
+                or any(map(lowered.__contains__, rule_set.words))
+                or (rule_set.digits and (digits := _DIGIT_RUN.search(text) is not None))
             ):
                 return []
-        for rule in self._rules:
+        for rule in rule_set.rules:
             # Cheap gates first (substring tests run in C); most text passes no rule's.
             if rule.triggers and not any(map(text.__contains__, rule.triggers)):
                 continue
@@ -928,7 +971,10 @@ class Redactor:
 
     def redact(self, text: str) -> str:
         """``text`` with every finding replaced by its placeholder."""
-        found = self.findings(text)
+        return self._redact(text, self._all)
+
+    def _redact(self, text: str, rule_set: _RuleSet) -> str:
+        found = self._find(text, rule_set)
         if not found:
             return text
         parts: list[str] = []
@@ -949,19 +995,53 @@ class Redactor:
         """
         if not self._rules:
             return value
-        return cast(J, self._walk(value, key))
+        rule_set, by_key = self._narrow(value, key)
+        if not rule_set.rules and not by_key:
+            return value  # no string of it can change: no walk
+        return cast(J, self._walk(value, key, rule_set, by_key))
 
-    def _walk(self, value: object, key: str | None) -> object:
+    def _narrow(self, value: object, key: str | None) -> tuple[_RuleSet, bool]:
+        """The rules some string of ``value`` may match, and whether a key may name a credential.
+
+        One pass over the value's JSON text (every string of it is in there
+        verbatim) runs every rule's gates once, so each string is then tested
+        against the few rules left instead of all of them: a rule whose gates
+        the whole text fails is skipped by every string's gates too.
+        """
+        if not self._text_gates:
+            return self._all, True
+        try:
+            text = orjson.dumps(value).decode()
+        except TypeError:  # not plain JSON (an int key, a huge int, deep nesting): test it all
+            return self._all, True
+        lowered = text.lower()
+        digits = self._all.digits and _DIGIT_RUN.search(text) is not None
+        kept = tuple(
+            n
+            for n, rule in enumerate(self._rules)
+            if (not rule.triggers or any(map(text.__contains__, rule.triggers)))
+            and (not rule.words or any(map(lowered.__contains__, rule.words)))
+            and (not rule.digits or digits)
+        )
+        rule_set = self._narrowed.get(kept)
+        if rule_set is None:
+            rule_set = _RuleSet.of(tuple(self._rules[n] for n in kept))
+            if len(self._narrowed) < _MAX_NARROWED:
+                self._narrowed[kept] = rule_set
+        by_key = key is not None or any(map(lowered.__contains__, _KEY_WORDS))
+        return rule_set, by_key
+
+    def _walk(self, value: object, key: str | None, rule_set: _RuleSet, by_key: bool) -> object:
         if isinstance(value, str):
-            if key is not None:
+            if by_key and key is not None:
                 whole = self._by_key(key, value)
                 if whole is not None:
                     return whole
-            return self.redact(value)
+            return self._redact(value, rule_set)
         if isinstance(value, dict):
             changed: dict[object, object] | None = None
             for k, v in value.items():
-                new = self._walk(v, k)
+                new = self._walk(v, k, rule_set, by_key)
                 if new is not v:
                     if changed is None:
                         changed = dict(value)
@@ -970,7 +1050,7 @@ class Redactor:
         if isinstance(value, list):
             out: list[object] | None = None
             for n, v in enumerate(value):
-                new = self._walk(v, key)
+                new = self._walk(v, key, rule_set, by_key)
                 if new is not v:
                     if out is None:
                         out = list(value)

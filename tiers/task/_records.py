@@ -29,13 +29,15 @@ from typing import Annotated, Any, Final
 from pydantic import Field, JsonValue
 
 from tiers import keys
+
+# tiers.values.to_json with orjson on the hot path (the same values accepted and returned).
+from tiers.codec import to_json as to_json
 from tiers.errors import InvalidInputError
 from tiers.ids import Id
 from tiers.models import Record, UtcDatetime, utcnow
 
 # Moved to a neutral module shared by every tier; re-exported here for existing importers.
 from tiers.values import canonical_json as canonical_json
-from tiers.values import to_json as to_json
 
 __all__ = [
     "MAX_NOTE",

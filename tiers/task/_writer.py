@@ -345,6 +345,8 @@ class RunWriter:
             EventKind.STEP_COMMITTED, step=step, seq=seq, checkpoint_id=ckpt_id, key=key, kind=kind
         )
         try:
+            # The output and state delta are JSON values already (to_json, the ledger, a
+            # snapshot): validated once there, not walked again here; the rest is checked.
             ckpt = Checkpoint(
                 checkpoint_id=ckpt_id,
                 run_id=self.run_id,
@@ -352,15 +354,14 @@ class RunWriter:
                 parent_id=info.head_checkpoint_id,
                 step=step,
                 input_hash=digest,
-                output=output,
                 idempotency_key=key,
                 scope=scope,
                 started_at=started_at,
                 created_at=txn.now,
                 kind=kind,
-                state_delta=delta,
+                state_delta=None if delta is None else {},
                 event_seq=event_seq,
-            )
+            ).model_copy(update={"output": output, "state_delta": delta})
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "output"

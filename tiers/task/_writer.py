@@ -41,6 +41,7 @@ from tiers.task._records import (
     IdempotencyEntry,
     Snapshot,
     checkpoint_id,
+    encode_checkpoint,
 )
 from tiers.task._store import RunStore
 from tiers.task._txn import Txn, check_fits
@@ -347,7 +348,7 @@ class RunWriter:
         try:
             # The output and state delta are JSON values already (to_json, the ledger, a
             # snapshot): validated once there, not walked again here; the rest is checked.
-            ckpt = Checkpoint(
+            base = Checkpoint(
                 checkpoint_id=ckpt_id,
                 run_id=self.run_id,
                 seq=seq,
@@ -359,16 +360,16 @@ class RunWriter:
                 started_at=started_at,
                 created_at=txn.now,
                 kind=kind,
-                state_delta=None if delta is None else {},
                 event_seq=event_seq,
-            ).model_copy(update={"output": output, "state_delta": delta})
+            )
         except ValidationError as exc:
             first = exc.errors()[0]
             where = ".".join(str(p) for p in first["loc"]) or "output"
             raise InvalidInputError(
                 f"step {step!r}: invalid checkpoint: {where}: {first['msg']}", field=where
             ) from exc
-        data = encode(ckpt)
+        ckpt = base.model_copy(update={"output": output, "state_delta": delta})
+        data = encode_checkpoint(base, output, delta)
         check_fits(store.kv.max_value_bytes, data, f"checkpoint of step {step!r}", "output")
         space = keys.run_space(store.tenant, self.run_id)
         ckpt_key = keys.checkpoint_key(seq)

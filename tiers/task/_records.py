@@ -27,10 +27,10 @@ from enum import StrEnum
 from typing import Annotated, Any, Final
 
 import orjson
-from pydantic import Field, JsonValue
+from pydantic import Field, JsonValue, ValidationError
 
 from tiers import keys
-from tiers.codec import encode
+from tiers.codec import decode, encode
 
 # tiers.values.to_json with orjson on the hot path (the same values accepted and returned).
 from tiers.codec import to_json as to_json
@@ -56,6 +56,7 @@ __all__ = [
     "NotDone",
     "Snapshot",
     "canonical_json",
+    "decode_checkpoint",
     "encode_checkpoint",
     "input_hash",
     "new_incarnation",
@@ -427,3 +428,28 @@ def encode_checkpoint(
             data[at + len(_DELTA_AT) - len(b',"event_seq":') :],
         )
     return data
+
+
+def decode_checkpoint(data: bytes, *, where: str) -> Checkpoint:
+    """``decode(Checkpoint, data)``: the same record, its output parsed by orjson, not walked.
+
+    pydantic validates every field but the output and the state delta, which
+    JSON text parsed by orjson can only hold as JSON values. Bytes that are
+    not a valid checkpoint go to :func:`~tiers.codec.decode`, which raises
+    the same :class:`~tiers.errors.CorruptRecordError` as before.
+    """
+    try:
+        fields = orjson.loads(data)
+    except orjson.JSONDecodeError:  # not JSON, or an int over 64 bits
+        return decode(Checkpoint, data, where=where)
+    if not isinstance(fields, dict):
+        return decode(Checkpoint, data, where=where)
+    output = fields.pop("output", None)
+    delta = fields.pop("state_delta", None)
+    if delta is not None and not isinstance(delta, dict):
+        return decode(Checkpoint, data, where=where)
+    try:
+        base = Checkpoint.model_validate(fields)
+    except ValidationError:
+        return decode(Checkpoint, data, where=where)
+    return base.model_copy(update={"output": output, "state_delta": delta})

@@ -731,6 +731,28 @@ def _email(m: re.Match[str]) -> tuple[str, int, int] | None:
 
 # Seven digits, with single separators between them: the least a card or phone number has.
 _DIGIT_RUN = re.compile(r"\d(?:[ \-().]?\d){6}")
+# ASCII digits -> "0", the separators _DIGIT_RUN allows -> "s", every other byte -> " ".
+_DIGIT_MAP: Final = (
+    bytes(
+        ord("0") if chr(b).isdigit() else ord("s") if chr(b) in " -()." else ord(" ")
+        for b in range(128)
+    )
+    + b" " * 128
+)
+
+
+# _DIGIT_RUN over text mapped by _DIGIT_MAP: it starts with a literal, so the regex
+# engine jumps from digit to digit instead of trying every position.
+_MAPPED_DIGIT_RUN = re.compile(rb"0(?:s?0){6}")
+
+
+def _has_digit_run(data: bytes, text: str) -> bool:
+    """Whether ``_DIGIT_RUN`` matches ``text`` (``data`` is its UTF-8), about six times faster."""
+    if not data.isascii():
+        return _DIGIT_RUN.search(text) is not None  # \d matches other scripts' digits too
+    return _MAPPED_DIGIT_RUN.search(data.translate(_DIGIT_MAP)) is not None
+
+
 _SECRET_RULES: Final = _secret_rules()
 _PII_RULES: Final = _pii_rules()
 
@@ -878,6 +900,8 @@ class Redactor:
             _JSON_PLAIN.fullmatch(gate) is not None
             for gate in (*self._all.triggers, *self._all.words, *_KEY_WORDS)
         ) and all(word.isascii() for word in self._all.words)
+        self._trigger_chars = tuple(sorted({c for t in self._all.triggers for c in t}))
+        self._gate_words = tuple(sorted({*self._all.words, *_KEY_WORDS}))
 
         # Redacting twice changes nothing: a value already replaced is never a finding.
         self._prefix = placeholder.split("{kind}", 1)[0]
@@ -1011,16 +1035,22 @@ class Redactor:
         if not self._text_gates:
             return self._all, True
         try:
-            text = orjson.dumps(value).decode()
+            data = orjson.dumps(value)
         except TypeError:  # not plain JSON (an int key, a huge int, deep nesting): test it all
             return self._all, True
+        text = data.decode()
         lowered = text.lower()
-        digits = self._all.digits and _DIGIT_RUN.search(text) is not None
+        digits = self._all.digits and _has_digit_run(data, text)
+        # A trigger with a character the text lacks cannot occur in it: one fast
+        # character search each spares most of the triggers' substring scans.
+        absent = frozenset(c for c in self._trigger_chars if c not in text)
+        # Each word is searched once, though rules and the key test share words.
+        words = frozenset(w for w in self._gate_words if w in lowered)
         kept = tuple(
             n
             for n, rule in enumerate(self._rules)
-            if (not rule.triggers or any(map(text.__contains__, rule.triggers)))
-            and (not rule.words or any(map(lowered.__contains__, rule.words)))
+            if (not rule.triggers or any(t in text for t in rule.triggers if absent.isdisjoint(t)))
+            and (not rule.words or not words.isdisjoint(rule.words))
             and (not rule.digits or digits)
         )
         rule_set = self._narrowed.get(kept)
@@ -1028,7 +1058,7 @@ class Redactor:
             rule_set = _RuleSet.of(tuple(self._rules[n] for n in kept))
             if len(self._narrowed) < _MAX_NARROWED:
                 self._narrowed[kept] = rule_set
-        by_key = key is not None or any(map(lowered.__contains__, _KEY_WORDS))
+        by_key = key is not None or not words.isdisjoint(_KEY_WORDS)
         return rule_set, by_key
 
     def _walk(self, value: object, key: str | None, rule_set: _RuleSet, by_key: bool) -> object:

@@ -24,7 +24,7 @@ from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.codec import decode, encode, to_json
 from tiers.errors import CorruptRecordError, InvalidInputError
 from tiers.models import Checkpoint
-from tiers.redaction import Redactor
+from tiers.redaction import _DIGIT_RUN, Redactor, _has_digit_run
 from tiers.task import TaskTier
 from tiers.task._records import decode_checkpoint, encode_checkpoint
 
@@ -161,7 +161,14 @@ _SECRETS = [
     "call me at +1 415 555 0134 or mail ann@example.org",
     "EMP-123456 joined",
 ]
-_PROSE = ["the agent searched the docs", "keyboard shortcuts", "pinned result 7", "ok"]
+_PROSE = [
+    "the agent searched the docs",
+    "keyboard shortcuts",
+    "pinned result 7",
+    "ok",
+    "order 12-34-56 (7) 8.9",
+    "\u0664\u0661\u0661\u0661 \u0661\u0661\u0661\u0661 \u0661\u0661\u0661\u0661 \u0661\u0661\u0661\u0661",
+]
 _RED_TEXT = st.sampled_from(_SECRETS + _PROSE) | _TRICKY
 _RED_KEYS = st.sampled_from(["password", "apiKey", "Authorization", "tone", "note", "pin", "x"])
 _RED_JSON = st.recursive(
@@ -230,3 +237,9 @@ def test_a_5kb_step_stores_and_returns_its_redacted_output(sqlite_kv: SqliteKVSt
     latest = tasks.latest_checkpoint(run.run_id)
     assert latest is not None
     assert latest.output == first
+
+
+@settings(max_examples=500, deadline=None)
+@given(st.text(alphabet="0123456789 -().a\n\u0661", max_size=40))
+def test_the_digit_run_gate_matches_where_its_regex_matches(text: str) -> None:
+    assert _has_digit_run(text.encode(), text) == (_DIGIT_RUN.search(text) is not None)

@@ -938,10 +938,12 @@ class Redactor:
         lowered: str | None = None
         digits: bool | None = None
         if not rule_set.ungated:
-            lowered = text.lower()
+            # Lowercased only for rules with words (a narrowed set often has none).
+            if rule_set.words:
+                lowered = text.lower()
             if not (
                 any(map(text.__contains__, rule_set.triggers))
-                or any(map(lowered.__contains__, rule_set.words))
+                or (lowered is not None and any(map(lowered.__contains__, rule_set.words)))
                 or (rule_set.digits and (digits := _DIGIT_RUN.search(text) is not None))
             ):
                 return []
@@ -1067,6 +1069,8 @@ class Redactor:
                 whole = self._by_key(key, value)
                 if whole is not None:
                     return whole
+            if not rule_set.rules or len(value) < 6:
+                return value  # what _find decides first, without two calls per string
             return self._redact(value, rule_set)
         if isinstance(value, dict):
             changed: dict[object, object] | None = None

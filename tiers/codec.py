@@ -1,14 +1,39 @@
-"""JSON encoding of records at the storage boundary (never pickle)."""
+"""JSON encoding of records at the storage boundary (never pickle), and the fast JSON round trip.
+
+:func:`to_json` is :func:`tiers.values.to_json` (a caller's value after a JSON
+round trip, refused with :class:`~tiers.errors.InvalidInputError` if JSON cannot
+hold it) on a step's hot path: orjson encodes and decodes it in C, and a value
+orjson would take but :mod:`json` refuses or changes falls back to the exact
+:mod:`json` path, so what is accepted and what comes back are the same.
+"""
 
 from __future__ import annotations
 
 from typing import TypeVar
 
-from pydantic import BaseModel, ValidationError
+import orjson
+from pydantic import BaseModel, JsonValue, ValidationError
 
+from tiers import values
 from tiers.errors import CorruptRecordError
 
+__all__ = ["decode", "encode", "to_json"]
+
 RecordT = TypeVar("RecordT", bound=BaseModel)
+
+# Subclasses (of str, int, dict, list: StrEnum, IntEnum, OrderedDict...), datetimes and
+# dataclasses reach _refuse instead of being encoded, so json's own handling of them
+# (refusal, or its conversion) stays the one that counts.
+_OPTIONS = (
+    orjson.OPT_SORT_KEYS
+    | orjson.OPT_PASSTHROUGH_SUBCLASS
+    | orjson.OPT_PASSTHROUGH_DATETIME
+    | orjson.OPT_PASSTHROUGH_DATACLASS
+)
+
+
+def _refuse(value: object) -> object:
+    raise TypeError(type(value).__name__)
 
 
 def encode(record: BaseModel) -> bytes:
@@ -29,3 +54,23 @@ def decode(model: type[RecordT], data: bytes, *, where: str) -> RecordT:
             f"stored {model.__name__} at {where} is corrupt: {exc.error_count()} error(s), "
             f"first: {exc.errors()[0]['msg']}"
         ) from exc
+
+
+def to_json(value: object, *, field: str, step: str | None = None) -> JsonValue:
+    """``value`` after a JSON round trip (keys sorted), exactly as :func:`tiers.values.to_json`.
+
+    Raises:
+        InvalidInputError: ``value`` is not JSON-serialisable; ``field`` names it.
+    """
+    try:
+        parsed: JsonValue = orjson.loads(orjson.dumps(value, default=_refuse, option=_OPTIONS))
+    except (TypeError, orjson.JSONDecodeError):
+        # Not plain JSON to orjson (a subclass, a huge int, a non-str key, a lone surrogate,
+        # deep nesting...): json decides, and refuses what JSON cannot hold.
+        return values.to_json(value, field=field, step=step)
+    # orjson writes an enum member or a UUID as its value and NaN or infinity as null,
+    # where json refuses them, and a tuple as a list, as json does: only a value that
+    # came back equal took no such turn (a tuple then takes json's path, same result).
+    if parsed == value:
+        return parsed
+    return values.to_json(value, field=field, step=step)

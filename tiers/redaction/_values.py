@@ -281,6 +281,13 @@ _KEY_LABEL = re.compile(
 _AUTH_SCHEME = re.compile(r"(?i)(?:bearer|basic|token|digest|apikey)\s+")
 
 
+# Every key _KEY_LABEL classifies holds one of these, lowercased: a JSON value whose text
+# holds none has no key naming a credential (see Redactor._narrow).
+_KEY_WORDS: Final = (
+    "authorization", "cv", "csc", "key", "pass", "pin", "pwd", "secret", "security", "token",
+)  # fmt: skip
+
+
 @lru_cache(maxsize=4096)
 def _key_class(key: str) -> str | None:
     """The label class a JSON key names (``password``, ``q_api_key``, ``auth``...), or None."""

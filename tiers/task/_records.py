@@ -26,16 +26,20 @@ from dataclasses import dataclass
 from enum import StrEnum
 from typing import Annotated, Any, Final
 
-from pydantic import Field, JsonValue
+import orjson
+from pydantic import Field, JsonValue, ValidationError
 
 from tiers import keys
+from tiers.codec import decode, encode
+
+# tiers.values.to_json with orjson on the hot path (the same values accepted and returned).
+from tiers.codec import to_json as to_json
 from tiers.errors import InvalidInputError
 from tiers.ids import Id
-from tiers.models import Record, UtcDatetime, utcnow
+from tiers.models import Checkpoint, Record, UtcDatetime, utcnow
 
 # Moved to a neutral module shared by every tier; re-exported here for existing importers.
 from tiers.values import canonical_json as canonical_json
-from tiers.values import to_json as to_json
 
 __all__ = [
     "MAX_NOTE",
@@ -52,6 +56,8 @@ __all__ = [
     "NotDone",
     "Snapshot",
     "canonical_json",
+    "decode_checkpoint",
+    "encode_checkpoint",
     "input_hash",
     "new_incarnation",
     "new_run_id",
@@ -382,3 +388,68 @@ def seq_of_checkpoint_id(value: object) -> int | None:
     """The seq a checkpoint id names, or ``None`` if it is not a checkpoint id."""
     match = CHECKPOINT_ID.fullmatch(value) if isinstance(value, str) else None
     return int(match.group(1)) if match else None
+
+
+# Where encode() of a checkpoint without output and state delta holds them: the first
+# '"output":null' (only the scalar and string fields come before it, and a string
+# never holds an unescaped quote) and the last '"state_delta":null' (only event_seq,
+# a number or null, follows it; the scope before it may hold the same text).
+_OUTPUT_AT: Final = b',"output":null,'
+_DELTA_AT: Final = b',"state_delta":null,"event_seq":'
+
+
+def encode_checkpoint(
+    base: Checkpoint, output: JsonValue, delta: dict[str, JsonValue] | None
+) -> bytes:
+    """``encode(base with output and state delta)``: the same bytes, the JSON values by orjson.
+
+    orjson writes a JSON value as pydantic does (compact, UTF-8, keys in
+    order, the same float and escape forms) at a fraction of the CPU. A value
+    it cannot write (an int over 64 bits) is left to pydantic.
+
+    Args:
+        base: The checkpoint, validated, with ``output`` and ``state_delta`` ``None``.
+        output: Its output (a JSON value).
+        delta: Its state delta (a dict of JSON values), or ``None``.
+    """
+    try:
+        output_json = orjson.dumps(output)
+        delta_json = None if delta is None else orjson.dumps(delta)
+    except TypeError:
+        return encode(base.model_copy(update={"output": output, "state_delta": delta}))
+    data = encode(base)
+    at = data.index(_OUTPUT_AT)
+    data = b'%s,"output":%s,%s' % (data[:at], output_json, data[at + len(_OUTPUT_AT) :])
+    if delta_json is not None:
+        at = data.rindex(_DELTA_AT)
+        data = b'%s,"state_delta":%s%s' % (
+            data[:at],
+            delta_json,
+            data[at + len(_DELTA_AT) - len(b',"event_seq":') :],
+        )
+    return data
+
+
+def decode_checkpoint(data: bytes, *, where: str) -> Checkpoint:
+    """``decode(Checkpoint, data)``: the same record, its output parsed by orjson, not walked.
+
+    pydantic validates every field but the output and the state delta, which
+    JSON text parsed by orjson can only hold as JSON values. Bytes that are
+    not a valid checkpoint go to :func:`~tiers.codec.decode`, which raises
+    the same :class:`~tiers.errors.CorruptRecordError` as before.
+    """
+    try:
+        fields = orjson.loads(data)
+    except orjson.JSONDecodeError:  # not JSON, or an int over 64 bits
+        return decode(Checkpoint, data, where=where)
+    if not isinstance(fields, dict):
+        return decode(Checkpoint, data, where=where)
+    output = fields.pop("output", None)
+    delta = fields.pop("state_delta", None)
+    if delta is not None and not isinstance(delta, dict):
+        return decode(Checkpoint, data, where=where)
+    try:
+        base = Checkpoint.model_validate(fields)
+    except ValidationError:
+        return decode(Checkpoint, data, where=where)
+    return base.model_copy(update={"output": output, "state_delta": delta})

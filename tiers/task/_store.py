@@ -33,6 +33,7 @@ from tiers.task._records import (
     EffectRecord,
     IdempotencyEntry,
     Snapshot,
+    decode_checkpoint,
     seq_of_checkpoint_id,
 )
 from tiers.task._txn import Txn
@@ -274,7 +275,7 @@ class RunStore:
     def decode_checkpoint(self, run_id: str, key: str, data: bytes) -> Checkpoint:
         """The checkpoint stored at ``key``, refused if it is another run's or seq's."""
         where = f"{keys.run_space(self.tenant, run_id)}/{key}"
-        ckpt = decode(Checkpoint, data, where=where)
+        ckpt = decode_checkpoint(data, where=where)
         if ckpt.run_id != run_id or keys.checkpoint_key(ckpt.seq) != key:
             raise CorruptRecordError(
                 f"stored Checkpoint at {where} is for run {ckpt.run_id!r} seq {ckpt.seq}"

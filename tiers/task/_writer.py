@@ -41,6 +41,7 @@ from tiers.task._records import (
     IdempotencyEntry,
     Snapshot,
     checkpoint_id,
+    encode_checkpoint,
 )
 from tiers.task._store import RunStore
 from tiers.task._txn import Txn, check_fits
@@ -345,20 +346,20 @@ class RunWriter:
             EventKind.STEP_COMMITTED, step=step, seq=seq, checkpoint_id=ckpt_id, key=key, kind=kind
         )
         try:
-            ckpt = Checkpoint(
+            # The output and state delta are JSON values already (to_json, the ledger, a
+            # snapshot): validated once there, not walked again here; the rest is checked.
+            base = Checkpoint(
                 checkpoint_id=ckpt_id,
                 run_id=self.run_id,
                 seq=seq,
                 parent_id=info.head_checkpoint_id,
                 step=step,
                 input_hash=digest,
-                output=output,
                 idempotency_key=key,
                 scope=scope,
                 started_at=started_at,
                 created_at=txn.now,
                 kind=kind,
-                state_delta=delta,
                 event_seq=event_seq,
             )
         except ValidationError as exc:
@@ -367,7 +368,8 @@ class RunWriter:
             raise InvalidInputError(
                 f"step {step!r}: invalid checkpoint: {where}: {first['msg']}", field=where
             ) from exc
-        data = encode(ckpt)
+        ckpt = base.model_copy(update={"output": output, "state_delta": delta})
+        data = encode_checkpoint(base, output, delta)
         check_fits(store.kv.max_value_bytes, data, f"checkpoint of step {step!r}", "output")
         space = keys.run_space(store.tenant, self.run_id)
         ckpt_key = keys.checkpoint_key(seq)

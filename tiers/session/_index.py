@@ -57,7 +57,7 @@ _EMBED_CACHE = 4096  # recently embedded texts kept, so re-indexing unchanged wi
 _MAX_BACKOFF = 30.0
 # Part of every fingerprint: change it when the texts embedded for a session change
 # (windowing, what a summary's text holds), and every vector counts as stale.
-_SCHEME = b"tiermem-session-vectors/1"
+_SCHEME = b"tiermem-session-vectors/2"  # /2: at most TRANSCRIPT_WINDOWS windows
 
 FINGERPRINT_KEY = "rev"
 """Metadata key of a session vector holding its :func:`session_fingerprint`."""

@@ -193,8 +193,14 @@ class SessionIndexer:
             user_id, _, session_id = key.partition("/")
             if user_id and session_id:
                 refs.append((user_id, session_id))
-        for start in range(0, len(refs), BATCH):
-            self.sync(refs[start : start + BATCH])
+        in_worker = threading.current_thread() is self._worker
+        # In the worker, repair keeps the fairness bound: small batches, recalls first.
+        step = WORKER_BATCH if in_worker else BATCH
+        for start in range(0, len(refs), step):
+            if in_worker:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stopping or not self._foreground)
+            self.sync(refs[start : start + step])
         self._needs_repair.clear()
         if refs:
             logger.info("session index repair processed %d queued session(s)", len(refs))

@@ -31,6 +31,7 @@ import argparse
 import gzip
 import hashlib
 import json
+import os
 import re
 import sys
 import tempfile
@@ -43,6 +44,7 @@ from typing import Any
 
 import numpy as np
 
+from memory import Memory
 from summarizer import ExtractiveSummarizer
 from tiers.backends.base import Embedder
 from tiers.backends.chroma_index import ChromaVectorIndex
@@ -51,7 +53,15 @@ from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.models import Message, SessionSummary
 from tiers.session import BM25Index, SessionTier, summary_text, tokenize, transcript_text
 
-DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "recall-dev"
+# ``shared/`` sits beside the repository (or, for a worktree, beside the folder of worktrees).
+DEFAULT_DATA = next(
+    (
+        candidate
+        for parent in Path(__file__).resolve().parents[1:4]
+        if (candidate := parent.parent / "shared" / "data" / "recall-dev").is_dir()
+    ),
+    Path(__file__).resolve().parents[2] / "shared" / "data" / "recall-dev",
+)
 DATASETS = {
     "locomo": "locomo.sessions.jsonl",
     "longmemeval_s": "longmemeval_s.sessions.jsonl.gz",
@@ -333,6 +343,113 @@ def run(dataset: Dataset, embedder: CachedEmbedder, workdir: Path) -> dict[str, 
     return results
 
 
+# -- ingest and recall through the public API ----------------------------------------------------
+
+
+@dataclass
+class ApiRun:
+    """What one dataset cost and scored through ``Memory`` on the embedded default."""
+
+    dataset: str
+    users: int
+    sessions: int
+    queries: int
+    acknowledged_per_s: float
+    indexed_per_s: float
+    cpu_s_per_session: float
+    recall_ms: tuple[float, float, float]
+    context_ms: tuple[float, float, float]
+    quality: dict[str, float]
+    load_average: float
+
+
+def percentiles(values: Sequence[float]) -> tuple[float, float, float]:
+    """p50, p95 and p99 of ``values`` (nearest rank)."""
+    ordered = sorted(values)
+
+    def at(q: float) -> float:
+        return ordered[min(len(ordered) - 1, int(q * len(ordered)))]
+
+    return at(0.5), at(0.95), at(0.99)
+
+
+def through_api(dataset: Dataset, workdir: Path) -> ApiRun:
+    """Every session through ``Memory.end_session`` with its full transcript, then every query.
+
+    The store is ``Memory.open`` (SQLite, embedded Chroma, local MiniLM, background
+    indexing: the embedded default). Ingest is timed from the first ``end_session``
+    to the index holding every session (``Memory.flush``); CPU is the process's
+    (all threads: the index worker too) over the same span. Each query is timed
+    through ``recall_relevant(top_k=5)`` and ``build_continuation_context``, query
+    embedding included; quality comes from a ``top_k=100`` recall.
+    """
+    n_sessions = sum(len(ss) for ss in dataset.sessions.values())
+    memory = Memory.open(workdir / "api")
+    try:
+        memory.embedder.embed(["warm up the model"])  # model load is not ingest
+        cpu, wall = time.process_time(), time.perf_counter()
+        for user, sessions in dataset.sessions.items():
+            for session in sessions:
+                memory.end_session(
+                    user, session.session_id, session.messages, created_at=session.created_at
+                )
+        acknowledged = time.perf_counter() - wall
+        if not memory.flush(timeout=24 * 3600):
+            raise RuntimeError("the index did not catch up")
+        indexed = time.perf_counter() - wall
+        cpu_used = time.process_time() - cpu
+        recall_times: list[float] = []
+        context_times: list[float] = []
+
+        def rank(query: Query) -> list[str]:
+            started = time.perf_counter()
+            memory.recall_relevant(query.user_id, query.text, top_k=5)
+            recall_times.append(1000 * (time.perf_counter() - started))
+            started = time.perf_counter()
+            memory.build_continuation_context(query.user_id, query.text)
+            context_times.append(1000 * (time.perf_counter() - started))
+            hits = memory.recall_relevant(query.user_id, query.text, top_k=100)
+            return [hit.summary.session_id for hit in hits]
+
+        quality = score(dataset.queries, rank)
+    finally:
+        memory.close()
+    return ApiRun(
+        dataset=dataset.name,
+        users=len(dataset.sessions),
+        sessions=n_sessions,
+        queries=len(dataset.queries),
+        acknowledged_per_s=n_sessions / acknowledged,
+        indexed_per_s=n_sessions / indexed,
+        cpu_s_per_session=cpu_used / n_sessions,
+        recall_ms=percentiles(recall_times),
+        context_ms=percentiles(context_times),
+        quality=quality,
+        load_average=os.getloadavg()[0],
+    )
+
+
+def api_table(runs: Sequence[ApiRun]) -> Iterator[str]:
+    """One Markdown row per dataset: ingest rates, CPU per session, latency, quality."""
+    yield (
+        "| dataset (users / sessions / queries) | acknowledged saves/s | indexed sessions/s "
+        "| CPU s per session | recall p50 / p95 / p99 ms | context p50 / p95 / p99 ms "
+        "| r@1 / r@3 / r@5 / MRR | load avg (1 min) |"
+    )
+    yield "|---|---|---|---|---|---|---|---|"
+    for run in runs:
+        q = run.quality
+        yield (
+            f"| {run.dataset} ({run.users} / {run.sessions} / {run.queries}) "
+            f"| {run.acknowledged_per_s:.1f} | {run.indexed_per_s:.2f} "
+            f"| {run.cpu_s_per_session:.3f} "
+            f"| {' / '.join(f'{v:.0f}' for v in run.recall_ms)} "
+            f"| {' / '.join(f'{v:.0f}' for v in run.context_ms)} "
+            f"| {' / '.join(f'{q[k]:.3f}' for k in ('r@1', 'r@3', 'r@5', 'mrr'))} "
+            f"| {run.load_average:.1f} |"
+        )
+
+
 def table(all_results: dict[str, dict[str, dict[str, float]]]) -> Iterator[str]:
     """The results as a Markdown table: one row per system, one column group per dataset."""
     names = list(all_results)
@@ -357,6 +474,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         help="users per dataset (0: all); LoCoMo has 3 (always all), LongMemEval_S 150",
     )
     parser.add_argument("--embed-cache", type=Path, default=None, help="npz file to reuse vectors")
+    parser.add_argument(
+        "--api-only",
+        action="store_true",
+        help="only the public-API run (end_session + recall_relevant on Memory.open), no baselines",
+    )
     args = parser.parse_args(argv)
     if not args.data.is_dir():
         print(f"no benchmark data at {args.data}: pass --data", file=sys.stderr)
@@ -366,12 +488,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     embedder = CachedEmbedder(model, args.embed_cache)
     started = time.perf_counter()
     all_results: dict[str, dict[str, dict[str, float]]] = {}
+    api_runs: list[ApiRun] = []
     for name in args.datasets:
         dataset = load(args.data, name, args.max_users)
         with tempfile.TemporaryDirectory(prefix=f"recall-bench-{name}-") as workdir:
-            all_results[name] = run(dataset, embedder, Path(workdir))
-    print(f"\nheadline queries; recall@k of gold sessions; {embedder.computed} texts embedded")
-    print("\n".join(table(all_results)))
+            if not args.api_only:
+                all_results[name] = run(dataset, embedder, Path(workdir))
+            api_runs.append(through_api(dataset, Path(workdir)))
+            print("\n".join(api_table(api_runs[-1:])), flush=True)
+    if all_results:
+        print(f"\nheadline queries; recall@k of gold sessions; {embedder.computed} texts embedded")
+        print("\n".join(table(all_results)))
+    print(
+        f"\nthrough the public API (Memory.open: SQLite + embedded Chroma + MiniLM, background "
+        f"indexing; {os.cpu_count()} CPUs); MRR over the top 100"
+    )
+    print("\n".join(api_table(api_runs)))
     print(f"\ntotal {time.perf_counter() - started:.0f}s")
     return 0
 

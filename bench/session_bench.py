@@ -8,7 +8,14 @@ varied session summaries (default 1,000 x 100 = 100,000):
    case with many users) and again for the same users (warm);
 2. ``save_session`` throughput: one call at a time in the foreground, one call
    at a time with background indexing (until the index has caught up), and
-   ``save_sessions`` batches.
+   ``save_sessions`` batches;
+3. real transcripts through the public API: ``--transcript-users`` LongMemEval_S
+   users (default 10, about 48 sessions of ~1,650 words each), every session
+   through ``Memory.end_session`` with its full transcript on ``Memory.open``,
+   then every query through ``recall_relevant`` and ``build_continuation_context``
+   (see ``recall_bench.through_api``): acknowledged saves/s, indexed sessions/s,
+   process CPU s per session, latency percentiles and recall quality, one table.
+   CPU seconds per session are the figure to compare on a busy machine.
 
 Population goes through ``SessionTier.save_sessions`` (embedded in batches of
 256, one Chroma upsert per batch) and takes a while on 2 cores; pass
@@ -20,6 +27,7 @@ Usage::
     python bench/session_bench.py --data-dir /tmp/tm100k   # populate once, rerun fast
     python bench/session_bench.py --users 100              # a quick 10k run
     python bench/session_bench.py --users 100 --encrypt    # the same, encrypted at rest
+    python bench/session_bench.py --users 0 --transcript-users 20   # real transcripts only
 """
 
 from __future__ import annotations
@@ -33,6 +41,8 @@ import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+
+from recall_bench import DEFAULT_DATA, api_table, load, through_api
 
 from memory import Memory
 from tiers.backends.base import KVStore
@@ -274,12 +284,31 @@ def main() -> int:
     parser.add_argument("--saves", type=int, default=1000)
     parser.add_argument("--data-dir", type=Path, default=None, help="keep the store here")
     parser.add_argument(
+        "--transcript-users",
+        type=int,
+        default=10,
+        help="LongMemEval_S users whose full transcripts go through end_session (0: skip)",
+    )
+    parser.add_argument(
         "--encrypt",
         action="store_true",
         help="encryption at rest: the KV store is an EncryptedKVStore over SQLite (a new store "
         "each run: a --data-dir populated one way cannot be reused the other way)",
     )
     args = parser.parse_args()
+    if args.users:
+        synthetic(args)
+    if args.transcript_users:
+        dataset = load(DEFAULT_DATA, "longmemeval_s", args.transcript_users)
+        with tempfile.TemporaryDirectory(prefix="session-bench-api-") as tmp:
+            run = through_api(dataset, Path(tmp))
+        print("real transcripts through the public API (Memory.open, end_session):")
+        print("\n".join(api_table([run])))
+    return 0
+
+
+def synthetic(args: argparse.Namespace) -> None:
+    """Parts 1 and 2: the synthetic store of summaries."""
     with tempfile.TemporaryDirectory(prefix="session-bench-") as tmp:
         data_dir = args.data_dir or Path(tmp)
         data_dir.mkdir(parents=True, exist_ok=True)
@@ -305,7 +334,6 @@ def main() -> int:
         finally:
             index.close()
             kv.close()
-    return 0
 
 
 if __name__ == "__main__":

@@ -16,6 +16,7 @@ from tiers.models import Message, SessionSummary
 
 __all__ = [
     "MAX_WINDOWS",
+    "TRANSCRIPT_WINDOWS",
     "WINDOW_OVERLAP",
     "WINDOW_WORDS",
     "keyword_text",
@@ -29,8 +30,15 @@ __all__ = [
 WINDOW_WORDS = 120
 # A fact split by a window edge is still whole in the neighbouring window.
 WINDOW_OVERLAP = 30
-# Bounds the embedding cost of a huge transcript; past it, windows are spread over the text.
+# Bounds the work of one call on a huge text; past it, windows are spread over the text.
 MAX_WINDOWS = 200
+# Windows of a transcript embedded when a session is indexed, at most; past it, they are spread
+# evenly over the text. Embedding is most of the ingest cost, so this bounds it per session: a
+# LongMemEval-sized session (~1,650 words, 18 windows on the full grid) costs 9 model inputs
+# instead of 19, and recall quality on the dev sets held (trade-off table in bench/README.md);
+# keyword search still reads every word. Changing it changes the stored layout: bump
+# ``_SCHEME`` in :mod:`tiers.session._index` so the index check finds the old vectors stale.
+TRANSCRIPT_WINDOWS = 8
 
 
 def summary_text(summary: SessionSummary) -> str:
@@ -87,12 +95,14 @@ def windows(
 def session_windows(summary: SessionSummary, messages: Sequence[Message] | None) -> list[str]:
     """Texts to embed for a session: summary window(s) first, then transcript windows.
 
+    At most ``TRANSCRIPT_WINDOWS`` transcript windows, spread over a longer text.
+
     The first text always comes from the summary (a summary with no content
     gives its rendering), so every session has at least one vector.
     """
     texts = windows(summary_text(summary)) or [summary.render()]
     if messages:
-        texts.extend(windows(transcript_text(messages)))
+        texts.extend(windows(transcript_text(messages), max_windows=TRANSCRIPT_WINDOWS))
     return texts
 
 

@@ -42,19 +42,22 @@ from tiers.models import Message, SessionSummary
 from tiers.session._chunking import session_windows
 from tiers.session._transcripts import decode_transcript, header_key, page_key, read_header
 
-__all__ = ["FINGERPRINT_KEY", "Ref", "SessionIndexer", "session_fingerprint"]
+__all__ = ["FINGERPRINT_KEY", "WORKER_BATCH", "Ref", "SessionIndexer", "session_fingerprint"]
 
 logger = logging.getLogger(__name__)
 
 Ref = tuple[str, str]  # (user_id, session_id)
 
 BATCH = 256  # sessions per index batch
+# Sessions per background batch at most: a recall that needs the sync lock waits for at most
+# one such batch of other users' work (see SessionIndexer), so it bounds that wait.
+WORKER_BATCH = 16
 _SYNC_ATTEMPTS = 5
 _EMBED_CACHE = 4096  # recently embedded texts kept, so re-indexing unchanged windows is free
 _MAX_BACKOFF = 30.0
 # Part of every fingerprint: change it when the texts embedded for a session change
 # (windowing, what a summary's text holds), and every vector counts as stale.
-_SCHEME = b"tiermem-session-vectors/1"
+_SCHEME = b"tiermem-session-vectors/2"  # /2: at most TRANSCRIPT_WINDOWS windows
 
 FINGERPRINT_KEY = "rev"
 """Metadata key of a session vector holding its :func:`session_fingerprint`."""
@@ -94,6 +97,13 @@ class SessionIndexer:
     Within one process index updates are serialised (one sync at a time), so
     a slower writer never overwrites a newer vector with an older one.
 
+    Fairness: the background worker queues work per user and takes batches
+    round-robin over users (at most ``WORKER_BATCH`` sessions), so one user's
+    bulk backlog does not hold back another user's sessions; and it starts no
+    new batch while a foreground sync (a recall settling its user's queued
+    work) waits for the lock. So a recall waits for at most the one batch in
+    flight, whatever the backlog of other users or tenants.
+
     Args:
         kv: The authoritative store.
         index: The vector index.
@@ -124,7 +134,8 @@ class SessionIndexer:
         self._embed_lock = threading.Lock()
         self._embedded: OrderedDict[str, list[float]] = OrderedDict()
         self.background = background
-        self._queue: deque[Ref] = deque()
+        self._queue: OrderedDict[str, deque[str]] = OrderedDict()  # user -> session ids
+        self._foreground = 0  # foreground syncs waiting for or holding the sync lock
         self._cond = threading.Condition()
         self._busy = False
         self._stopping = False
@@ -151,7 +162,8 @@ class SessionIndexer:
                 self.postpone(exc)
             return
         with self._cond:
-            self._queue.extend(refs)
+            for user_id, session_id in refs:
+                self._queue.setdefault(user_id, deque()).append(session_id)
             self._cond.notify_all()
 
     def postpone(self, exc: BaseException) -> None:
@@ -181,8 +193,14 @@ class SessionIndexer:
             user_id, _, session_id = key.partition("/")
             if user_id and session_id:
                 refs.append((user_id, session_id))
-        for start in range(0, len(refs), BATCH):
-            self.sync(refs[start : start + BATCH])
+        in_worker = threading.current_thread() is self._worker
+        # In the worker, repair keeps the fairness bound: small batches, recalls first.
+        step = WORKER_BATCH if in_worker else BATCH
+        for start in range(0, len(refs), step):
+            if in_worker:
+                with self._cond:
+                    self._cond.wait_for(lambda: self._stopping or not self._foreground)
+            self.sync(refs[start : start + step])
         self._needs_repair.clear()
         if refs:
             logger.info("session index repair processed %d queued session(s)", len(refs))
@@ -223,12 +241,19 @@ class SessionIndexer:
         while True:
             with self._cond:
                 self._cond.wait_for(
-                    lambda: self._stopping or bool(self._queue) or self._needs_repair.is_set()
+                    lambda: (
+                        self._stopping
+                        or (
+                            (bool(self._queue) or self._needs_repair.is_set())
+                            and not self._foreground
+                        )
+                    )
                 )
                 if self._stopping:
                     return
-                # Everything queued meanwhile goes in one batch: that is what makes it fast.
-                taken = [self._queue.popleft() for _ in range(min(len(self._queue), BATCH))]
+                # What queued meanwhile goes in one batch (that is what makes it fast), taken
+                # round-robin over users so that a bulk backlog does not starve the others.
+                taken = self._take(WORKER_BATCH)
                 self._busy = True
             try:
                 if self._needs_repair.is_set():
@@ -250,20 +275,49 @@ class SessionIndexer:
                     self._cond.wait_for(lambda: self._stopping, backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF)
 
+    def _take(self, limit: int) -> list[Ref]:
+        """Up to ``limit`` queued refs, one per user in turn (call with ``_cond`` held)."""
+        taken: list[Ref] = []
+        while self._queue and len(taken) < limit:
+            user_id, sessions = next(iter(self._queue.items()))
+            taken.append((user_id, sessions.popleft()))
+            del self._queue[user_id]
+            if sessions:
+                self._queue[user_id] = sessions  # to the back of the line
+        return taken
+
+    def queued_in_worker(self) -> int:
+        """Sessions handed to the background worker and not yet taken into a batch."""
+        with self._cond:
+            return sum(len(sessions) for sessions in self._queue.values())
+
     # -- syncing ------------------------------------------------------------------------------
 
     def sync(self, refs: Sequence[Ref]) -> None:
         """Make the index match the KV store for ``refs`` with queued work, then clear it.
 
+        Called from any thread but the worker's, it goes before the worker's next
+        batch (see the class docstring).
+
         Raises:
             BackendUnavailableError: A store or the embedder failed; the work stays queued.
         """
         pending = list(dict.fromkeys(refs))
-        with self._sync_lock:
-            for _ in range(_SYNC_ATTEMPTS):
-                if not pending:
-                    return
-                pending = self._sync_once(pending, force=False)
+        foreground = threading.current_thread() is not self._worker
+        if foreground:
+            with self._cond:
+                self._foreground += 1
+        try:
+            with self._sync_lock:
+                for _ in range(_SYNC_ATTEMPTS):
+                    if not pending:
+                        return
+                    pending = self._sync_once(pending, force=False)
+        finally:
+            if foreground:
+                with self._cond:
+                    self._foreground -= 1
+                    self._cond.notify_all()
         if pending:
             # Other writers kept re-queueing these; their own sync (or repair) finishes them.
             logger.info("%d session(s) left queued for the next repair", len(pending))

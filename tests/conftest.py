@@ -348,11 +348,20 @@ def no_network(monkeypatch: pytest.MonkeyPatch) -> None:
 HEAVY_TESTS = Path(__file__).with_name("heavy_tests.txt")
 
 
+# Backends the fast loop leaves to `./run test`: the same tests run on SQLite and Redis there.
+HEAVY_BACKENDS = {"postgres_kv", "postgres_url"}
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Mark the tests listed in ``heavy_tests.txt`` (by file or by test) ``heavy``."""
+    """Mark ``heavy`` the tests listed in ``heavy_tests.txt`` (by file or by test) and the
+    PostgreSQL runs of tests parametrized over backends."""
     lines = HEAVY_TESTS.read_text(encoding="utf-8").splitlines()
     heavy = {line.strip() for line in lines if line.strip() and not line.startswith("#")}
     for item in items:
         test = item.nodeid.split("[", 1)[0]
-        if test in heavy or test.split("::", 1)[0] in heavy:
+        callspec = getattr(item, "callspec", None)
+        on_heavy_backend = callspec is not None and not HEAVY_BACKENDS.isdisjoint(
+            str(value) for value in callspec.params.values()
+        )
+        if test in heavy or test.split("::", 1)[0] in heavy or on_heavy_backend:
             item.add_marker(pytest.mark.heavy)

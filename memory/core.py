@@ -17,6 +17,7 @@ from memory.lifecycle import close_stores, flush_sessions
 from memory.maintenance import Maintenance
 from memory.metrics import TiermemMetrics
 from memory.opening import open_stores, settings_for_dir
+from memory.resume_plan import ResumePlan
 from memory.runs import RunOperations
 from memory.sessions import DEFAULT_TOP_K, SessionOperations
 from memory.settings import Settings
@@ -478,6 +479,10 @@ class Memory:
     def get_run(self, run_id: str) -> RunInfo:
         """Status and head of a run (``RunNotFoundError`` if none)."""
         return self._runs.get_run(run_id)
+
+    def plan_resume(self, run_id: str) -> ResumePlan:
+        """What resuming the run would do now, writing nothing (dry-run replay)."""
+        return self._runs.plan_resume(run_id)
 
     def delete_run(self, run_id: str) -> bool:
         """Delete a run whole, whatever its status: head, checkpoints, events, effect ledger."""

@@ -18,6 +18,7 @@ from pydantic import JsonValue
 
 from memory.context import ContinuationContext
 from memory.core import Memory
+from memory.resume_plan import ResumePlan
 from memory.sessions import DEFAULT_TOP_K
 from memory.settings import Settings
 from tiers.index_check import IndexRepair, IndexReport
@@ -339,6 +340,10 @@ class AsyncMemory:
     async def get_run(self, run_id: str) -> RunInfo:
         """See :meth:`Memory.get_run`."""
         return await self._call(self.sync.get_run, run_id)
+
+    async def plan_resume(self, run_id: str) -> ResumePlan:
+        """See :meth:`Memory.plan_resume`."""
+        return await self._call(self.sync.plan_resume, run_id)
 
     async def delete_run(self, run_id: str) -> bool:
         """See :meth:`Memory.delete_run`."""

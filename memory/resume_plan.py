@@ -108,7 +108,8 @@ def plan_resume(tasks: TaskTier, run_id: str, *, now: datetime | None = None) ->
     """
     info = tasks.get_run(run_id)
     at = utcnow() if now is None else now
-    lineage = tasks.history(run_id)
+    # history() holds every branch; a resume replays the run's lineage only.
+    lineage = [c for c in tasks.history(run_id) if info.in_lineage(c.seq)]
     records = tasks.effects(run_id)
     unknown = [
         PlannedEffect(

@@ -1,4 +1,4 @@
-"""The ``tiermem runs`` commands: list runs, show one as a tree of checkpoints and forks, dry-run a resume.
+"""The ``tiermem runs`` commands: list, show (a tree of checkpoints and forks), dry-run, export.
 
 :func:`runs_app` builds them around a function that opens the configured
 stores (``memory.cli``'s), so they share its error handling and data-dir lock.
@@ -6,6 +6,7 @@ stores (``memory.cli``'s), so they share its error handling and data-dir lock.
 
 from __future__ import annotations
 
+import json
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, Annotated
@@ -98,5 +99,14 @@ def runs_app(open_root: OpenRoot) -> typer.Typer:
         with open_root("runs") as root:
             plan = root.for_tenant(tenant).plan_resume(run_id)
         typer.echo(plan.model_dump_json(indent=2))
+
+    @app.command("export")
+    def export(run_id: str, tenant: _Tenant = "default") -> None:
+        """The run's checkpoint DAG (forks included) as an OTLP JSON trace on stdout."""
+        from memory.telemetry import run_trace
+
+        with open_root("runs") as root:
+            trace = run_trace(root.for_tenant(tenant), run_id)
+        typer.echo(json.dumps(trace, indent=2))
 
     return app

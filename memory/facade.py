@@ -18,6 +18,7 @@ from pydantic import JsonValue
 
 from memory.context import ContinuationContext
 from memory.core import Memory
+from memory.metrics import TiermemMetrics
 from memory.resume_plan import ResumePlan
 from memory.sessions import DEFAULT_TOP_K
 from memory.settings import Settings
@@ -47,9 +48,11 @@ class AsyncMemory:
         return cls(Memory.open(data_dir, **overrides))
 
     @classmethod
-    def from_settings(cls, settings: Settings | None = None) -> AsyncMemory:
+    def from_settings(
+        cls, settings: Settings | None = None, *, metrics: TiermemMetrics | None = None
+    ) -> AsyncMemory:
         """See :meth:`Memory.from_settings`."""
-        return cls(Memory.from_settings(settings))
+        return cls(Memory.from_settings(settings, metrics=metrics))
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))

@@ -13,7 +13,11 @@ The task tier never imports ``prometheus_client``: it calls the
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+from tiers.task import TaskObserver
 
 __all__ = ["LATENCY_BUCKETS", "TiermemMetrics"]
 
@@ -25,6 +29,8 @@ class TiermemMetrics:
 
     Args:
         registry: Where the families are registered; default: a new private registry.
+        forward_to: Other observers the task tier's reports are passed on to, e.g. a
+            :class:`memory.telemetry.TracingObserver` for spans.
 
     Attributes:
         registry: The registry to scrape (``prometheus_client.generate_latest(registry)``).
@@ -44,13 +50,17 @@ class TiermemMetrics:
         unknown_effects: Effects found invoked but never recorded (unknown outcome).
         compensations_pending: Compensations still to run in the compensation under way.
         swept_runs: Finished or idle runs deleted by retention sweeps.
+        approvals: Approval gates requested, granted and rejected, by status.
         scope_violations: Memory scope violations reported by the app (:meth:`scope_violation`).
         recall: Latency of session recall.
         context: Latency of continuation-context assembly.
         summarizer: Latency of one summarization.
     """
 
-    def __init__(self, registry: CollectorRegistry | None = None) -> None:
+    def __init__(
+        self, registry: CollectorRegistry | None = None, *, forward_to: Sequence[TaskObserver] = ()
+    ) -> None:
+        self.forward_to = tuple(forward_to)
         self.registry = registry if registry is not None else CollectorRegistry(auto_describe=True)
         r = self.registry
         self.checkpoint_commit = Histogram(
@@ -120,6 +130,12 @@ class TiermemMetrics:
         self.swept_runs = Counter(
             "tiermem_sweep_deleted_runs", "Runs deleted by retention sweeps.", registry=r
         )
+        self.approvals = Counter(
+            "tiermem_approvals",
+            "Approval gates requested, granted and rejected, by status.",
+            ["status"],
+            registry=r,
+        )
         self.scope_violations = Counter(
             "tiermem_memory_scope_violations",
             "Memory scope violations reported by the app.",
@@ -154,15 +170,27 @@ class TiermemMetrics:
         """Observe one commit of a run."""
         self.checkpoint_commit.observe(seconds)
         self.checkpoint_bytes.inc(written_bytes)
+        for observer in self.forward_to:
+            observer.committed(seconds, written_bytes)
 
     def flushed(self, seconds: float) -> None:
         """Observe one drain of buffered commits."""
         self.buffer_drain.observe(seconds)
+        for observer in self.forward_to:
+            observer.flushed(seconds)
 
     def run_taken(
         self, run_id: str, *, resumed: bool, takeover: bool, compensation: bool, seconds: float
     ) -> None:
         """Count a taken lease: a recovery attempt when the run existed."""
+        for observer in self.forward_to:
+            observer.run_taken(
+                run_id,
+                resumed=resumed,
+                takeover=takeover,
+                compensation=compensation,
+                seconds=seconds,
+            )
         if not resumed:
             return
         self.recovery_attempts.labels(action="compensate" if compensation else "replay").inc()
@@ -175,27 +203,47 @@ class TiermemMetrics:
     def take_refused(self, run_id: str) -> None:
         """Count a recovery attempt that could not take the run."""
         self.recovery_attempts.labels(action="fail").inc()
+        for observer in self.forward_to:
+            observer.take_refused(run_id)
 
     def replayed(self, run_id: str, kind: str, idempotency_key: str) -> None:
         """Count one replayed checkpoint."""
         self.replays.labels(kind=kind).inc()
+        for observer in self.forward_to:
+            observer.replayed(run_id, kind, idempotency_key)
 
     def validation_failed(self, operation: str) -> None:
         """Count one refused replay."""
         self.validation_failures.labels(operation=operation).inc()
+        for observer in self.forward_to:
+            observer.validation_failed(operation)
 
     def fenced(self, run_id: str) -> None:
         """Count one fenced write."""
         self.fenced_writes.inc()
+        for observer in self.forward_to:
+            observer.fenced(run_id)
 
     def unknown_effect(self, run_id: str, count: int) -> None:
         """Count effects of unknown outcome."""
         self.unknown_effects.inc(count)
+        for observer in self.forward_to:
+            observer.unknown_effect(run_id, count)
 
     def compensation_depth(self, depth: int) -> None:
         """Show the compensations still to run."""
         self.compensations_pending.set(depth)
+        for observer in self.forward_to:
+            observer.compensation_depth(depth)
 
     def swept(self, runs: int) -> None:
         """Count runs a sweep deleted."""
         self.swept_runs.inc(runs)
+        for observer in self.forward_to:
+            observer.swept(runs)
+
+    def approval(self, run_id: str, key: str, status: str) -> None:
+        """Count an approval gate requested or decided."""
+        self.approvals.labels(status=status).inc()
+        for observer in self.forward_to:
+            observer.approval(run_id, key, status)

@@ -140,6 +140,11 @@ class TracingObserver:
     def swept(self, runs: int) -> None:
         """Sweeps are metrics."""
 
+    def approval(self, run_id: str, key: str, status: str) -> None:
+        """A ``tiermem.approval`` span: a gate requested, granted or rejected."""
+        attrs = {"tiermem.approval.key": key, "tiermem.approval.status": status}
+        self._span("tiermem.approval", run_id, attrs)
+
 
 # -- export of a run's checkpoint DAG ---------------------------------------------------------
 

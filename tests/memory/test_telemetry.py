@@ -19,8 +19,11 @@ from typer.testing import CliRunner
 
 from memory import Memory
 from memory.cli import app as cli
+from memory.metrics import TiermemMetrics
+from memory.settings import Settings
 from memory.telemetry import TracingObserver, run_trace
 from tests.tiers.crash_worker import USER, open_store, run_to_end
+from tiers.errors import ApprovalPendingError
 from tiers.task import TaskTier
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -130,3 +133,28 @@ def test_runs_export_prints_the_trace(tmp_path: Path, monkeypatch: pytest.Monkey
     assert exported.exit_code == 0, exported.output
     spans = json.loads(exported.output)["resourceSpans"][0]["scopeSpans"][0]["spans"]
     assert [s["name"] for s in spans] == ["tiermem.run", "tiermem.step"]
+
+
+def test_memory_metrics_forward_to_tracing_approvals_included(tmp_path: Path) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = TracingObserver(tenant="default", tracer_provider=provider)
+    metrics = TiermemMetrics(forward_to=[tracing])
+    with Memory.from_settings(Settings(data_dir=tmp_path / "data"), metrics=metrics) as memory:
+        run = memory.start_run("alice", "r1")
+        with pytest.raises(ApprovalPendingError) as pending:
+            run.await_approval({"refund": "secret amount"}, key="refund")
+        memory.approve_run("r1", pending.value.plan_hash, by="ops")
+    names = [s.name for s in exporter.get_finished_spans()]
+    assert names.count("tiermem.approval") == 2
+    statuses = [
+        (s.attributes or {}).get("tiermem.approval.status")
+        for s in exporter.get_finished_spans()
+        if s.name == "tiermem.approval"
+    ]
+    assert statuses == ["requested", "granted"]
+    assert metrics.registry.get_sample_value("tiermem_approvals_total", {"status": "granted"}) == 1
+    assert "secret" not in json.dumps(
+        [dict(s.attributes or {}) for s in exporter.get_finished_spans()]
+    )

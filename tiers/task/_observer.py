@@ -58,6 +58,9 @@ class TaskObserver(Protocol):
     def swept(self, runs: int) -> None:
         """A retention sweep deleted ``runs`` whole runs."""
 
+    def approval(self, run_id: str, key: str, status: str) -> None:
+        """Approval gate ``key`` of ``run_id`` was requested, granted or rejected (``status``)."""
+
 
 class NullObserver:
     """The observer that does nothing (the default)."""
@@ -93,6 +96,9 @@ class NullObserver:
 
     def swept(self, runs: int) -> None:
         """Ignore a sweep."""
+
+    def approval(self, run_id: str, key: str, status: str) -> None:
+        """Ignore an approval gate."""
 
 
 NULL_OBSERVER: TaskObserver = NullObserver()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import gc
 import logging
 from collections.abc import AsyncIterator
@@ -118,7 +119,8 @@ def create_app(
         shutdown finishes running jobs (for a bounded time) before closing the stores.
     """
     settings = settings or Settings()
-    metrics = Metrics()
+    # The service's families join the library's registry: the memory's own when it has one.
+    metrics = Metrics(memory.metrics if memory is not None else None)
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -126,7 +128,9 @@ def create_app(
         mem = (
             memory
             if memory is not None
-            else await anyio.to_thread.run_sync(Memory.from_settings, settings)
+            else await anyio.to_thread.run_sync(
+                functools.partial(Memory.from_settings, settings, metrics=metrics.library)
+            )
         )
         if owned:
             _tune_embedder(mem, settings)

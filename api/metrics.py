@@ -2,6 +2,9 @@
 
 Each app has its own :class:`~prometheus_client.CollectorRegistry`, so several
 apps in one process (tests) never clash and ``/metrics`` shows only this app.
+The registry is the library's (:class:`~memory.metrics.TiermemMetrics`): the
+service's families sit beside the library's, and where both measure the same
+thing (recall, context assembly) the service observes the library's family.
 """
 
 from __future__ import annotations
@@ -10,29 +13,35 @@ from collections.abc import Callable
 
 from prometheus_client import (
     CONTENT_TYPE_LATEST,
-    CollectorRegistry,
     Counter,
     Gauge,
     Histogram,
     generate_latest,
 )
 
+from memory.metrics import LATENCY_BUCKETS, TiermemMetrics
 from tiers.index_check import IndexRepair, IndexReport
 from tiers.models import SummaryUsage
 from tiers.retention import SweepReport
-
-_LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
 
 
 class Metrics:
     """The service's metrics.
 
+    Args:
+        library: The library's families (the memory's ``metrics``), whose registry this
+            adds the service's families to; default: new ones.
+
     Attributes:
+        library: The library's families (task tier, recall, context, summarizer).
+        registry: The registry ``/metrics`` renders.
         requests: HTTP request latency per method, route template and status.
         in_flight: HTTP requests being handled.
-        recall: Latency of session recall.
-        context: Latency of continuation-context assembly.
-        checkpoint_commit: Latency of appending a checkpoint.
+        recall: Latency of session recall (the library's family).
+        context: Latency of continuation-context assembly (the library's family).
+        checkpoint_commit: Latency of the append-checkpoint operation as the service
+            serves it (the library's ``tiermem_checkpoint_commit_latency_seconds`` is
+            the store commit alone).
         summaries: Transcripts summarized, by outcome.
         summarizer_failures: Failed summarizations, by error class.
         summarizer_tokens: Model tokens spent on summaries, by kind (prompt/completion).
@@ -46,35 +55,26 @@ class Metrics:
         job_attempts: Summary job attempts this process ended, by outcome.
     """
 
-    def __init__(self) -> None:
-        self.registry = CollectorRegistry(auto_describe=True)
+    def __init__(self, library: TiermemMetrics | None = None) -> None:
+        self.library = library if library is not None else TiermemMetrics()
+        self.registry = self.library.registry
         r = self.registry
         self.requests = Histogram(
             "tiermem_http_request_duration_seconds",
             "HTTP request latency by method, route template and status code.",
             ["method", "route", "status"],
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.in_flight = Gauge(
             "tiermem_http_requests_in_flight", "HTTP requests being handled.", registry=r
         )
-        self.recall = Histogram(
-            "tiermem_recall_duration_seconds",
-            "Latency of session recall.",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
-        self.context = Histogram(
-            "tiermem_context_duration_seconds",
-            "Latency of continuation-context assembly.",
-            buckets=_LATENCY_BUCKETS,
-            registry=r,
-        )
+        self.recall = self.library.recall
+        self.context = self.library.context
         self.checkpoint_commit = Histogram(
             "tiermem_checkpoint_commit_duration_seconds",
             "Latency of appending a checkpoint to a run.",
-            buckets=_LATENCY_BUCKETS,
+            buckets=LATENCY_BUCKETS,
             registry=r,
         )
         self.summaries = Counter(

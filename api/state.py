@@ -213,7 +213,8 @@ class ServiceState:
     def resummarize(self, memory: Memory, user_id: str, session_id: str) -> SessionSummary:
         """Summarize a stored transcript and save the summary, counting the outcome and tokens."""
         try:
-            saved = memory.resummarize(user_id, session_id)
+            with self.metrics.library.summarizer.time():
+                saved = memory.resummarize(user_id, session_id)
         except Exception as exc:
             self.metrics.summarizer_failed(exc)
             raise

@@ -19,6 +19,7 @@ import typer
 from pydantic import ValidationError
 
 from memory.apikeys import ApiKeyError, ApiKeyRegistry
+from memory.cli_runs import runs_app
 from memory.settings import Settings
 from summarizer.errors import SummarizerError
 from tiers.backends import kv_backend_name, open_kv_store, redact_url, require_durable
@@ -227,17 +228,19 @@ def resummarize(
 
 def sweep(
     tenant: Annotated[str, typer.Option(help="The tenant to sweep.")] = "default",
+    all_tenants: AllTenantsOption = False,
 ) -> None:
     """Delete what is past its retention: finished runs (TIERMEM_RUN_RETENTION_DAYS, default 7),
     and sessions, transcripts, facts and idle runs past the tenant's retention (`retention show`).
     """
-    with _memory(tenant, "sweep") as memory:
-        report = memory.sweep()
-    typer.echo(f"deleted {report.finished_runs} finished runs of tenant {tenant}")
-    typer.echo(
-        f"retention: deleted {report.idle_runs} idle runs, {report.sessions} sessions, "
-        f"{report.transcripts} transcripts, {report.facts} fact versions"
-    )
+    with _root("sweep") as root:
+        for name in root.tenants() if all_tenants else [tenant]:
+            report = root.for_tenant(name).sweep()
+            typer.echo(f"deleted {report.finished_runs} finished runs of tenant {name}")
+            typer.echo(
+                f"retention: deleted {report.idle_runs} idle runs, {report.sessions} sessions, "
+                f"{report.transcripts} transcripts, {report.facts} fact versions"
+            )
 
 
 def worker(
@@ -539,6 +542,8 @@ def build_app() -> typer.Typer:
     app.command("new-master-key")(new_master_key)
     app.command()(encrypt)
     app.command("rotate-master-key")(rotate_master_key)
+    # _root is defined below build_app, which runs at import: look it up when a command runs.
+    app.add_typer(runs_app(lambda command: _root(command)), name="runs")
     return app
 
 
@@ -564,19 +569,14 @@ _BESIDE_A_SERVER = {
     "POST /v1/users/{user_id}/sessions/{session_id}:resummarize",
     "sweep": "a running server sweeps itself every "
     "TIERMEM_RUN_SWEEP_INTERVAL_SECONDS; or stop it first",
+    "runs": "stop the server first, or ask it: GET /v1/runs, GET /v1/runs/{run_id}, "
+    "GET /v1/runs/{run_id}:resume-plan",
 }
 
 
 @contextmanager
-def _memory(tenant: str, command: str) -> Iterator[Memory]:
-    """The configured stores, as one tenant's view; errors become a clear message and exit 1."""
-    with _root(command) as memory:
-        yield memory.for_tenant(tenant)
-
-
-@contextmanager
 def _root(command: str) -> Iterator[Memory]:
-    """The configured stores (views of any tenant: ``for_tenant``); errors as for :func:`_memory`."""
+    """The configured stores (views of any tenant: ``for_tenant``); errors: a message and exit 1."""
     from memory.facade import Memory
 
     settings = settings_from_env()

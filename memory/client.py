@@ -49,6 +49,7 @@ from memory.problems import (
     error_from_problem,
 )
 from memory.remote_run import RemoteRun
+from memory.resume_plan import ResumePlan
 from memory.transport import ServiceConnection
 from tiers.errors import BackendUnavailableError, CheckpointNotFoundError
 from tiers.ids import check_id
@@ -393,6 +394,11 @@ class MemoryClient:
     def get_run(self, run_id: str) -> RunInfo:
         """See :meth:`memory.Memory.get_run`."""
         return _run(self._json("GET", f"/v1/runs/{_id(run_id, 'run_id')}"))
+
+    def plan_resume(self, run_id: str) -> ResumePlan:
+        """See :meth:`memory.Memory.plan_resume`."""
+        data = self._json("GET", f"/v1/runs/{_id(run_id, 'run_id')}:resume-plan")
+        return ResumePlan.model_validate(data)
 
     def delete_run(self, run_id: str) -> bool:
         """See :meth:`memory.Memory.delete_run`."""

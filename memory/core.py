@@ -5,7 +5,6 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
 from collections.abc import Mapping, Sequence
 from datetime import datetime, timedelta
 from types import TracebackType
@@ -14,8 +13,11 @@ from typing import Any, Self
 from pydantic import JsonValue
 
 from memory.context import ContinuationContext
+from memory.lifecycle import close_stores, flush_sessions
 from memory.maintenance import Maintenance
+from memory.metrics import TiermemMetrics
 from memory.opening import open_stores, settings_for_dir
+from memory.resume_plan import ResumePlan
 from memory.runs import RunOperations
 from memory.sessions import DEFAULT_TOP_K, SessionOperations
 from memory.settings import Settings
@@ -79,6 +81,7 @@ class Memory:
             the summarizer never sees it either, summaries, facts, run data);
             default ``Redactor("secrets")`` (API keys, tokens, passwords, card
             numbers, private keys), ``Redactor("off")`` stores everything verbatim.
+        metrics: Prometheus families the task tier feeds (:mod:`memory.metrics`); default none.
     """
 
     def __init__(
@@ -96,7 +99,9 @@ class Memory:
         scrub_deleted: bool = True,
         retention: RetentionPolicy | None = None,
         redactor: Redactor | None = None,
+        metrics: TiermemMetrics | None = None,
     ) -> None:
+        self.metrics = metrics
         self.redactor = optional_instance(redactor, Redactor, "redactor") or Redactor()
         self.retention_default = (
             optional_instance(retention, RetentionPolicy, "retention") or RetentionPolicy()
@@ -120,6 +125,7 @@ class Memory:
             snapshot_every=snapshot_every,
             background_indexing=background_indexing,
             scrub_deleted=scrub_deleted,
+            observer=metrics,
         )
         self.tasks, self.sessions, self.users = tiers.tasks, tiers.sessions, tiers.users
         self.jobs, self.threads, self.items = tiers.jobs, tiers.threads, tiers.items
@@ -165,6 +171,7 @@ class Memory:
                     scrub_deleted=self.scrub_deleted,
                     retention=self.retention_default,
                     redactor=self.redactor,
+                    metrics=self.metrics,
                 )
                 view._owns_stores = False
                 view.allow_volatile = self.allow_volatile
@@ -188,14 +195,16 @@ class Memory:
         return cls.from_settings(settings_for_dir(data_dir, overrides))
 
     @classmethod
-    def from_settings(cls, settings: Settings | None = None) -> Memory:
+    def from_settings(
+        cls, settings: Settings | None = None, *, metrics: TiermemMetrics | None = None
+    ) -> Memory:
         """Open the stores and models that ``settings`` (default: from the environment) name.
 
         When an embedded store lives in ``data_dir`` (the default SQLite file or
         the embedded Chroma index), the dir is locked until :meth:`close`: one
         process per embedded data dir (the OS drops the lock if the process dies).
         A KV store that may lose acknowledged writes is refused unless
-        ``settings.allow_volatile`` (then a warning is logged).
+        ``settings.allow_volatile`` (then a warning is logged). ``metrics``: as for :class:`Memory`.
 
         Raises:
             InvalidInputError: A setting (from the environment when ``settings``
@@ -211,7 +220,7 @@ class Memory:
         """
         opened = open_stores(settings)
         try:
-            memory = cls(**opened.arguments)
+            memory = cls(**opened.arguments, metrics=metrics)
         except BaseException:
             opened.close()
             raise
@@ -471,6 +480,10 @@ class Memory:
         """Status and head of a run (``RunNotFoundError`` if none)."""
         return self._runs.get_run(run_id)
 
+    def plan_resume(self, run_id: str) -> ResumePlan:
+        """What resuming the run would do now, writing nothing (dry-run replay)."""
+        return self._runs.plan_resume(run_id)
+
     def delete_run(self, run_id: str) -> bool:
         """Delete a run whole, whatever its status: head, checkpoints, events, effect ledger."""
         return self._runs.delete_run(run_id)
@@ -534,12 +547,7 @@ class Memory:
         Recall does not need this (it reads its own writes); benchmarks and
         backups do. Returns whether everything was indexed within ``timeout``.
         """
-        deadline = None if timeout is None else time.monotonic() + timeout
-        for memory in self._with_views():
-            left = None if deadline is None else max(0.0, deadline - time.monotonic())
-            if not memory.sessions.flush(left):
-                return False
-        return True
+        return flush_sessions(self._with_views(), timeout)
 
     # -- retention and vector index upkeep ---------------------------------
 
@@ -573,16 +581,8 @@ class Memory:
         Index work not finished in time stays queued in the KV store and is
         replayed by the next instance opened on it. Idempotent.
         """
-        if not self._owns_stores:
-            return
-        try:
-            for memory in self._with_views():
-                memory.sessions.close()
-            self.index.close()
-            self.kv.close()
-        finally:
-            if self._dir_lock is not None:
-                self._dir_lock.release()
+        if self._owns_stores:
+            close_stores(self._with_views(), self.index, self.kv, self._dir_lock)
 
     def _with_views(self) -> list[Memory]:
         with self._tenants_lock:

@@ -18,6 +18,8 @@ from pydantic import JsonValue
 
 from memory.context import ContinuationContext
 from memory.core import Memory
+from memory.metrics import TiermemMetrics
+from memory.resume_plan import ResumePlan
 from memory.sessions import DEFAULT_TOP_K
 from memory.settings import Settings
 from tiers.index_check import IndexRepair, IndexReport
@@ -46,9 +48,11 @@ class AsyncMemory:
         return cls(Memory.open(data_dir, **overrides))
 
     @classmethod
-    def from_settings(cls, settings: Settings | None = None) -> AsyncMemory:
+    def from_settings(
+        cls, settings: Settings | None = None, *, metrics: TiermemMetrics | None = None
+    ) -> AsyncMemory:
         """See :meth:`Memory.from_settings`."""
-        return cls(Memory.from_settings(settings))
+        return cls(Memory.from_settings(settings, metrics=metrics))
 
     async def _call(self, fn: Callable[..., T], *args: Any, **kwargs: Any) -> T:
         return await anyio.to_thread.run_sync(lambda: fn(*args, **kwargs))
@@ -339,6 +343,10 @@ class AsyncMemory:
     async def get_run(self, run_id: str) -> RunInfo:
         """See :meth:`Memory.get_run`."""
         return await self._call(self.sync.get_run, run_id)
+
+    async def plan_resume(self, run_id: str) -> ResumePlan:
+        """See :meth:`Memory.plan_resume`."""
+        return await self._call(self.sync.plan_resume, run_id)
 
     async def delete_run(self, run_id: str) -> bool:
         """See :meth:`Memory.delete_run`."""

@@ -108,6 +108,7 @@ OPERATIONS: tuple[Operation, ...] = (
     Operation("list_runs", remote=True, route=_get("/v1/runs")),
     Operation("list_resumable_runs", remote=True, route=_get("/v1/runs:resumable")),
     Operation("get_run", remote=True, route=_get(_RUN)),
+    Operation("plan_resume", remote=True, route=_get(f"{_RUN}:resume-plan")),
     Operation("delete_run", remote=True, route=_delete(_RUN)),
     Operation("run_history", remote=True, route=_get(f"{_RUN}/checkpoints")),
     Operation("checkpoint_for_key", remote=True, route=_get(f"{_RUN}/checkpoints:by-key")),

@@ -12,6 +12,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from memory.resume_plan import ResumePlan, plan_resume
 from tiers.models import Checkpoint, RunInfo, RunStatus
 from tiers.task import UNSET, Approval, ApprovalRecord, EffectRecord, Event, RunHandle, TaskTier
 from tiers.values import check_datetime
@@ -216,6 +217,19 @@ class RunOperations:
     def get_run(self, run_id: str) -> RunInfo:
         """Status and head of a run (``RunNotFoundError`` if none)."""
         return self._tasks.get_run(run_id)
+
+    def plan_resume(self, run_id: str) -> ResumePlan:
+        """Dry-run replay: what resuming the run would do now, without writing anything.
+
+        The last committed checkpoint, the checkpoints a resumed worker replays
+        from the ledger, the effects of unknown outcome and how each would be
+        reconciled, the approval gate that blocks it, the lease (live, whose,
+        until when) and the budget left. Names and keys only, never outputs.
+
+        Raises:
+            RunNotFoundError: No such run.
+        """
+        return plan_resume(self._tasks, run_id)
 
     def delete_run(self, run_id: str) -> bool:
         """Delete a run whole, whatever its status: head, checkpoints, events, effect ledger.

@@ -19,7 +19,7 @@ from tiers.errors import InvalidInputError
 from tiers.items import ItemStore
 from tiers.redaction import Redactor
 from tiers.session import SessionTier, SummaryJobs
-from tiers.task import TaskTier
+from tiers.task import TaskObserver, TaskTier
 from tiers.threads import ThreadTier
 from tiers.user import UserTier
 
@@ -84,6 +84,7 @@ def build_tenant_tiers(
     snapshot_every: int,
     background_indexing: bool,
     scrub_deleted: bool,
+    observer: TaskObserver | None = None,
 ) -> TenantTiers:
     """Build the tiers of ``tenant`` (see :class:`~memory.Memory` for the arguments).
 
@@ -97,6 +98,7 @@ def build_tenant_tiers(
         snapshot_every: Events between snapshots of a run's state.
         background_indexing: Embed saved sessions in a worker thread.
         scrub_deleted: Whether deletes also drop data from the KV store's files.
+        observer: What the task tier reports to (metrics); default: nobody.
     """
     users = UserTier(kv, tenant=tenant, redactor=redactor)
 
@@ -123,6 +125,7 @@ def build_tenant_tiers(
             retention=run_retention,
             snapshot_every=snapshot_every,
             redactor=redactor,
+            observer=observer,
         ),
         sessions=sessions,
         users=users,

@@ -11,7 +11,7 @@ import memory
 
 ROOT = Path(__file__).resolve().parents[1]
 LAYERS = ["tiers", "summarizer", "memory", "api"]  # lowest first
-DRIVERS = {
+DRIVERS: dict[str, str | tuple[str, ...]] = {
     "redis": "tiers/backends",
     "psycopg": "tiers/backends",
     "chromadb": "tiers/backends",
@@ -21,6 +21,10 @@ DRIVERS = {
     "fastapi": "api",
     "starlette": "api",
     "uvicorn": "api",
+    # Metrics and traces: the library's own modules and the service; never the tiers, which
+    # report through tiers.task.TaskObserver.
+    "prometheus_client": ("memory/metrics.py", "api/"),
+    "opentelemetry": ("memory/telemetry.py", "api/"),
 }
 
 

@@ -42,6 +42,7 @@ from api.schemas.runs import (
     EventOut,
     HeartbeatOut,
     LeaseRef,
+    ResumePlanOut,
     RunComplete,
     RunCreate,
     RunFail,
@@ -170,6 +171,23 @@ def list_resumable_runs(memory: ReadMemory, caller: Caller) -> Response:
     if caller.user_id is not None:
         runs = [r for r in runs if r.user_id == caller.user_id]
     return json_response(RunList(runs=[run_out(r) for r in runs]))
+
+
+@router.get(
+    "/{run_id}:resume-plan",
+    name="plan_resume",
+    response_model=ResumePlanOut,
+    responses=_NOT_FOUND,
+)
+def plan_resume(run_id: RunIdPath, memory: ReadMemory) -> Response:
+    """Dry-run replay: what resuming the run would do now; nothing is written.
+
+    The last committed checkpoint, the checkpoints a resume replays from the
+    ledger, effects of unknown outcome and how each would be reconciled, the
+    approval gate that blocks, the lease (live, whose, until when), the budget left.
+    """
+    plan = memory.plan_resume(run_id)
+    return json_response(ResumePlanOut.model_validate(plan.model_dump()))
 
 
 @router.get("/{run_id}", name="get_run", response_model=RunOut, responses=_NOT_FOUND)

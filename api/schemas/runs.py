@@ -8,6 +8,7 @@ from typing import Annotated, Any
 from pydantic import Field, JsonValue
 
 from api.schemas.common import NO_CONTROL_NON_BLANK, NON_BLANK, Id, RequestModel, ResponseModel
+from memory.resume_plan import ResumePlan
 from tiers.ids import MAX_EXTERNAL_ID
 from tiers.models import MAX_TEXT, RunStatus
 from tiers.task import MAX_NOTE, EffectStatus, EventKind
@@ -413,3 +414,10 @@ class ApprovalPendingOut(ResponseModel):
     run_id: str
     approval_key: str
     plan_hash: str = Field(description="SHA-256 of the frozen plan; approve or reject this one.")
+
+
+class ResumePlanOut(ResumePlan, ResponseModel):
+    """What resuming the run would do now, computed without writing anything (dry-run replay).
+
+    The fields are :class:`~memory.resume_plan.ResumePlan`'s: names, keys and ids, never outputs.
+    """

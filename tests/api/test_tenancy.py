@@ -120,6 +120,7 @@ def test_tenant_a_cannot_touch_tenant_b_through_any_route(api: Api) -> None:
     assert probe("POST", "/v1/users/u-b/sessions/s-b2:resummarize").status_code == 404
     assert probe("GET", "/v1/runs").json() == {"runs": []}
     assert probe("GET", "/v1/runs/run-b").status_code == 404
+    assert probe("GET", "/v1/runs/run-b:resume-plan").status_code == 404
     assert probe("GET", "/v1/runs/run-b/checkpoints").status_code == 404
     assert probe("GET", "/v1/runs/run-b/checkpoints?newest_first=true&limit=1").status_code == 404
     by_key = f"/v1/runs/run-b/checkpoints:by-key?idempotency_key={quote(ckpt['idempotency_key'])}"

@@ -149,6 +149,7 @@ def decisions(ids: dict[str, str], epoch: int) -> dict[tuple[str, str], Probe]:
         # An object by its own id: bob's is not found, as an absent one.
         ("GET", "/v1/jobs/{job_id}"): Probe(NOT_FOUND, f"/v1/jobs/{job}"),
         ("GET", "/v1/runs/{run_id}"): Probe(NOT_FOUND, f"/v1/runs/{run}"),
+        ("GET", "/v1/runs/{run_id}:resume-plan"): Probe(NOT_FOUND, f"/v1/runs/{run}:resume-plan"),
         ("DELETE", "/v1/runs/{run_id}"): Probe(NOT_FOUND, f"/v1/runs/{run}"),
         ("POST", "/v1/runs/{run_id}/checkpoints"): Probe(
             NOT_FOUND, f"/v1/runs/{run}/checkpoints", {**lease, "step": "evil", "output": "x"}

@@ -141,6 +141,7 @@ from tiers.task._handle import (
 from tiers.task._lifecycle import (
     lifecycle_table,
 )
+from tiers.task._observer import NullObserver, TaskObserver
 from tiers.task._records import (
     MAX_NOTE,
     NOT_DONE,
@@ -182,7 +183,9 @@ __all__ = [
     "Event",
     "EventKind",
     "NotDone",
+    "NullObserver",
     "RunHandle",
+    "TaskObserver",
     "TaskTier",
     "input_hash",
     "lifecycle_table",

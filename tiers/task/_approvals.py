@@ -188,6 +188,7 @@ class Approvals:
 
         self.store.operate(run_id, build, "decide")
         rec = decided[0]
+        self.store.observer.approval(run_id, rec.key, rec.status)
         return Approval(
             approved=rec.status == "granted",
             plan_hash=rec.plan_hash,
@@ -286,4 +287,5 @@ class ApprovalGate:
         self.writer.commit(
             build, "approval", lambda fresh: self.writer.check_writable(fresh, allow_paused=True)
         )
+        self.writer.store.observer.approval(self.writer.run_id, gate, "requested")
         raise self.writer.pending(plan_hash, gate)

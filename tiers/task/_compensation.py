@@ -94,6 +94,7 @@ class Compensation:
             )
         done: list[str] = []
         for rec in todo:
+            self.store.observer.compensation_depth(len(todo) - len(done))
             undo = self.effects.compensations[rec.name]
 
             def mark(txn: Txn, rec: EffectRecord = rec) -> None:
@@ -136,6 +137,7 @@ class Compensation:
                     self.writer.in_effect = False
                 self.ledger.record(call, raw, "fn")
             done.append(rec.key)
+        self.store.observer.compensation_depth(0)
         return done
 
     def escalate(self, effects: list[str], reason: str) -> None:

@@ -369,6 +369,7 @@ class Effects:
         rec, rec_bytes = self.store.read_effect(self.writer.run_id, call.key)
         if rec is not None:
             if rec.name != call.name or rec.request_hash != call.digest:
+                self.store.observer.validation_failed("effect")
                 raise InputMismatchError(
                     f"effect key {call.key!r} of run {self.writer.run_id!r} was used by effect "
                     f"{rec.name!r} with another request: make the request deterministic, or "

@@ -135,6 +135,7 @@ class EffectLedger:
             self.writer.info.unknown_effects
         ):
             return
+        self.store.observer.unknown_effect(self.writer.run_id, len(wanted))
         space = keys.run_space(self.store.tenant, self.writer.run_id)
 
         def build() -> Txn:

@@ -146,6 +146,7 @@ class Retention:
                     continue
                 deleted.append(key)
             if len(page) < _SWEEP_PAGE:
+                self.store.observer.swept(len(deleted))
                 return deleted
             after = page[-1][0]
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import secrets
 import socket
+import time
 from datetime import datetime, timedelta
 
 from tiers import cas
@@ -83,6 +84,7 @@ class Runs:
         if not isinstance(worker, str) or not 1 <= len(worker) <= 256:
             raise InvalidInputError("worker_id must be 1-256 characters", field="worker_id")
         ttl = check_ttl(lease_ttl, "lease_ttl") if lease_ttl is not None else self.store.lease_ttl
+        started = time.perf_counter()
         for attempt in range(cas.ATTEMPTS):
             data = self.store.read_head(run_id)
             now = self.store.now()
@@ -125,6 +127,7 @@ class Runs:
                 check_takeable(current, for_compensation)
                 live = current.lease_live(now)
                 if live and current.lease_owner != worker and not steal:
+                    self.store.observer.take_refused(run_id)
                     owner = current.lease_owner or "?"
                     until = (
                         current.lease_expires_at.isoformat() if current.lease_expires_at else "?"
@@ -155,6 +158,13 @@ class Runs:
             except ConflictError:
                 cas.backoff(attempt)
                 continue
+            self.store.observer.run_taken(
+                run_id,
+                resumed=data is not None,
+                takeover=data is not None and current.lease_owner not in (None, worker),
+                compensation=for_compensation,
+                seconds=time.perf_counter() - started,
+            )
             return RunHandle(
                 self.store,
                 info,

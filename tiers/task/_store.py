@@ -10,6 +10,7 @@ one :class:`RunStore`; none of them writes to the store another way.
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
@@ -29,6 +30,7 @@ from tiers.errors import (
 from tiers.ids import check_id
 from tiers.models import Checkpoint, RunInfo, utcnow
 from tiers.redaction import OFF, Redactor
+from tiers.task._observer import NULL_OBSERVER, TaskObserver
 from tiers.task._records import (
     EffectRecord,
     IdempotencyEntry,
@@ -132,6 +134,7 @@ class RunStore:
         # hashes of inputs and outputs are taken before it, so replays match whatever it does.
         self.redactor = redactor if redactor is not None else OFF
         self.flusher: Callable[[], None] | None = kv.flush if isinstance(kv, Flushable) else None
+        self.observer: TaskObserver = NULL_OBSERVER
 
     def now(self) -> datetime:
         """The current UTC time, by the configured clock."""
@@ -154,7 +157,9 @@ class RunStore:
             BackendUnavailableError: The store is closed or the flush failed.
         """
         if self.flusher is not None:
+            started = time.perf_counter()
             self.flusher()
+            self.observer.flushed(time.perf_counter() - started)
 
     def get_run(self, run_id: str) -> RunInfo:
         """The head of a run.
@@ -239,7 +244,11 @@ class RunStore:
         writes: list[Write] = list(txn.puts)
         writes += [Put(space, keys.event_key(e.seq), encode(e)) for e in txn.events]
         writes.append(Put(self.runs, txn.run_id, new_head))
+        started = time.perf_counter()
         self.kv.commit(writes, [*txn.checks, Check(self.runs, txn.run_id, head)])
+        self.observer.committed(
+            time.perf_counter() - started, sum(len(w.value) for w in writes if isinstance(w, Put))
+        )
         return new_info, new_head
 
     def fit(self, data: bytes) -> bytes:

@@ -22,6 +22,7 @@ from tiers.redaction import Redactor
 from tiers.task._approvals import Approvals
 from tiers.task._handle import RunHandle
 from tiers.task._ledger import EffectDecisions
+from tiers.task._observer import NULL_OBSERVER, TaskObserver
 from tiers.task._queries import Queries, RebuiltRun
 from tiers.task._records import Approval, ApprovalRecord, EffectRecord, Event, new_run_id
 from tiers.task._retention import Retention
@@ -55,6 +56,8 @@ class TaskTier:
             nothing is redacted. Idempotency keys, input hashes and effect response
             hashes are of the values as given, so a resumed step matches its
             checkpoint whatever the redactor changed.
+        observer: Hears about commits, resumes, replays, fencing, unknown-outcome effects,
+            compensations and sweeps (metrics, traces); default: nobody.
     """
 
     def __init__(
@@ -67,6 +70,7 @@ class TaskTier:
         retention: timedelta = DEFAULT_RETENTION,
         clock: Callable[[], datetime] = utcnow,
         redactor: Redactor | None = None,
+        observer: TaskObserver | None = None,
     ) -> None:
         store = RunStore(
             kv,
@@ -77,6 +81,7 @@ class TaskTier:
             clock=clock,
             redactor=redactor,
         )
+        store.observer = observer if observer is not None else NULL_OBSERVER
         self._store = store
         # The raw store and the clock (_now) stay reachable for tests that inspect stored keys.
         self._kv = kv

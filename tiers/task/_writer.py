@@ -152,6 +152,7 @@ class RunWriter:
     def check_lease(self, info: RunInfo) -> None:
         """Refuse (``StaleWriterError``) unless this handle still holds the run's lease epoch."""
         if info.lease_epoch != self.epoch:
+            self.store.observer.fenced(self.run_id)
             raise StaleWriterError(
                 f"run {self.run_id!r} was taken over by another worker (lease epoch "
                 f"{info.lease_epoch}, this handle holds {self.epoch}): stop using this "
@@ -233,6 +234,7 @@ class RunWriter:
     def verify_replay(self, ckpt: Checkpoint, step: str, digest: str, key: str) -> None:
         """Refuse a replay of ``key`` by another step name or with another input."""
         if ckpt.step != step:
+            self.store.observer.validation_failed(ckpt.kind)
             raise InputMismatchError(
                 f"idempotency key {key!r} of run {self.run_id!r} was committed by step "
                 f"{ckpt.step!r} (seq {ckpt.seq}), not by step {step!r}: use another key",
@@ -240,6 +242,7 @@ class RunWriter:
                 idempotency_key=key,
             )
         if ckpt.input_hash != digest:
+            self.store.observer.validation_failed(ckpt.kind)
             raise InputMismatchError(
                 f"step {step!r} of run {self.run_id!r} is replayed with a different input than "
                 f"the one recorded at seq {ckpt.seq} (idempotency key {key!r}): make the "
@@ -247,6 +250,7 @@ class RunWriter:
                 step=step,
                 idempotency_key=key,
             )
+        self.store.observer.replayed(self.run_id, ckpt.kind, key)
 
     def txn(self) -> Txn:
         """A transaction on the head this handle holds; every commit renews the lease."""

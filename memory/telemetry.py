@@ -1,0 +1,254 @@
+"""OpenTelemetry for tiermem: live spans of the task tier, and a run's checkpoint DAG as a trace.
+
+Two parts:
+
+- :class:`TracingObserver`, a :class:`~tiers.task.TaskObserver` that turns what the
+  task tier reports into spans: ``tiermem.run`` when a worker takes a run (start or
+  resume), with ``tiermem.step`` / ``tiermem.effect`` children for every checkpoint
+  replayed instead of re-executed, and ``tiermem.fenced`` / ``tiermem.effect.unknown``
+  / ``tiermem.run.refused`` for the failures. It needs the ``otel`` extra
+  (``pip install 'tiermem[otel]'``: ``opentelemetry-api``); without it, or without a
+  configured tracer provider, every span is a no-op and nothing changes.
+- :func:`run_trace`, which writes a run's checkpoint DAG (every branch, and the runs
+  forked from it) as an OTLP JSON trace (``resourceSpans`` / ``scopeSpans`` /
+  ``spans``), with ids derived deterministically from the run and checkpoint ids,
+  so exporting twice gives the same trace. It needs no extra.
+
+Spans carry ids only: run id, step name, checkpoint id, idempotency key, tenant,
+lease epoch. Never content: no transcript, state value or step output.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import time
+from collections.abc import Iterator
+from datetime import datetime
+from typing import TYPE_CHECKING, Any
+
+from tiers.models import Checkpoint, RunInfo
+
+if TYPE_CHECKING:
+    from opentelemetry.trace import Span, Tracer, TracerProvider
+
+    from memory.core import Memory
+
+__all__ = ["TracingObserver", "run_trace"]
+
+SCOPE = "tiermem"
+_RUNS_KEPT = 4096
+
+
+def _tracer(provider: TracerProvider | None) -> Tracer:
+    try:
+        from opentelemetry import trace
+    except ImportError as exc:  # the extra is missing: say which one
+        raise ImportError(
+            "tracing needs OpenTelemetry: pip install 'tiermem[otel]' (opentelemetry-api)"
+        ) from exc
+    return trace.get_tracer(SCOPE, tracer_provider=provider)
+
+
+class TracingObserver:
+    """A task tier observer that emits OpenTelemetry spans (see the module docstring).
+
+    Args:
+        tenant: The tenant of the task tier it observes (a span attribute).
+        tracer_provider: Where spans go; default: the global provider (a no-op
+            until the app configures one).
+
+    Raises:
+        ImportError: ``opentelemetry-api`` is not installed (the ``otel`` extra).
+    """
+
+    def __init__(self, *, tenant: str = "default", tracer_provider: TracerProvider | None = None):
+        self.tenant = tenant
+        self._tracer = _tracer(tracer_provider)
+        # The span of each run's latest take: replays and fencing of the run are its children.
+        self._runs: dict[str, Span] = {}
+
+    def _span(
+        self, name: str, run_id: str, attrs: dict[str, Any] | None = None, seconds: float = 0.0
+    ) -> Span:
+        from opentelemetry import trace
+
+        parent = self._runs.get(run_id)
+        context = None if parent is None else trace.set_span_in_context(parent)
+        start = time.time_ns() - int(seconds * 1e9)
+        attributes = {"tiermem.run_id": run_id, "tiermem.tenant": self.tenant, **(attrs or {})}
+        span = self._tracer.start_span(
+            name, context=context, attributes=attributes, start_time=start
+        )
+        span.end()
+        return span
+
+    def committed(self, seconds: float, written_bytes: int) -> None:
+        """Commits are metrics, not spans (one per step: the step spans carry them)."""
+
+    def flushed(self, seconds: float) -> None:
+        """Flushes are metrics, not spans."""
+
+    def run_taken(
+        self, run_id: str, *, resumed: bool, takeover: bool, compensation: bool, seconds: float
+    ) -> None:
+        """A ``tiermem.run`` span: the take of the run's lease."""
+        if len(self._runs) >= _RUNS_KEPT:  # a long-lived process: forget the oldest run
+            self._runs.pop(next(iter(self._runs)))
+        self._runs[run_id] = self._span(
+            "tiermem.run",
+            run_id,
+            {
+                "gen_ai.operation.name": "invoke_agent",
+                "tiermem.resumed": resumed,
+                "tiermem.takeover": takeover,
+                "tiermem.compensation": compensation,
+            },
+            seconds,
+        )
+
+    def take_refused(self, run_id: str) -> None:
+        """A ``tiermem.run.refused`` span: another worker holds the live lease."""
+        self._span("tiermem.run.refused", run_id)
+
+    def replayed(self, run_id: str, kind: str, idempotency_key: str) -> None:
+        """A ``tiermem.step`` (or ``tiermem.effect``) span: a checkpoint replayed."""
+        name = "tiermem.effect" if kind == "effect" else "tiermem.step"
+        self._span(
+            name,
+            run_id,
+            {
+                "tiermem.replayed": True,
+                "tiermem.checkpoint.kind": kind,
+                "tiermem.idempotency_key": idempotency_key,
+            },
+        )
+
+    def validation_failed(self, operation: str) -> None:
+        """Refused replays are metrics (the error reaches the caller's own span)."""
+
+    def fenced(self, run_id: str) -> None:
+        """A ``tiermem.fenced`` span: a write refused because the run was taken over."""
+        self._span("tiermem.fenced", run_id)
+
+    def unknown_effect(self, run_id: str, count: int) -> None:
+        """A ``tiermem.effect.unknown`` span: effects invoked but never recorded."""
+        self._span("tiermem.effect.unknown", run_id, {"tiermem.effects": count})
+
+    def compensation_depth(self, depth: int) -> None:
+        """The compensation depth is a metric."""
+
+    def swept(self, runs: int) -> None:
+        """Sweeps are metrics."""
+
+    def approval(self, run_id: str, key: str, status: str) -> None:
+        """A ``tiermem.approval`` span: a gate requested, granted or rejected."""
+        attrs = {"tiermem.approval.key": key, "tiermem.approval.status": status}
+        self._span("tiermem.approval", run_id, attrs)
+
+
+# -- export of a run's checkpoint DAG ---------------------------------------------------------
+
+
+def _hex(text: str, length: int) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()[:length]
+
+
+def _nanos(at: datetime | None) -> str:
+    return "0" if at is None else str(int(at.timestamp() * 1_000_000_000))
+
+
+def _attributes(values: dict[str, str | int]) -> list[dict[str, Any]]:
+    return [
+        {"key": k, "value": {"intValue": str(v)} if isinstance(v, int) else {"stringValue": v}}
+        for k, v in values.items()
+    ]
+
+
+def run_trace(memory: Memory, run_id: str) -> dict[str, Any]:
+    """A run's checkpoint DAG as an OTLP JSON trace (see the module docstring).
+
+    The trace id is derived from ``run_id``; each run gets a ``tiermem.run`` span,
+    each checkpoint a ``tiermem.<kind>`` span whose parent is its parent
+    checkpoint's (the run's span for the first), and each run forked from a
+    checkpoint hangs under that checkpoint's span, with its own checkpoints.
+
+    Raises:
+        RunNotFoundError: No such run.
+    """
+    trace_id = _hex(f"trace:{run_id}", 32)
+    spans = list(_run_spans(memory, memory.get_run(run_id), trace_id, parent=""))
+    return {
+        "resourceSpans": [
+            {
+                "resource": {
+                    "attributes": _attributes(
+                        {"service.name": "tiermem", "tiermem.tenant": memory.tenant}
+                    )
+                },
+                "scopeSpans": [{"scope": {"name": SCOPE}, "spans": spans}],
+            }
+        ]
+    }
+
+
+def _run_spans(
+    memory: Memory, info: RunInfo, trace_id: str, parent: str
+) -> Iterator[dict[str, Any]]:
+    run_span = _hex(f"run:{info.run_id}", 16)
+    checkpoints = memory.run_history(info.run_id)
+    end = info.finished_at or info.updated_at
+    yield {
+        "traceId": trace_id,
+        "spanId": run_span,
+        "parentSpanId": parent,
+        "name": "tiermem.run",
+        "kind": 1,
+        "startTimeUnixNano": _nanos(info.created_at),
+        "endTimeUnixNano": _nanos(end),
+        "attributes": _attributes(
+            {
+                "gen_ai.operation.name": "invoke_agent",
+                "tiermem.run_id": info.run_id,
+                "tiermem.user_id": info.user_id,
+                "tiermem.status": info.status.value,
+                "tiermem.lease_epoch": info.lease_epoch,
+                "tiermem.tenant": memory.tenant,
+            }
+        ),
+        "status": {"code": 2 if info.status.value == "failed" else 0},
+    }
+    forks = [r for r in memory.list_runs() if r.parent_run_id == info.run_id]
+    for ckpt in checkpoints:
+        span_id = _checkpoint_span(ckpt)
+        yield {
+            "traceId": trace_id,
+            "spanId": span_id,
+            "parentSpanId": run_span if ckpt.parent_id is None else _parent_span(ckpt),
+            "name": f"tiermem.{ckpt.kind}",
+            "kind": 1,
+            "startTimeUnixNano": _nanos(ckpt.started_at),
+            "endTimeUnixNano": _nanos(ckpt.created_at),
+            "attributes": _attributes(
+                {
+                    "tiermem.run_id": info.run_id,
+                    "tiermem.step": ckpt.step,
+                    "tiermem.seq": ckpt.seq,
+                    "tiermem.checkpoint_id": ckpt.checkpoint_id,
+                    "tiermem.idempotency_key": ckpt.idempotency_key,
+                    "tiermem.in_lineage": "yes" if info.in_lineage(ckpt.seq) else "superseded",
+                    "tiermem.tenant": memory.tenant,
+                }
+            ),
+            "status": {"code": 0},
+        }
+        for fork in forks:
+            if fork.parent_checkpoint_id == ckpt.checkpoint_id:
+                yield from _run_spans(memory, fork, trace_id, parent=span_id)
+
+
+def _checkpoint_span(ckpt: Checkpoint) -> str:
+    return _hex(f"ckpt:{ckpt.run_id}:{ckpt.checkpoint_id}", 16)
+
+
+def _parent_span(ckpt: Checkpoint) -> str:
+    return _hex(f"ckpt:{ckpt.run_id}:{ckpt.parent_id}", 16)

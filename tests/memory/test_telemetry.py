@@ -1,0 +1,160 @@
+"""OpenTelemetry: spans of a SIGKILLed run resumed elsewhere, and a run's DAG exported as OTLP JSON."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace.export import SimpleSpanProcessor
+from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from typer.testing import CliRunner
+
+from memory import Memory
+from memory.cli import app as cli
+from memory.metrics import TiermemMetrics
+from memory.settings import Settings
+from memory.telemetry import TracingObserver, run_trace
+from tests.tiers.crash_worker import USER, open_store, run_to_end
+from tiers.errors import ApprovalPendingError
+from tiers.task import TaskTier
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _wait_for(what: str, ready: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + 60
+    while not ready():
+        assert time.monotonic() < deadline, f"gave up waiting: {what}"
+        time.sleep(0.01)
+
+
+def _stopped(pid: int) -> bool:
+    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "TZ"
+
+
+def test_a_crash_and_resume_shows_as_run_step_and_effect_spans(tmp_path: Path) -> None:
+    store, log, run_id = str(tmp_path / "kv.sqlite3"), tmp_path / "effects.log", "traced"
+    worker = subprocess.Popen(
+        [
+            sys.executable,
+            "-c",
+            "import sys; from tests.tiers.crash_worker import freeze_worker; "
+            "sys.exit(freeze_worker(sys.argv[1], sys.argv[2], sys.argv[3], 60.0, 'unit:4'))",
+            store,
+            run_id,
+            str(log),
+        ],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        _wait_for("the worker to stop after four units", lambda: _stopped(worker.pid))
+    finally:
+        os.kill(worker.pid, signal.SIGKILL)  # a real crash
+        worker.wait(30)
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    kv = open_store(store)
+    try:
+        tier = TaskTier(kv, observer=TracingObserver(tenant="default", tracer_provider=provider))
+        outputs = run_to_end(tier, run_id, str(log), dedupe=True, worker_id="taker", steal=True)
+    finally:
+        kv.close()
+    spans = exporter.get_finished_spans()
+    (run,) = [s for s in spans if s.name == "tiermem.run"]
+    assert run.attributes is not None
+    assert run.attributes["tiermem.run_id"] == run_id
+    assert run.attributes["tiermem.resumed"] is True
+    assert run.attributes["tiermem.takeover"] is True
+    assert run.attributes["tiermem.tenant"] == "default"
+    replays = [s for s in spans if s.name in ("tiermem.step", "tiermem.effect")]
+    assert {s.name for s in replays} == {"tiermem.step", "tiermem.effect"}
+    for span in replays:
+        assert span.parent is not None
+        assert span.parent.span_id == run.context.span_id
+        assert span.context.trace_id == run.context.trace_id
+        assert span.attributes is not None
+        assert str(span.attributes["tiermem.idempotency_key"]).startswith(f"{run_id}/")
+    # Ids and names only: no output of any step or effect is in any span.
+    dumped = json.dumps([dict(s.attributes or {}) for s in spans])
+    assert "receipt" not in dumped
+    assert "R-" not in dumped
+    assert outputs
+
+
+def test_a_run_exports_as_a_deterministic_otlp_trace_with_its_forks(tmp_path: Path) -> None:
+    with Memory.open(tmp_path / "data") as memory:
+        run = memory.start_run("alice", "r1")
+        run.step("plan", lambda: "secret plan")
+        run.step("act", lambda: "secret act")
+        first = memory.run_history("r1")[0]
+        memory.fork_run("r1", first.checkpoint_id, "r1-fork")
+        trace = run_trace(memory, "r1")
+        assert run_trace(memory, "r1") == trace  # deterministic
+    (resource,) = trace["resourceSpans"]
+    (scope,) = resource["scopeSpans"]
+    spans = scope["spans"]
+    by_id = {s["spanId"]: s for s in spans}
+    runs = [s for s in spans if s["name"] == "tiermem.run"]
+    assert len(runs) == 2  # the run and its fork
+    root = next(s for s in runs if s["parentSpanId"] == "")
+    fork = next(s for s in runs if s["parentSpanId"])
+    assert by_id[fork["parentSpanId"]]["name"] == "tiermem.step"  # hangs under its checkpoint
+    assert {s["traceId"] for s in spans} == {root["traceId"]}
+    assert len(root["traceId"]) == 32
+    assert all(len(s["spanId"]) == 16 for s in spans)
+    act = next(
+        s
+        for s in spans
+        if {"key": "tiermem.step", "value": {"stringValue": "act"}} in s["attributes"]
+    )
+    assert by_id[act["parentSpanId"]]["name"] == "tiermem.step"  # parent checkpoint: plan
+    assert "secret" not in json.dumps(trace)
+
+
+def test_runs_export_prints_the_trace(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = tmp_path / "data"
+    monkeypatch.setenv("TIERMEM_DATA_DIR", str(data))
+    monkeypatch.delenv("TIERMEM_KV_URL", raising=False)
+    monkeypatch.delenv("TIERMEM_VECTOR_URL", raising=False)
+    with Memory.open(data) as memory:
+        memory.start_run(USER, "r1").step("plan", lambda: 1)
+    exported = CliRunner().invoke(cli, ["runs", "export", "r1"])
+    assert exported.exit_code == 0, exported.output
+    spans = json.loads(exported.output)["resourceSpans"][0]["scopeSpans"][0]["spans"]
+    assert [s["name"] for s in spans] == ["tiermem.run", "tiermem.step"]
+
+
+def test_memory_metrics_forward_to_tracing_approvals_included(tmp_path: Path) -> None:
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = TracingObserver(tenant="default", tracer_provider=provider)
+    metrics = TiermemMetrics(forward_to=[tracing])
+    with Memory.from_settings(Settings(data_dir=tmp_path / "data"), metrics=metrics) as memory:
+        run = memory.start_run("alice", "r1")
+        with pytest.raises(ApprovalPendingError) as pending:
+            run.await_approval({"refund": "secret amount"}, key="refund")
+        memory.approve_run("r1", pending.value.plan_hash, by="ops")
+    names = [s.name for s in exporter.get_finished_spans()]
+    assert names.count("tiermem.approval") == 2
+    statuses = [
+        (s.attributes or {}).get("tiermem.approval.status")
+        for s in exporter.get_finished_spans()
+        if s.name == "tiermem.approval"
+    ]
+    assert statuses == ["requested", "granted"]
+    assert metrics.registry.get_sample_value("tiermem_approvals_total", {"status": "granted"}) == 1
+    assert "secret" not in json.dumps(
+        [dict(s.attributes or {}) for s in exporter.get_finished_spans()]
+    )

@@ -11,7 +11,8 @@ from typing import Annotated
 
 import typer
 
-from memory.cli import build_app, settings_from_env
+from memory.cli import build_app
+from memory.cli_support import settings_from_env
 
 
 def serve(

@@ -9,26 +9,29 @@ down only), not even by name at run time.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Any
 from urllib.parse import urlsplit
 
 import typer
-from pydantic import ValidationError
 
-from memory.apikeys import ApiKeyError, ApiKeyRegistry
+from memory.cli_encryption import encrypt, new_master_key, rotate_master_key
 from memory.cli_runs import runs_app
+from memory.cli_support import (
+    open_kv,
+    open_registry,
+    open_root,
+    settings_from_env,
+)
 from memory.settings import Settings
 from summarizer.errors import SummarizerError
-from tiers.backends import kv_backend_name, open_kv_store, redact_url, require_durable
-from tiers.errors import DataDirLockedError, TierError
+from tiers.backends import kv_backend_name, redact_url
+from tiers.errors import TierError
 
 if TYPE_CHECKING:
     from memory.facade import Memory
     from tiers.backends.base import KVStore
-    from tiers.backends.encrypted_kv import MasterKey
     from tiers.retention import RetentionPolicy
 
 
@@ -74,7 +77,7 @@ def keys_create(
     ] = None,
 ) -> None:
     """Create an API key and print it once (only its SHA-256 is stored)."""
-    with _registry() as registry:
+    with open_registry() as registry:
         key, info = registry.create(tenant, read_only=read_only, name=name, user_id=user)
     typer.echo(key)
     bound = "" if info.user_id is None else f", user {info.user_id}"
@@ -93,7 +96,7 @@ def keys_list(
     The user is the one the key is bound to (``--user``), or ``*`` for every
     user of the tenant. The keys themselves are never shown.
     """
-    with _registry() as registry:
+    with open_registry() as registry:
         infos = registry.list_keys(tenant=tenant)
     for info in infos:
         state = f"revoked {info.revoked_at:%Y-%m-%dT%H:%M:%SZ}" if info.revoked_at else "active"
@@ -107,7 +110,7 @@ def keys_revoke(
     key_id: Annotated[str, typer.Argument(help="The key id shown by `keys list`.")],
 ) -> None:
     """Revoke an API key for good (running servers stop accepting it within auth_cache_seconds)."""
-    with _registry() as registry:
+    with open_registry() as registry:
         info = registry.revoke(key_id)
     typer.echo(f"revoked {info.key_id} (tenant {info.tenant})")
 
@@ -159,7 +162,7 @@ def reindex(
     if check and damaged:
         raise typer.BadParameter("--check only reports: not with --damaged")
     left = 0
-    with _root("reindex") as root:
+    with open_root("reindex") as root:
         for name in root.tenants() if all_tenants else [tenant]:
             memory = root.for_tenant(name)
             if check:
@@ -204,7 +207,7 @@ def resummarize(
     if user and all_tenants:
         raise typer.BadParameter("--user names users of one tenant: not with --all-tenants")
     failed = 0
-    with _root("resummarize") as root:
+    with open_root("resummarize") as root:
         for name in root.tenants() if all_tenants else [tenant]:
             memory = root.for_tenant(name)
             users = user or memory.sessions.user_ids()
@@ -233,7 +236,7 @@ def sweep(
     """Delete what is past its retention: finished runs (TIERMEM_RUN_RETENTION_DAYS, default 7),
     and sessions, transcripts, facts and idle runs past the tenant's retention (`retention show`).
     """
-    with _root("sweep") as root:
+    with open_root("sweep") as root:
         for name in root.tenants() if all_tenants else [tenant]:
             report = root.for_tenant(name).sweep()
             typer.echo(f"deleted {report.finished_runs} finished runs of tenant {name}")
@@ -303,7 +306,7 @@ def worker(
                 raise typer.Exit(1) from exc
             tasks = memory.for_tenant(tenant or settings.tenant).tasks
         else:
-            kv, _ = stack.enter_context(_kv())
+            kv, _ = stack.enter_context(open_kv())
             tasks = task_tier_from_settings(kv, settings, tenant or settings.tenant)
         fleet = Worker(
             tasks,
@@ -331,7 +334,7 @@ def retention_show(
     tenant: Annotated[str, typer.Option(help="The tenant.")] = "default",
 ) -> None:
     """Print the tenant's retention, one kind a line: kind, TTL, and where it comes from."""
-    with _kv() as (kv, settings):
+    with open_kv() as (kv, settings):
         policy = _effective(kv, tenant, settings)
     _print_policy(policy)
 
@@ -373,7 +376,7 @@ def retention_set(
         raise typer.BadParameter(
             "give at least one of --sessions, --transcripts, --facts, --idle-runs"
         )
-    with _kv() as (kv, settings):
+    with open_kv() as (kv, settings):
         set_overrides(kv, tenant, given)
         policy = _effective(kv, tenant, settings)
     _print_policy(policy)
@@ -391,129 +394,6 @@ def _print_policy(policy: RetentionPolicy) -> None:
     for kind in KINDS:
         source = "tenant" if kind in policy.tenant_set else "default"
         typer.echo(f"{kind}\t{format_ttl(policy.ttl(kind))}\t{source}")
-
-
-def new_master_key(
-    out: Annotated[
-        Path | None,
-        typer.Option(help="Write the key to this new file (mode 0600) instead of printing it."),
-    ] = None,
-) -> None:
-    """Make a random master key for encryption at rest (TIERMEM_MASTER_KEY or ..._FILE)."""
-    import os
-
-    from tiers.backends.encrypted_kv import MasterKey
-
-    key, text = MasterKey.generate()
-    if out is None:
-        typer.echo(text)
-    else:
-        try:
-            fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        except OSError as exc:
-            raise typer.BadParameter(f"cannot create {out}: {exc.strerror}") from exc
-        with os.fdopen(fd, "w") as file:
-            file.write(text + "\n")
-    typer.echo(f"master key id {key.id}", err=True)
-
-
-def encrypt() -> None:
-    """Encrypt in place every value the KV store holds unencrypted, with TIERMEM_MASTER_KEY(_FILE).
-
-    Turns encryption on for a store that has data, and renames fact keys to
-    opaque tokens (also upgrading a store encrypted by an earlier tiermem, which
-    left them readable): stop every service that uses the store first.
-    Resumable: run it again after an interruption. The vector index holds no
-    text and is left as it is.
-    """
-    from tiers.backends.dirlock import DataDirLock
-    from tiers.backends.encrypted_kv import OVERHEAD, encrypt_existing
-
-    settings = settings_from_env()
-    master = _master_key(settings)
-    lock = None
-    try:
-        if settings.kv_url is None:
-            lock = DataDirLock(settings.data_dir)
-        with _backend(settings, extra=OVERHEAD) as kv:
-            report = encrypt_existing(kv, master)
-    except TierError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
-    finally:
-        if lock is not None:
-            lock.release()
-    typer.echo(
-        f"encrypted {report.encrypted} values in {report.spaces} spaces "
-        f"({report.already} were encrypted already) and renamed {report.renamed} fact keys to "
-        f"opaque tokens, with master key {master.id}"
-    )
-    if report.encrypted and not report.scrubbed:
-        typer.echo(
-            "warning: the store could not drop the replaced plaintext from its files now; "
-            "it stays on disk until the store compacts on its own",
-            err=True,
-        )
-
-
-def rotate_master_key(
-    new_key_file: Annotated[
-        Path, typer.Option(help="File holding the new master key (its base64 text).")
-    ],
-) -> None:
-    """Re-wrap the store's data keys from the current master key (TIERMEM_MASTER_KEY(_FILE)) to a new one.
-
-    Values are not rewritten. Safe beside running services: they keep working
-    with the data keys they hold; restart them with the new key (a new tenant's
-    first write fails until then).
-    """
-    from tiers.backends.encrypted_kv import MasterKey
-    from tiers.backends.encrypted_kv import rotate_master_key as rotate
-
-    settings = settings_from_env()
-    old = _master_key(settings)
-    try:
-        new = MasterKey.from_file(new_key_file, field="new-key-file")
-    except TierError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    try:
-        with _backend(settings) as kv:
-            count = rotate(kv, old, new)
-    except TierError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
-    typer.echo(
-        f"re-wrapped {count} data keys from master key {old.id} to {new.id}; "
-        "set TIERMEM_MASTER_KEY(_FILE) to the new key and restart the services"
-    )
-
-
-def _master_key(settings: Settings) -> MasterKey:
-    try:
-        key = settings.encryption_key()
-    except TierError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    if key is None:
-        raise typer.BadParameter(
-            "set TIERMEM_MASTER_KEY or TIERMEM_MASTER_KEY_FILE (`tiermem new-master-key` makes one)"
-        )
-    return key
-
-
-@contextmanager
-def _backend(settings: Settings, *, extra: int = 0) -> Iterator[KVStore]:
-    """The KV backend as it stores bytes (see ``open_kv_backend``), closed afterwards."""
-    from tiers.backends import open_kv_backend
-
-    kv = open_kv_backend(
-        settings.kv_location(),
-        max_value_bytes=settings.max_value_bytes + extra,
-        durable=settings.durable,
-    )
-    try:
-        yield kv
-    finally:
-        kv.close()
 
 
 def build_app() -> typer.Typer:
@@ -543,112 +423,12 @@ def build_app() -> typer.Typer:
     app.command()(encrypt)
     app.command("rotate-master-key")(rotate_master_key)
     # _root is defined below build_app, which runs at import: look it up when a command runs.
-    app.add_typer(runs_app(lambda command: _root(command)), name="runs")
+    app.add_typer(runs_app(lambda command: open_root(command)), name="runs")
     return app
 
 
 app = build_app()
 """The library's commands (``python -m memory.cli``); the installed script is ``api.cli:app``."""
-
-
-def settings_from_env() -> Settings:
-    """Settings from ``TIERMEM_*``; a bad one is a usage error naming the variable."""
-    try:
-        return Settings()
-    except ValidationError as exc:
-        first = exc.errors()[0]
-        raise typer.BadParameter(f"TIERMEM_{str(first['loc'][0]).upper()}: {first['msg']}") from exc
-
-
-# What to do instead when a maintenance command finds the data dir held by a live server.
-_BESIDE_A_SERVER = {
-    "reindex": "a running server checks its index every TIERMEM_INDEX_CHECK_INTERVAL_SECONDS "
-    "and repairs TIERMEM_INDEX_REPAIR_BATCH sessions and items each time by itself; or stop it, "
-    "run `tiermem reindex`, then start it again",
-    "resummarize": "stop the server first, or ask it per session: "
-    "POST /v1/users/{user_id}/sessions/{session_id}:resummarize",
-    "sweep": "a running server sweeps itself every "
-    "TIERMEM_RUN_SWEEP_INTERVAL_SECONDS; or stop it first",
-    "runs": "stop the server first, or ask it: GET /v1/runs, GET /v1/runs/{run_id}, "
-    "GET /v1/runs/{run_id}:resume-plan",
-}
-
-
-@contextmanager
-def _root(command: str) -> Iterator[Memory]:
-    """The configured stores (views of any tenant: ``for_tenant``); errors: a message and exit 1."""
-    from memory.facade import Memory
-
-    settings = settings_from_env()
-    try:
-        with Memory.from_settings(settings) as memory:
-            yield memory
-    except DataDirLockedError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        typer.echo(
-            f"`tiermem {command}` needs the data dir to itself: {_BESIDE_A_SERVER[command]}",
-            err=True,
-        )
-        raise typer.Exit(1) from exc
-    except TierError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
-
-
-@contextmanager
-def _kv() -> Iterator[tuple[KVStore, Settings]]:
-    """The configured KV store only, without the data dir's lock (safe beside a live server)."""
-    settings = settings_from_env()
-    try:
-        kv = open_kv_store(
-            settings.kv_location(),
-            max_value_bytes=settings.max_value_bytes,
-            durable=settings.durable,
-            master_key=settings.encryption_key(),
-        )
-    except TierError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    try:
-        require_durable(kv, allow_volatile=settings.allow_volatile)
-        yield kv, settings
-    except TierError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
-    finally:
-        kv.close()
-
-
-@contextmanager
-def _registry() -> Iterator[ApiKeyRegistry]:
-    """The key registry on the configured KV store only (no index or model is opened).
-
-    It does not take the data dir's lock: key commands are meant to run beside a
-    live server (SQLite serialises writers of several processes; the server reads
-    keys from the store, trusting a verified one for ``auth_cache_seconds``).
-    """
-    settings = settings_from_env()
-    try:
-        kv = open_kv_store(
-            settings.kv_location(),
-            max_value_bytes=settings.max_value_bytes,
-            durable=settings.durable,
-            master_key=settings.encryption_key(),
-        )
-    except TierError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    try:
-        require_durable(kv, allow_volatile=settings.allow_volatile)
-    except TierError as exc:
-        kv.close()
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
-    try:
-        yield ApiKeyRegistry(kv)
-    except (ApiKeyError, TierError) as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(1) from exc
-    finally:
-        kv.close()
 
 
 if __name__ == "__main__":

@@ -22,17 +22,26 @@ from tests.conftest import RedisServer
 def memory(
     request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
 ) -> Iterator[Memory]:
-    """One memory per backend for all API tests; tests keep apart by using fresh tenants."""
+    """One memory per backend for all API tests; tests keep apart by using fresh tenants.
+
+    On Redis it has a server of its own: the shared one is flushed before each test that asks
+    for ``redis_url``, and may hold what such a test left (an encrypted store, say).
+    """
     kv_url = None
+    server: RedisServer | None = None
     if request.param == "redis":
-        server: RedisServer = request.getfixturevalue("redis_server")
+        server = RedisServer(tmp_path_factory.mktemp("api-redis-server"))
         kv_url = server.url
     data = tmp_path_factory.mktemp(f"api-{request.param}")
-    mem = Memory.from_settings(
-        Settings(data_dir=data, kv_url=kv_url, durable=False, allow_volatile=True)
-    )
-    yield mem
-    mem.close()
+    try:
+        mem = Memory.from_settings(
+            Settings(data_dir=data, kv_url=kv_url, durable=False, allow_volatile=True)
+        )
+        yield mem
+        mem.close()
+    finally:
+        if server is not None:
+            server.stop()
 
 
 @dataclass

@@ -17,7 +17,7 @@ from fastapi.routing import APIRoute
 from api.errors import install_error_handlers
 from api.metrics import Metrics
 from api.middleware import ServiceMiddleware
-from api.routers import context, facts, health, runs, sessions
+from api.routers import context, facts, health, run_effects, runs, sessions
 from api.state import ServiceState
 from api.ui import mount_console
 from memory.facade import Memory
@@ -172,7 +172,7 @@ def create_app(
         max_request_bytes=settings.max_request_bytes,
         access_log=settings.access_log,
     )
-    for module in (health, facts, sessions, context, runs):
+    for module in (health, facts, sessions, context, runs, run_effects):
         app.include_router(module.router)
     mount_console(app)
     return app

@@ -32,12 +32,7 @@ from api.schemas.runs import (
     CheckpointCreate,
     CheckpointList,
     CheckpointOut,
-    EffectBegin,
-    EffectBeginOut,
-    EffectList,
     EffectOut,
-    EffectRecordCreate,
-    EffectResolve,
     EventList,
     EventOut,
     HeartbeatOut,
@@ -57,7 +52,7 @@ from api.state import Principal
 from memory.binding import user_filter
 from tiers.errors import ApprovalPendingError, CheckpointNotFoundError, RunNotFoundError
 from tiers.models import Checkpoint, RunInfo, RunStatus
-from tiers.task import UNSET, Charged, EffectRecord
+from tiers.task import EffectRecord
 
 router = APIRouter(
     prefix="/v1/runs",
@@ -382,94 +377,13 @@ def update_run_state(
     lease is revoked. 409 ``run-state`` for a finished run (fork it instead).
     """
     ckpt = memory.update_run_state(
-        run_id, body.checkpoint_id, body.values, by=_by(body.by, caller), by_key=caller.key_id
-    )
-    return json_response(checkpoint_out(ckpt), status_code=status.HTTP_201_CREATED)
-
-
-@router.get(
-    "/{run_id}/effects", name="run_effects", response_model=EffectList, responses=_NOT_FOUND
-)
-def run_effects(run_id: RunIdPath, memory: ReadMemory) -> Response:
-    """The run's effect ledger: every external effect, its status and recorded output."""
-    return json_response(EffectList(effects=[effect_out(r) for r in memory.run_effects(run_id)]))
-
-
-@router.post(
-    "/{run_id}/effects:begin",
-    name="begin_effect",
-    response_model=EffectBeginOut,
-    responses=_WRITE_ERRORS,
-)
-def begin_effect(run_id: RunIdPath, body: EffectBegin, memory: WriteMemory) -> Response:
-    """Begin an effect the caller performs itself: ``invoke`` says whether to perform it.
-
-    ``invoke: true``: ``EffectInvoked`` is durable; perform the effect (pass
-    ``idempotency_key`` to the external system), then ``effects:record``.
-    ``invoke: false``: already recorded; use ``output`` and do not perform it.
-    409 ``effect-outcome-unknown`` (naming ``effect_key``) when it was begun
-    before and never recorded: it may or may not have happened; reconcile it
-    with ``effects:resolve``. An effect is a checkpointed step of its own.
-    """
-    start = memory.attach_run(run_id, body.lease_epoch, incarnation=body.incarnation).begin_effect(
-        body.name,
-        idempotency_key=body.idempotency_key,
-        input=body.input,
-        safe_to_retry=body.safe_to_retry,
-    )
-    return json_response(
-        EffectBeginOut(idempotency_key=start.key, invoke=start.invoke, output=start.output)
-    )
-
-
-@router.post(
-    "/{run_id}/effects:record",
-    name="record_effect",
-    response_model=EffectOut,
-    responses=_WRITE_ERRORS,
-)
-def record_effect(run_id: RunIdPath, body: EffectRecordCreate, memory: WriteMemory) -> Response:
-    """Record the result of an effect begun with ``effects:begin``, with its checkpoint.
-
-    Recording the same output again (a retried request) changes nothing. If
-    the run was cancelled while the effect ran, the result is still recorded
-    (the call happened), then 409 ``run-cancelled`` tells the worker to stop.
-    """
-    handle = memory.attach_run(
-        run_id, body.lease_epoch, incarnation=body.incarnation, finished_ok=True
-    )
-    handle.record_effect(
-        body.idempotency_key,
-        Charged(body.output, tokens=body.tokens, cost=body.cost, state=body.state),
-    )
-    return json_response(effect_out(memory.get_effect(run_id, body.idempotency_key)))
-
-
-@router.post(
-    "/{run_id}/effects:resolve",
-    name="resolve_effect",
-    response_model=EffectOut,
-    responses=_WRITE_ERRORS,
-)
-def resolve_effect(
-    run_id: RunIdPath, body: EffectResolve, memory: WriteMemory, caller: Caller
-) -> Response:
-    """An operator's decision on an effect of unknown outcome; it unblocks the run.
-
-    Give ``output`` (it happened: the run gets this output without performing
-    it) or ``rerun: true`` (it did not: the run performs it again), not both.
-    409 ``run-state`` if the effect's outcome is not unknown.
-    """
-    output = body.output if "output" in body.model_fields_set else UNSET
-    rec = memory.resolve_effect(
         run_id,
-        body.idempotency_key,
-        output=output,
-        rerun=body.rerun,
-        by=_by(body.by, caller),
+        body.checkpoint_id,
+        body.values,
+        by=decided_by(body.by, caller),
         by_key=caller.key_id,
     )
-    return json_response(effect_out(rec))
+    return json_response(checkpoint_out(ckpt), status_code=status.HTTP_201_CREATED)
 
 
 @router.post(
@@ -536,7 +450,7 @@ def cancel_run(run_id: RunIdPath, memory: WriteMemory) -> Response:
     return json_response(run_out(memory.cancel_run(run_id)))
 
 
-def _by(by: str | None, caller: Principal) -> str:
+def decided_by(by: str | None, caller: Principal) -> str:
     """Who decides, as the caller names them; else the caller's API key.
 
     The name is a claim: every decision also records ``by_key``, the id of the
@@ -558,7 +472,7 @@ def approve_run(
     409 ``plan-mismatch`` if ``plan_hash`` is not the plan the run waits on.
     """
     approval = memory.approve_run(
-        run_id, body.plan_hash, by=_by(body.by, caller), note=body.note, by_key=caller.key_id
+        run_id, body.plan_hash, by=decided_by(body.by, caller), note=body.note, by_key=caller.key_id
     )
     return json_response(ApprovalOut.model_validate(approval, from_attributes=True))
 
@@ -571,7 +485,7 @@ def reject_run(
 ) -> Response:
     """Reject the plan a paused run waits on; its worker sees the rejection at the gate."""
     approval = memory.reject_run(
-        run_id, body.plan_hash, by=_by(body.by, caller), note=body.note, by_key=caller.key_id
+        run_id, body.plan_hash, by=decided_by(body.by, caller), note=body.note, by_key=caller.key_id
     )
     return json_response(ApprovalOut.model_validate(approval, from_attributes=True))
 

@@ -110,12 +110,52 @@ def test_no_imports_of_another_packages_private_modules(package: str) -> None:
     assert offenders == []
 
 
+def private_names_imported(path: Path) -> set[str]:
+    """``module.name`` for every underscore name a file imports from a module (``from m import _x``)."""
+    tree = ast.parse(path.read_text(), filename=str(path))
+    return {
+        f"{node.module}.{alias.name}"
+        for node in ast.walk(tree)
+        if isinstance(node, ast.ImportFrom) and node.module and node.level == 0
+        for alias in node.names
+        if alias.name.startswith("_") and not alias.name.startswith("__")
+    }
+
+
+def owner_of(name: str) -> str:
+    """The package a name imported from a module belongs to (``api.app._x`` -> ``api``)."""
+    module = name.rsplit(".", 1)[0]
+    if (ROOT / module.replace(".", "/")).is_dir():
+        return module
+    return module.rsplit(".", 1)[0]
+
+
+@pytest.mark.parametrize("package", LAYERS)
+def test_no_private_names_imported_from_another_package(package: str) -> None:
+    offenders = [
+        f"{path.relative_to(ROOT)} imports {name}"
+        for path in package_files(package)
+        for name in private_names_imported(path)
+        if name.split(".")[0] in LAYERS and not package_of(path).startswith(owner_of(name))
+    ]
+    assert offenders == []
+
+
 def test_private_import_check_sees_a_violation() -> None:
     assert private_module_of("tiers.task._tier") == "tiers.task"
     assert private_module_of("tiers.task") is None
     assert private_module_of("tiers.__init__") is None
     assert package_of(ROOT / "tiers" / "task" / "_tier.py") == "tiers.task"
     assert package_of(ROOT / "memory" / "facade.py") == "memory"
+
+
+def test_private_name_check_sees_a_violation(tmp_path: Path) -> None:
+    bad = tmp_path / "bad.py"
+    bad.write_text("from tiers.items import Item, _box\nfrom tiers.task import __version__\n")
+    assert private_names_imported(bad) == {"tiers.items._box"}
+    assert owner_of("tiers.items._box") == "tiers.items"
+    assert owner_of("api.app._tune_embedder") == "api"
+    assert owner_of("tiers.redaction._rules._DIGIT_RUN") == "tiers.redaction"
 
 
 def test_layer_check_sees_a_violation(tmp_path: Path) -> None:

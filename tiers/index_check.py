@@ -43,7 +43,7 @@ from tiers import keys
 from tiers.backends.base import Check, KVStore, Put, VectorIndex
 from tiers.codec import decode
 from tiers.errors import BackendUnavailableError, ConflictError, CorruptRecordError
-from tiers.items import ItemRecord, _box, _box_bound  # the item outbox's value format
+from tiers.items import ItemRecord, outbox_bound, outbox_entry
 from tiers.models import SessionSummary, utcnow
 from tiers.session import FINGERPRINT_KEY, Ref, header_key, session_fingerprint
 
@@ -266,7 +266,7 @@ def _check_items(kv: KVStore, index: VectorIndex, tenant: str, scan: _Scan) -> N
     for address, box in queued.items():
         # Vectors up to the outbox's bound are its business (the item may be gone already).
         scan.pending += 1
-        scan.accounted.update(_item_ids(tenant, address, _box_bound(box)))
+        scan.accounted.update(_item_ids(tenant, address, outbox_bound(box)))
     start: str | None = None
     while True:
         page = kv.scan(items_space, start_after=start, limit=_PAGE)
@@ -403,7 +403,7 @@ def queue_repair(
         (box,) = kv.get_many(item_outbox, [address])
         try:
             kv.commit(
-                [Put(item_outbox, address, _box(max(bound, _box_bound(box))))],
+                [Put(item_outbox, address, outbox_entry(max(bound, outbox_bound(box))))],
                 [Check(item_outbox, address, box)],
             )
         except ConflictError:

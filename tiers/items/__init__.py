@@ -58,8 +58,6 @@ __all__ = [
     "StoredItem",
     "check_value",
     "matches_filter",
+    "outbox_bound",
+    "outbox_entry",
 ]
-
-# The outbox's value format, under the names tiers.index_check imports.
-_box = outbox_entry
-_box_bound = outbox_bound

@@ -45,6 +45,18 @@ def check_reads(space: str, keys: Iterable[str] = ()) -> None:
         check_text(key, "key")
 
 
+def check_scan(space: str, prefix: str, start_after: str | None) -> None:
+    """Refuse a scan whose space, prefix or ``start_after`` bound is not storable text.
+
+    Raises:
+        InvalidInputError: One of them is not a valid string.
+    """
+    check_reads(space)
+    check_text(prefix, "prefix")
+    if start_after is not None:
+        check_text(start_after, "start_after")
+
+
 def _check_address(space: object, key: object | None) -> None:
     if not space:
         raise InvalidInputError("a storage space must not be empty", field="space")

@@ -50,7 +50,7 @@ from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, Delete, DeleteSp
 from tiers.backends.common import (
     check_checks,
     check_reads,
-    check_text,
+    check_scan,
     check_writes,
     prefix_upper_bound,
 )
@@ -322,10 +322,7 @@ class PostgresKVStore:
         reverse: bool = False,
     ) -> list[tuple[str, bytes]]:
         """See :meth:`KVStore.scan`."""
-        check_reads(space)
-        check_text(prefix, "prefix")
-        if start_after is not None:
-            check_text(start_after, "start_after")
+        check_scan(space, prefix, start_after)
         if limit is not None and limit <= 0:
             if self._closed:
                 raise self._closed_error()

@@ -33,7 +33,7 @@ from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, Delete, Put, Wri
 from tiers.backends.common import (
     check_checks,
     check_reads,
-    check_text,
+    check_scan,
     check_writes,
     prefix_upper_bound,
 )
@@ -191,10 +191,7 @@ class RedisKVStore:
         reverse: bool = False,
     ) -> list[tuple[str, bytes]]:
         """See :meth:`KVStore.scan`."""
-        check_reads(space)
-        check_text(prefix, "prefix")
-        if start_after is not None:
-            check_text(start_after, "start_after")
+        check_scan(space, prefix, start_after)
         # Lex ranges compare bytes; UTF-8 bytes order like code points, like str comparison.
         low = f"[{prefix}" if prefix else "-"
         upper = prefix_upper_bound(prefix) if prefix else None

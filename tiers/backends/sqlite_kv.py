@@ -46,7 +46,7 @@ from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, Write
 from tiers.backends.common import (
     check_checks,
     check_reads,
-    check_text,
+    check_scan,
     check_writes,
     prefix_upper_bound,
 )
@@ -239,10 +239,7 @@ class SqliteKVStore:
         reverse: bool = False,
     ) -> list[tuple[str, bytes]]:
         """See :meth:`KVStore.scan`."""
-        check_reads(space)
-        check_text(prefix, "prefix")
-        if start_after is not None:
-            check_text(start_after, "start_after")
+        check_scan(space, prefix, start_after)
         if limit is not None and limit <= 0:
             self._connections.ensure_open()
             return []

@@ -94,6 +94,9 @@ class Txn:
     puts: list[Write] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
     update: HeadUpdate = field(default_factory=HeadUpdate)
+    # Seqs of events a record of the transaction holds (layout 2's StepCommitted in its
+    # checkpoint): they take their seq and move the status, but get no event row.
+    inline: set[int] = field(default_factory=set)
     status: RunStatus = field(init=False)
 
     def __post_init__(self) -> None:

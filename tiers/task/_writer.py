@@ -349,6 +349,10 @@ class RunWriter:
         event_seq = txn.add_event(
             EventKind.STEP_COMMITTED, step=step, seq=seq, checkpoint_id=ckpt_id, key=key, kind=kind
         )
+        # Layout 2 keeps the StepCommitted event in the checkpoint: one row fewer per step.
+        commit_epoch = txn.epoch if store.layout() >= 2 else None
+        if commit_epoch is not None:
+            txn.inline.add(event_seq)
         try:
             # The output and state delta are JSON values already (to_json, the ledger, a
             # snapshot): validated once there, not walked again here; the rest is checked.
@@ -373,7 +377,7 @@ class RunWriter:
                 f"step {step!r}: invalid checkpoint: {where}: {first['msg']}", field=where
             ) from exc
         ckpt = base.model_copy(update={"output": output, "state_delta": delta})
-        data = encode_checkpoint(base, output, delta)
+        data = encode_checkpoint(base, output, delta, commit_epoch)
         check_fits(store.kv.max_value_bytes, data, f"checkpoint of step {step!r}", "output")
         space = keys.run_space(store.tenant, self.run_id)
         ckpt_key = keys.checkpoint_key(seq)

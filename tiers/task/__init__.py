@@ -151,6 +151,7 @@ from tiers.task._format import (
 from tiers.task._format import (
     MigrationReport,
     layout_version,
+    pin_layout,
     tenants_with_runs,
 )
 from tiers.task._format import (
@@ -215,5 +216,6 @@ __all__ = [
     "lifecycle_table",
     "migrate_layout",
     "output_digest",
+    "pin_layout",
     "tenants_with_runs",
 ]

@@ -59,6 +59,7 @@ __all__ = [
     "TaskFormat",
     "layout_version",
     "migrate",
+    "pin_layout",
     "read_format",
     "resolve_layout",
     "stamp_check",
@@ -159,6 +160,16 @@ def layout_version(kv: KVStore, tenant: str) -> int:
     """The layout version of the tenant's format record (:data:`LEGACY` without one)."""
     record = read_format(kv, tenant)
     return LEGACY if record is None else record.version
+
+
+def pin_layout(kv: KVStore, tenant: str, version: int, now: datetime) -> bool:
+    """Keep the tenant's runs on layout ``version`` (e.g. 1 while workers of the previous
+    release still run: the open then never moves it); ``True`` if the record changed.
+
+    Raises:
+        InvalidInputError: ``version`` is not one this release writes.
+    """
+    return write_format(kv, tenant, version, now, by="pin")
 
 
 def tenants_with_runs(kv: KVStore) -> list[str] | None:

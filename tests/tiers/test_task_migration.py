@@ -17,13 +17,14 @@ import pytest
 
 from tiers import keys
 from tiers.backends.base import KVStore
-from tiers.errors import StaleWriterError
+from tiers.errors import InvalidInputError, StaleWriterError
 from tiers.task import (
     LATEST_LAYOUT,
     EventKind,
     TaskTier,
     layout_version,
     migrate_layout,
+    pin_layout,
 )
 from tiers.task._records import decode_stored_checkpoint
 
@@ -239,3 +240,23 @@ def test_a_tenant_with_nothing_in_flight_moves_on_open(v1: KVStore, clock: Clock
     # The v1 tenants with runs in flight stay where they are.
     assert layout_version(v1, "default") == 1
     assert layout_version(v1, "acme") == 1
+
+
+def test_a_pinned_tenant_stays_on_its_layout_until_migrated(kv: KVStore, clock: Clock) -> None:
+    assert pin_layout(kv, "default", 1, clock())  # e.g. while previous-release workers run
+    assert not pin_layout(kv, "default", 1, clock())
+    tasks = TaskTier(kv, clock=clock)
+    run = tasks.start_run("u", "r1")  # nothing in flight, but the pin holds
+    run.step("s", lambda: 1)
+    assert keys.event_key(2) in dict(kv.scan(keys.run_space("default", "r1")))
+    assert layout_version(kv, "default") == 1
+    run.complete()
+    assert migrate_layout(kv, "default", clock()).changed
+    tasks = TaskTier(kv, clock=clock)
+    again = tasks.start_run("u", "r2")
+    again.step("s", lambda: 1)
+    assert keys.event_key(2) not in dict(kv.scan(keys.run_space("default", "r2")))
+    check_log(tasks, "r1")
+    check_log(tasks, "r2")
+    with pytest.raises(InvalidInputError, match="layout version 3 is unknown"):
+        pin_layout(kv, "default", 3, clock())

@@ -284,11 +284,7 @@ class RunStore:
         new_info = txn.head()
         new_head = encode(new_info)
         writes: list[Write] = list(txn.puts)
-        writes += [
-            Put(space, keys.event_key(e.seq), encode(e))
-            for e in txn.events
-            if e.seq not in txn.inline
-        ]
+        writes += [Put(space, keys.event_key(e.seq), encode(e)) for e in txn.events]
         writes.append(Put(self.runs, txn.run_id, new_head))
         started = time.perf_counter()
         self.kv.commit(writes, [*txn.checks, Check(self.runs, txn.run_id, head)])

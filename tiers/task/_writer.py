@@ -346,13 +346,12 @@ class RunWriter:
         info = txn.base
         seq = info.head_seq + 1
         ckpt_id = checkpoint_id(self.run_id, seq, key)
-        event_seq = txn.add_event(
-            EventKind.STEP_COMMITTED, step=step, seq=seq, checkpoint_id=ckpt_id, key=key, kind=kind
-        )
         # Layout 2 keeps the StepCommitted event in the checkpoint: one row fewer per step.
         commit_epoch = txn.epoch if store.layout() >= 2 else None
-        if commit_epoch is not None:
-            txn.inline.add(event_seq)
+        add = txn.add_event if commit_epoch is None else txn.hold_event
+        event_seq = add(
+            EventKind.STEP_COMMITTED, step=step, seq=seq, checkpoint_id=ckpt_id, key=key, kind=kind
+        )
         try:
             # The output and state delta are JSON values already (to_json, the ledger, a
             # snapshot): validated once there, not walked again here; the rest is checked.
@@ -392,7 +391,7 @@ class RunWriter:
         if delta:
             values = self.load_values() if self.values is None else self.values
             self.values = {**values, **delta}
-        new_event_seq = info.event_seq + len(txn.events)
+        new_event_seq = info.event_seq + txn.appended
         if new_event_seq - info.snapshot_event_seq >= store.snapshot_every:
             values = self.load_values() if self.values is None else self.values
             current = txn.head()

@@ -31,6 +31,7 @@ Figures:
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import shutil
 import socket
@@ -385,8 +386,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="tiermem-bench-"))
     encryption = "on (AES-GCM, per-tenant data key)" if args.encrypt else "off"
     print(
-        f"task tier benchmark: {n} steps per figure, data in {work}, encryption at rest {encryption}\n"
+        f"task tier benchmark: {n} steps per figure, data in {work}, encryption at rest {encryption}"
     )
+    print(_load_average() + "\n", flush=True)
     try:
         lines: list[tuple[str, str]] = []
 
@@ -492,6 +494,12 @@ def main() -> None:
         fast.close()
     finally:
         shutil.rmtree(work, ignore_errors=True)
+        print(_load_average())
+
+
+def _load_average() -> str:
+    """The machine's load average now (other work on it skews every figure)."""
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
 if __name__ == "__main__":

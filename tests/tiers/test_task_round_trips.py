@@ -4,8 +4,10 @@ A step of a handle that created its run (the common case) reads the run's head
 once, before the step's function runs (a cancelled, fenced, deleted or
 over-budget run refuses it there, before the function runs), and commits once
 (one script call: every check and write of the step, the head's CAS
-included). A handle that resumed a run also reads the step's idempotency entry
-(its replay lookup). The format record is read once per store.
+included). A handle that resumed a run reads the run's idempotency index once
+(runs of up to 512 checkpoints), then steps as fast; once anyone else writes
+to the run, each step also reads its own index entry (the replay lookup). The
+format record is read once per store.
 """
 
 from __future__ import annotations
@@ -51,13 +53,22 @@ def test_a_step_is_one_head_read_and_one_commit(redis_kv: RedisKVStore, wire: Wi
     assert wire.sent == 2 * 10
 
 
-def test_a_resumed_handle_adds_only_its_replay_lookup(redis_kv: RedisKVStore, wire: Wire) -> None:
+def test_a_resumed_handle_reads_the_index_once_then_steps_as_fast(
+    redis_kv: RedisKVStore, wire: Wire
+) -> None:
     tasks = TaskTier(redis_kv)
     first = tasks.start_run("u", "r1")
     first.step("s", lambda: 0)
     resumed = tasks.start_run("u", "r1")
-    assert resumed.step("s", lambda: 1) == 0  # a replay: head, index entry, checkpoint
+    assert resumed.step("s", lambda: 1) == 0  # a replay: head, the index once, its checkpoint
     wire.sent = 0
     for i in range(10):
         resumed.step("t", lambda i=i: i)
+    assert wire.sent == 2 * 10
+    # Once someone else writes to the run, each step reads its own index entry again.
+    tasks.set_budget("r1", tokens=1000)
+    resumed.step("t", lambda: 10)
+    wire.sent = 0
+    for i in range(10):
+        resumed.step("u", lambda i=i: i)
     assert wire.sent == 3 * 10

@@ -60,6 +60,9 @@ DEFAULT_RETENTION = timedelta(days=7)
 
 _SCAN_PAGE = 64
 
+INDEX_LOAD_LIMIT = 512
+"""Most idempotency entries a resumed handle reads at once to skip each step's replay lookup."""
+
 MAX_LEASE_TTL = 366 * 86_400.0
 """Longest lease TTL in seconds (a year): a lease must end in a representable time."""
 
@@ -356,6 +359,18 @@ class RunStore:
                 f"{entry.checkpoint_id!r} (seq {entry.seq}), which is not stored"
             )
         return ckpt, data
+
+    def index_keys(self, run_id: str, info: RunInfo) -> set[str] | None:
+        """Every key of the run's idempotency index, or ``None`` for a run of more than
+        :data:`INDEX_LOAD_LIMIT` checkpoints (then each step reads its own entry)."""
+        if info.head_seq > INDEX_LOAD_LIMIT:
+            return None
+        space = keys.run_space(self.tenant, run_id)
+        found = self.kv.scan(space, prefix=keys.IDEMPOTENCY_PREFIX, limit=INDEX_LOAD_LIMIT + 1)
+        if len(found) > INDEX_LOAD_LIMIT:
+            return None
+        start = len(keys.IDEMPOTENCY_PREFIX)
+        return {key[start:] for key, _ in found}
 
     def read_effect(self, run_id: str, key: str) -> tuple[EffectRecord | None, bytes | None]:
         """The ledger entry of effect ``key`` and its bytes (for a commit's check), or ``None``s."""

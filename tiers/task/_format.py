@@ -193,19 +193,22 @@ def _runs(kv: KVStore, tenant: str) -> Iterator[RunInfo]:
         after = page[-1][0]
 
 
-def resolve_layout(kv: KVStore, tenant: str, now: datetime) -> tuple[int, Put | None]:
+def resolve_layout(
+    kv: KVStore, tenant: str, now: datetime, *, may_stamp: bool = True
+) -> tuple[int, Put | None]:
     """The layout a writer of the tenant's runs uses, and the record to write with its first commit.
 
     A tenant without a record and without an unfinished run (nothing an older
     worker could be in the middle of) moves to :data:`LATEST`: the second value
     is then the record's write, which the caller commits with its first write
-    and :func:`stamp_check` (no commit of its own). Otherwise a tenant without
-    a record stays on :data:`LEGACY` (asked again at the next open).
+    and :func:`stamp_check` (no commit of its own). Otherwise, or when the
+    caller cannot commit the record (``may_stamp=False``), a tenant without a
+    record stays on :data:`LEGACY` (asked again at the next open).
     """
     record = read_format(kv, tenant)
     if record is not None:
         return record.version, None
-    if any(not info.status.finished for info in _runs(kv, tenant)):
+    if not may_stamp or any(not info.status.finished for info in _runs(kv, tenant)):
         return LEGACY, None
     stamp = TaskFormat(version=LATEST, set_at=now, by="open")
     space = keys.tenant_config_space(tenant)

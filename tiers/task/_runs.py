@@ -155,7 +155,7 @@ class Runs:
                 txn.update.lease_ttl_s = ttl
             # Resolved before this take is written: a tenant with nothing in flight moves to
             # the newest layout, its format record committed with this take.
-            self.store.layout()
+            self.store.layout(taking=True)
             stamping = self.store.stamp(txn)
             try:
                 info, head = self.store.apply(txn, data)

@@ -150,19 +150,21 @@ class RunStore:
         self._layout: int | None = None
         self.layout_stamp: Put | None = None
 
-    def layout(self) -> int:
+    def layout(self, *, taking: bool = False) -> int:
         """The layout version this store's writes to the tenant's runs use (read once, then kept).
 
-        Resolved when a worker first takes a run, before it writes: a tenant
-        with nothing in flight moves to the newest layout then, its format
-        record written with that take's commit (:attr:`layout_stamp`; see
-        :mod:`tiers.task._format`). A migration while this store is open takes
-        effect at its next open; until then it writes the older layout, which
-        every reader reads.
+        Resolved when a worker first takes a run (``taking``), before it
+        writes: a tenant with nothing in flight moves to the newest layout
+        then, its format record written with that take's commit
+        (:attr:`layout_stamp`; see :mod:`tiers.task._format`). Resolved
+        first by any other write (an attached handle's), a tenant without a
+        record stays on layout 1 for this store. A migration while this store
+        is open takes effect at its next open; until then it writes the older
+        layout, which every reader reads.
         """
         if self._layout is None:
             self._layout, self.layout_stamp = task_format.resolve_layout(
-                self.kv, self.tenant, self.now()
+                self.kv, self.tenant, self.now(), may_stamp=taking
             )
         return self._layout
 

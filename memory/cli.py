@@ -1,5 +1,6 @@
 """The ``tiermem`` command line of the library: demo, info, keys, reindex, resummarize, sweep,
-worker, retention, and encryption at rest (new-master-key, encrypt, rotate-master-key).
+worker, retention, encryption at rest (new-master-key, encrypt, rotate-master-key), and
+migrate (the task tier's storage layout).
 
 :func:`build_app` makes the Typer app of these commands. The installed
 ``tiermem`` script is :mod:`api.cli`, at the top layer, which adds ``serve``
@@ -17,6 +18,7 @@ from urllib.parse import urlsplit
 import typer
 
 from memory.cli_encryption import encrypt, new_master_key, rotate_master_key
+from memory.cli_migrate import migrate
 from memory.cli_runs import runs_app
 from memory.cli_support import (
     open_kv,
@@ -422,6 +424,7 @@ def build_app() -> typer.Typer:
     app.command("new-master-key")(new_master_key)
     app.command()(encrypt)
     app.command("rotate-master-key")(rotate_master_key)
+    app.command()(migrate)
     # _root is defined below build_app, which runs at import: look it up when a command runs.
     app.add_typer(runs_app(lambda command: open_root(command)), name="runs")
     return app

@@ -228,11 +228,15 @@ def item_vector_id(tenant: str, address: str, n: int) -> str:
 
 
 def tenant_config_space(tenant: str) -> str:
-    """A tenant's own settings, stored with its data: key ``retention`` -> its retention overrides."""
+    """A tenant's own settings, stored with its data: key ``retention`` -> its retention overrides,
+    ``task-format`` -> the layout version of its runs (:data:`TASK_FORMAT_KEY`)."""
     return f"{tenant}:config"
 
 
 RETENTION_KEY = "retention"
+
+TASK_FORMAT_KEY = "task-format"
+"""Key in :func:`tenant_config_space` of the layout version the tenant's runs are written in."""
 
 
 def api_keys_space() -> str:

@@ -19,7 +19,8 @@ Storage (every format is in :mod:`tiers.keys`):
 
   - ``ev:<seq>`` -> :class:`~tiers.task._records.Event`: the append-only event
     log, gap-free seqs, never changed (``compact`` may drop events already
-    folded into a snapshot);
+    folded into a snapshot). In layout 2 a step's ``StepCommitted`` event has
+    no row: its checkpoint holds it, and :meth:`TaskTier.events` reads it there;
   - ``ckpt:<seq>`` -> :class:`~tiers.models.Checkpoint`: one per committed
     step, with the step's output and only the *change* to the run's state;
   - ``idem:<key>`` -> which checkpoint committed an idempotency key;
@@ -29,7 +30,15 @@ Storage (every format is in :mod:`tiers.keys`):
     state reads one snapshot and at most K checkpoints, however long the run;
   - ``appr:<key>`` -> :class:`~tiers.task._records.ApprovalRecord`: approval gates.
 
-**Costs.** A step with no effect is one durable commit; a top-level effect
+**Layout versions.** ``tenant_config_space(tenant)`` / ``task-format`` says
+which layout the tenant's runs are written in (none: 1, the layout of every
+release before it). Every reader reads every layout; a tenant with nothing in
+flight moves to the newest when a worker first takes a run, and
+:func:`migrate_layout` (``tiermem migrate``) moves the others. See
+:mod:`tiers.task._format`.
+
+**Costs.** A step with no effect is one durable commit (layout 2: three rows,
+the checkpoint, its idempotency entry and the head); a top-level effect
 is two (``EffectInvoked`` before the call, ``EffectRecorded`` + checkpoint
 after it).
 
@@ -132,9 +141,22 @@ compose around one storage core.
 - ``_approvals.py``: approval gates, the worker's and the operator's sides.
 - ``_queries.py``, ``_time_travel.py``, ``_retention.py``: reads and the log's fold
   (``rebuild``); state at a checkpoint, forks, state edits; deleting and compacting runs.
+- ``_format.py``: layout versions, and the migration to the newest.
 - ``_records.py``: the records stored in a run (events, effects, approvals, snapshots).
 """
 
+from tiers.task._format import (
+    LATEST as LATEST_LAYOUT,
+)
+from tiers.task._format import (
+    MigrationReport,
+    layout_version,
+    pin_layout,
+    tenants_with_runs,
+)
+from tiers.task._format import (
+    migrate as migrate_layout,
+)
 from tiers.task._handle import (
     RunHandle,
 )
@@ -171,6 +193,7 @@ from tiers.task._txn import (
 __all__ = [
     "DEFAULT_RETENTION",
     "DEFAULT_SNAPSHOT_EVERY",
+    "LATEST_LAYOUT",
     "MAX_NOTE",
     "NOT_DONE",
     "UNSET",
@@ -182,12 +205,17 @@ __all__ = [
     "EffectStatus",
     "Event",
     "EventKind",
+    "MigrationReport",
     "NotDone",
     "NullObserver",
     "RunHandle",
     "TaskObserver",
     "TaskTier",
     "input_hash",
+    "layout_version",
     "lifecycle_table",
+    "migrate_layout",
     "output_digest",
+    "pin_layout",
+    "tenants_with_runs",
 ]

@@ -201,7 +201,7 @@ class EffectLedger:
                     "while it ran; nothing was recorded by this call"
                 )
             txn = self.writer.txn()
-            txn.add_event(
+            recorded_seq = txn.add_event(
                 EventKind.EFFECT_RECORDED,
                 key=call.key,
                 response_hash=response_hash,
@@ -213,7 +213,7 @@ class EffectLedger:
                 output=output,
                 response_hash=response_hash,
                 source=source,
-                recorded_seq=txn.base.event_seq + len(txn.events),
+                recorded_seq=recorded_seq,
             )
             data = encode(new)
             check_fits(

@@ -150,11 +150,28 @@ class Queries:
             InvalidInputError: Negative ``limit`` or ``after_seq``.
         """
         _check_paging(limit, after_seq)
-        self.store.get_run(run_id)
+        info = self.store.get_run(run_id)
+        if limit == 0:
+            return []
         space = keys.run_space(self.store.tenant, run_id)
         start = keys.event_key(after_seq) if after_seq else None
         items = self.store.kv.scan(space, prefix=keys.EVENT_PREFIX, start_after=start, limit=limit)
-        return [decode(Event, data, where=f"{space}/{key}") for key, data in items]
+        rows = [decode(Event, data, where=f"{space}/{key}") for key, data in items]
+        # The seqs without a row up to the last one this page can hold are StepCommitted
+        # events that layout-2 checkpoints hold (tiers.task._format): none in a layout-1 run.
+        full = limit is not None and len(rows) == limit
+        through = rows[-1].seq if full else max(info.event_seq, rows[-1].seq if rows else 0)
+        first = max(after_seq or 0, info.compacted_through) + 1
+        stored = {event.seq for event in rows}
+        missing = [seq for seq in range(first, through + 1) if seq not in stored]
+        if not missing:
+            return rows
+        if limit is not None:
+            missing = missing[:limit]
+        events = sorted(
+            [*rows, *self.store.inline_events(run_id, info, missing)], key=lambda e: e.seq
+        )
+        return events if limit is None else events[:limit]
 
     def effects(self, run_id: str) -> list[EffectRecord]:
         """The run's effect ledger, by idempotency key.

@@ -18,6 +18,7 @@ index over the event log, kept in the same commits.
 from __future__ import annotations
 
 import hashlib
+import json
 import math
 import re
 import secrets
@@ -57,10 +58,12 @@ __all__ = [
     "Snapshot",
     "canonical_json",
     "decode_checkpoint",
+    "decode_stored_checkpoint",
     "encode_checkpoint",
     "input_hash",
     "new_incarnation",
     "new_run_id",
+    "step_committed",
 ]
 
 STEP_MAX = 256
@@ -399,7 +402,10 @@ _DELTA_AT: Final = b',"state_delta":null,"event_seq":'
 
 
 def encode_checkpoint(
-    base: Checkpoint, output: JsonValue, delta: dict[str, JsonValue] | None
+    base: Checkpoint,
+    output: JsonValue,
+    delta: dict[str, JsonValue] | None,
+    commit_epoch: int | None = None,
 ) -> bytes:
     """``encode(base with output and state delta)``: the same bytes, the JSON values by orjson.
 
@@ -411,12 +417,17 @@ def encode_checkpoint(
         base: The checkpoint, validated, with ``output`` and ``state_delta`` ``None``.
         output: Its output (a JSON value).
         delta: Its state delta (a dict of JSON values), or ``None``.
+        commit_epoch: Layout 2 (:mod:`tiers.task._format`): the lease epoch of
+            the commit, stored as the record's last member, whose
+            ``StepCommitted`` event the record then holds instead of an event
+            row. ``None``: layout 1, today's bytes.
     """
     try:
         output_json = orjson.dumps(output)
         delta_json = None if delta is None else orjson.dumps(delta)
     except TypeError:
-        return encode(base.model_copy(update={"output": output, "state_delta": delta}))
+        data = encode(base.model_copy(update={"output": output, "state_delta": delta}))
+        return _with_commit_epoch(data, commit_epoch)
     data = encode(base)
     at = data.index(_OUTPUT_AT)
     data = b'%s,"output":%s,%s' % (data[:at], output_json, data[at + len(_OUTPUT_AT) :])
@@ -427,7 +438,14 @@ def encode_checkpoint(
             delta_json,
             data[at + len(_DELTA_AT) - len(b',"event_seq":') :],
         )
-    return data
+    return _with_commit_epoch(data, commit_epoch)
+
+
+def _with_commit_epoch(data: bytes, commit_epoch: int | None) -> bytes:
+    """``data`` (an encoded checkpoint, a JSON object) with ``commit_epoch`` as its last member."""
+    if commit_epoch is None:
+        return data
+    return b'%s,"commit_epoch":%d}' % (data[:-1], commit_epoch)
 
 
 def decode_checkpoint(data: bytes, *, where: str) -> Checkpoint:
@@ -438,18 +456,55 @@ def decode_checkpoint(data: bytes, *, where: str) -> Checkpoint:
     not a valid checkpoint go to :func:`~tiers.codec.decode`, which raises
     the same :class:`~tiers.errors.CorruptRecordError` as before.
     """
+    return decode_stored_checkpoint(data, where=where)[0]
+
+
+def decode_stored_checkpoint(data: bytes, *, where: str) -> tuple[Checkpoint, int | None]:
+    """A stored checkpoint of any layout version, and the epoch of its inline ``StepCommitted``.
+
+    The one upcaster of checkpoints: a layout-1 record (no ``commit_epoch``,
+    its event is a row of its own) and a layout-2 record both decode to the
+    same :class:`~tiers.models.Checkpoint`; the second value is ``None`` for
+    the first, the commit's lease epoch for the second (see
+    :func:`step_committed`).
+    """
     try:
         fields = orjson.loads(data)
     except orjson.JSONDecodeError:  # not JSON, or an int over 64 bits
-        return decode(Checkpoint, data, where=where)
+        try:
+            fields = json.loads(data)
+        except ValueError:
+            return decode(Checkpoint, data, where=where), None
     if not isinstance(fields, dict):
-        return decode(Checkpoint, data, where=where)
+        return decode(Checkpoint, data, where=where), None
+    commit_epoch = fields.pop("commit_epoch", None)
     output = fields.pop("output", None)
     delta = fields.pop("state_delta", None)
-    if delta is not None and not isinstance(delta, dict):
-        return decode(Checkpoint, data, where=where)
+    if (delta is not None and not isinstance(delta, dict)) or not (
+        commit_epoch is None or (type(commit_epoch) is int and commit_epoch >= 0)
+    ):
+        return decode(Checkpoint, data, where=where), None
     try:
         base = Checkpoint.model_validate(fields)
     except ValidationError:
-        return decode(Checkpoint, data, where=where)
-    return base.model_copy(update={"output": output, "state_delta": delta})
+        return decode(Checkpoint, data, where=where), None
+    return base.model_copy(update={"output": output, "state_delta": delta}), commit_epoch
+
+
+def step_committed(ckpt: Checkpoint, commit_epoch: int) -> Event:
+    """The ``StepCommitted`` event a layout-2 checkpoint holds, as layout 1 stored it as a row."""
+    assert ckpt.event_seq is not None  # written with every checkpoint that holds its event
+    return Event.model_construct(
+        run_id=ckpt.run_id,
+        seq=ckpt.event_seq,
+        kind=EventKind.STEP_COMMITTED,
+        epoch=commit_epoch,
+        at=ckpt.created_at,
+        data={
+            "step": ckpt.step,
+            "seq": ckpt.seq,
+            "checkpoint_id": ckpt.checkpoint_id,
+            "key": ckpt.idempotency_key,
+            "kind": ckpt.kind,
+        },
+    )

@@ -153,11 +153,19 @@ class Runs:
                 txn.update.lease_owner = worker
                 txn.update.lease_expires_at = expires
                 txn.update.lease_ttl_s = ttl
+            # Resolved before this take is written: a tenant with nothing in flight moves to
+            # the newest layout, its format record committed with this take.
+            self.store.layout(taking=True)
+            stamping = self.store.stamp(txn)
             try:
                 info, head = self.store.apply(txn, data)
             except ConflictError:
+                if stamping:  # maybe another process stamped the tenant first: read it again
+                    self.store.stamped(False)
                 cas.backoff(attempt)
                 continue
+            if stamping:
+                self.store.stamped(True)
             self.store.observer.run_taken(
                 run_id,
                 resumed=data is not None,

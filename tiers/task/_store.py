@@ -14,6 +14,7 @@ import time
 from collections.abc import Callable
 from datetime import datetime, timedelta
 
+import orjson
 from pydantic import JsonValue
 
 from tiers import cas, keys
@@ -30,13 +31,17 @@ from tiers.errors import (
 from tiers.ids import check_id
 from tiers.models import Checkpoint, RunInfo, utcnow
 from tiers.redaction import OFF, Redactor
+from tiers.task import _format as task_format
 from tiers.task._observer import NULL_OBSERVER, TaskObserver
 from tiers.task._records import (
     EffectRecord,
+    Event,
     IdempotencyEntry,
     Snapshot,
     decode_checkpoint,
+    decode_stored_checkpoint,
     seq_of_checkpoint_id,
+    step_committed,
 )
 from tiers.task._txn import Txn
 
@@ -52,6 +57,11 @@ __all__ = [
 DEFAULT_SNAPSHOT_EVERY = 64
 DEFAULT_RETENTION = timedelta(days=7)
 
+
+_SCAN_PAGE = 64
+
+INDEX_LOAD_LIMIT = 512
+"""Most idempotency entries a resumed handle reads at once to skip each step's replay lookup."""
 
 MAX_LEASE_TTL = 366 * 86_400.0
 """Longest lease TTL in seconds (a year): a lease must end in a representable time."""
@@ -135,6 +145,43 @@ class RunStore:
         self.redactor = redactor if redactor is not None else OFF
         self.flusher: Callable[[], None] | None = kv.flush if isinstance(kv, Flushable) else None
         self.observer: TaskObserver = NULL_OBSERVER
+        # The layout version writes use (tiers.task._format), resolved when first needed,
+        # and the format record to write with the first commit when it moved up on open.
+        self._layout: int | None = None
+        self.layout_stamp: Put | None = None
+
+    def layout(self, *, taking: bool = False) -> int:
+        """The layout version this store's writes to the tenant's runs use (read once, then kept).
+
+        Resolved when a worker first takes a run (``taking``), before it
+        writes: a tenant with nothing in flight moves to the newest layout
+        then, its format record written with that take's commit
+        (:attr:`layout_stamp`; see :mod:`tiers.task._format`). Resolved
+        first by any other write (an attached handle's), a tenant without a
+        record stays on layout 1 for this store. A migration while this store
+        is open takes effect at its next open; until then it writes the older
+        layout, which every reader reads.
+        """
+        if self._layout is None:
+            self._layout, self.layout_stamp = task_format.resolve_layout(
+                self.kv, self.tenant, self.now(), may_stamp=taking
+            )
+        return self._layout
+
+    def stamp(self, txn: Txn) -> bool:
+        """Add the pending format record (if any) to ``txn``; ``True`` if it did."""
+        if self.layout_stamp is None:
+            return False
+        txn.puts.append(self.layout_stamp)
+        txn.checks.append(task_format.stamp_check(self.tenant))
+        return True
+
+    def stamped(self, written: bool) -> None:
+        """After a take's commit: the record is stored (``written``), or resolve again."""
+        if written:
+            self.layout_stamp = None
+        else:
+            self._layout, self.layout_stamp = None, None
 
     def now(self) -> datetime:
         """The current UTC time, by the configured clock."""
@@ -315,6 +362,18 @@ class RunStore:
             )
         return ckpt, data
 
+    def index_keys(self, run_id: str, info: RunInfo) -> set[str] | None:
+        """Every key of the run's idempotency index, or ``None`` for a run of more than
+        :data:`INDEX_LOAD_LIMIT` checkpoints (then each step reads its own entry)."""
+        if info.head_seq > INDEX_LOAD_LIMIT:
+            return None
+        space = keys.run_space(self.tenant, run_id)
+        found = self.kv.scan(space, prefix=keys.IDEMPOTENCY_PREFIX, limit=INDEX_LOAD_LIMIT + 1)
+        if len(found) > INDEX_LOAD_LIMIT:
+            return None
+        start = len(keys.IDEMPOTENCY_PREFIX)
+        return {key[start:] for key, _ in found}
+
     def read_effect(self, run_id: str, key: str) -> tuple[EffectRecord | None, bytes | None]:
         """The ledger entry of effect ``key`` and its bytes (for a commit's check), or ``None``s."""
         data = self.read_effect_bytes(run_id, key)
@@ -370,3 +429,58 @@ class RunStore:
                 if ckpt.state_delta:
                     values.update(ckpt.state_delta)
         return values
+
+    def inline_events(self, run_id: str, info: RunInfo, wanted: list[int]) -> list[Event]:
+        """The ``StepCommitted`` events of seqs ``wanted`` (ascending) that checkpoints hold (layout 2).
+
+        A checkpoint's ``event_seq`` never decreases with its seq, so a binary
+        search of point reads finds the first, and a scan from there the rest.
+
+        Raises:
+            CorruptRecordError: A wanted event is neither a row nor in a checkpoint.
+        """
+        if not wanted:
+            return []
+        space = keys.run_space(self.tenant, run_id)
+        low, high = 1, max(info.head_seq, 1)
+        while low < high:  # the first checkpoint whose event_seq reaches wanted[0]
+            middle = (low + high) // 2
+            (data,) = self.kv.get_many(space, [keys.checkpoint_key(middle)])
+            if data is not None and _event_seq_of(data) < wanted[0]:
+                low = middle + 1
+            else:
+                high = middle
+        found: list[Event] = []
+        left = set(wanted)
+        start = keys.checkpoint_key(low - 1) if low > 1 else None
+        while left:
+            page = self.kv.scan(
+                space, prefix=keys.CHECKPOINT_PREFIX, start_after=start, limit=_SCAN_PAGE
+            )
+            for key, data in page:
+                ckpt, commit_epoch = decode_stored_checkpoint(data, where=f"{space}/{key}")
+                event_seq = ckpt.event_seq or 0
+                if event_seq > wanted[-1]:
+                    break  # past every wanted event
+                if commit_epoch is not None and event_seq in left:
+                    left.discard(event_seq)
+                    found.append(step_committed(ckpt, commit_epoch))
+            else:
+                if len(page) == _SCAN_PAGE:
+                    start = page[-1][0]
+                    continue
+            break
+        if left:
+            raise CorruptRecordError(
+                f"run {run_id!r}: event {min(left)} is neither stored nor held by a checkpoint"
+            )
+        return found
+
+
+def _event_seq_of(data: bytes) -> int:
+    """The ``event_seq`` of a stored checkpoint, without validating the rest (0 if it has none)."""
+    try:
+        value = orjson.loads(data).get("event_seq")
+    except (orjson.JSONDecodeError, AttributeError):
+        return 0
+    return value if type(value) is int else 0

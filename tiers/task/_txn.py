@@ -94,6 +94,9 @@ class Txn:
     puts: list[Write] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
     update: HeadUpdate = field(default_factory=HeadUpdate)
+    # How many events a record of the transaction holds (layout 2's StepCommitted in its
+    # checkpoint): they take a seq and move the status, but are no Event and get no row.
+    held: int = 0
     status: RunStatus = field(init=False)
 
     def __post_init__(self) -> None:
@@ -106,7 +109,7 @@ class Txn:
             RunStateError: The lifecycle table does not allow this event in the run's status.
         """
         self.status = lifecycle.advance(self.status, kind, data, run_id=self.run_id)
-        seq = self.base.event_seq + len(self.events) + 1
+        seq = self.base.event_seq + self.appended + 1
         # Built from values this module already validated: skip pydantic's
         # validation on the hot path (every commit appends events).
         self.events.append(
@@ -116,13 +119,28 @@ class Txn:
         )
         return seq
 
+    def hold_event(self, kind: EventKind, /, **data: JsonValue) -> int:
+        """Like :meth:`add_event` for an event a record of this transaction holds (no row).
+
+        Raises:
+            RunStateError: The lifecycle table does not allow this event in the run's status.
+        """
+        self.status = lifecycle.advance(self.status, kind, data, run_id=self.run_id)
+        self.held += 1
+        return self.base.event_seq + self.appended
+
+    @property
+    def appended(self) -> int:
+        """How many events this transaction appends (rows and held ones)."""
+        return len(self.events) + self.held
+
     def head(self) -> RunInfo:
         """The head after this transaction."""
         return self.base.model_copy(
             update={
                 **self.update.changes(),
                 "status": self.status,
-                "event_seq": self.base.event_seq + len(self.events),
+                "event_seq": self.base.event_seq + self.appended,
                 "updated_at": self.now,
             }
         )

@@ -99,11 +99,13 @@ class RunWriter:
         # The run's state values, loaded lazily (snapshot + at most K checkpoints).
         self.values: dict[str, JsonValue] | None = None if resumed else {}
         self.lock = threading.RLock()
-        # True while only this handle has written to the run since it created it:
-        # then a key it did not commit itself cannot be committed, and the
-        # replay lookup (one read per step) is skipped.
-        self.fresh = not resumed
-        self.own_keys: set[str] = set()
+        # Every key of the run's idempotency index as of the head this handle holds, while
+        # that is known: then a key not in it is not committed, and the replay lookup (one
+        # read per step) is skipped. Known while only this handle wrote since it created the
+        # run, or since a resumed handle read the index once (a run of at most
+        # INDEX_LOAD_LIMIT checkpoints); unknown (None) for good once anyone else writes.
+        self.known_keys: set[str] | None = None if resumed else set()
+        self.index_read = not resumed
         self.resumed = resumed
         # A handle taken with TaskTier.acquire(..., for_compensation=True): compensate() only.
         self.compensation_only = compensation_only
@@ -121,7 +123,8 @@ class RunWriter:
         if data == self.head:
             return self.info
         # Someone else wrote (another worker, an operator, an attached handle).
-        self.fresh = False
+        self.known_keys = None
+        self.index_read = True
         info = self.store.decode_head(self.run_id, data)
         if info.incarnation != self.info.incarnation:
             # Deleted, then started again under the same id: epochs restart at 1, so
@@ -226,8 +229,16 @@ class RunWriter:
             )
 
     def lookup(self, key: str, info: RunInfo) -> tuple[Checkpoint | None, bytes | None]:
-        """The checkpoint on the current branch that committed ``key`` (skipped while only this handle wrote)."""
-        if self.fresh and key not in self.own_keys:
+        """The checkpoint on the current branch that committed ``key`` (no read for a key known absent).
+
+        ``info`` is the head this handle holds, just read: a resumed handle's
+        first lookup reads the run's whole index once (after that head, so it
+        holds every key committed up to it), and its later steps skip the read.
+        """
+        if not self.index_read:
+            self.index_read = True
+            self.known_keys = self.store.index_keys(self.run_id, info)
+        if self.known_keys is not None and key not in self.known_keys:
             return None, None
         return self.store.lookup(self.run_id, key, info)
 
@@ -346,7 +357,10 @@ class RunWriter:
         info = txn.base
         seq = info.head_seq + 1
         ckpt_id = checkpoint_id(self.run_id, seq, key)
-        event_seq = txn.add_event(
+        # Layout 2 keeps the StepCommitted event in the checkpoint: one row fewer per step.
+        commit_epoch = txn.epoch if store.layout() >= 2 else None
+        add = txn.add_event if commit_epoch is None else txn.hold_event
+        event_seq = add(
             EventKind.STEP_COMMITTED, step=step, seq=seq, checkpoint_id=ckpt_id, key=key, kind=kind
         )
         try:
@@ -373,7 +387,7 @@ class RunWriter:
                 f"step {step!r}: invalid checkpoint: {where}: {first['msg']}", field=where
             ) from exc
         ckpt = base.model_copy(update={"output": output, "state_delta": delta})
-        data = encode_checkpoint(base, output, delta)
+        data = encode_checkpoint(base, output, delta, commit_epoch)
         check_fits(store.kv.max_value_bytes, data, f"checkpoint of step {step!r}", "output")
         space = keys.run_space(store.tenant, self.run_id)
         ckpt_key = keys.checkpoint_key(seq)
@@ -384,11 +398,12 @@ class RunWriter:
         txn.update.head_seq = seq
         txn.update.head_checkpoint_id = ckpt_id
         txn.update.last_checkpoint_at = txn.now
-        self.own_keys.add(key)
+        if self.known_keys is not None:
+            self.known_keys.add(key)
         if delta:
             values = self.load_values() if self.values is None else self.values
             self.values = {**values, **delta}
-        new_event_seq = info.event_seq + len(txn.events)
+        new_event_seq = info.event_seq + txn.appended
         if new_event_seq - info.snapshot_event_seq >= store.snapshot_every:
             values = self.load_values() if self.values is None else self.values
             current = txn.head()

@@ -15,6 +15,7 @@ fact keys readable, is refused until ``tiermem encrypt`` renames them.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -24,6 +25,7 @@ from memory import Charged, Memory
 from memory.apikeys import ApiKeyRegistry
 from memory.cli import app as cli
 from memory.settings import Settings
+from tests.conftest import RedisServer
 from tests.memory.test_erasure import found_in_files, found_in_redis, redis_aof_dir, said
 from tests.tiers.test_user_encrypted import write_as_the_previous_release
 from tiers.backends import open_kv_backend
@@ -62,12 +64,20 @@ USER = "ocelotcontroluser"  # an id: stored in key names, so the search must fin
 
 
 @pytest.fixture(params=["embedded", "redis"])
-def backend(request: pytest.FixtureRequest) -> str | None:
-    """``None`` for the embedded default, else the URL of a flushed Redis."""
-    if request.param == "redis":
-        url: str = request.getfixturevalue("redis_url")
-        return url
-    return None
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[str | None]:
+    """``None`` for the embedded default, else the URL of a Redis server of this test's own.
+
+    Not the shared server: its append-only files keep what earlier tests wrote in the
+    clear (test_erasure's markers), which the raw-bytes search would find.
+    """
+    if request.param != "redis":
+        yield None
+        return
+    server = RedisServer(tmp_path / "redis")
+    try:
+        yield server.url
+    finally:
+        server.stop()
 
 
 def open_memory(data: Path, backend: str | None, key: str | None) -> Memory:

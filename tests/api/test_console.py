@@ -28,6 +28,7 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 from playwright.sync_api import BrowserContext, Page, Route, expect, sync_playwright
 
 from api.ui.auth import COOKIE, csrf_token
@@ -361,3 +362,75 @@ def test_with_auth_off_the_console_acts_in_the_servers_tenant(
         runs = c.post("/ui/login", data={"csrf": _csrf(login.text)})
         assert runs.url.path == "/ui/runs"
         assert f"tenant <b>{memory.tenant}</b>" in runs.text
+
+
+def _signed_in(api: Api) -> tuple[TestClient, Memory]:
+    """The app's client logged in to the console as a fresh tenant, and that tenant's memory."""
+    tenant = new_tenant()
+    key = api.key(tenant)["Authorization"].removeprefix("Bearer ")
+    c = api.client
+    login = c.get("/ui/login")
+    assert c.post("/ui/login", data={"api_key": key, "csrf": _csrf(login.text)}).status_code == 200
+    return c, api.service.view(tenant)
+
+
+def _seqs(html: str, table: str) -> list[int]:
+    """The seq column of one of the run page's tables (``timeline`` or ``events``)."""
+    body = html.split(f'<table class="{table}">', 1)[1].split("</table>", 1)[0]
+    return [int(seq) for seq in re.findall(r"<tr[^>]*>\s*<td>(\d+)</td>", body)]
+
+
+def _link(html: str, section: str, kind: str) -> str:
+    """The href of a pager link (``older`` or ``newest``) of one of the run page's sections."""
+    nav = html.split(f'aria-label="{section} pages"', 1)[1].split("</nav>", 1)[0]
+    found = re.search(rf'class="{kind}" href="([^"]+)"', nav)
+    assert found is not None, nav
+    return found.group(1).replace("&amp;", "&")
+
+
+def test_a_long_runs_page_shows_100_of_each_newest_first_with_links_to_older(api: Api) -> None:
+    c, memory = _signed_in(api)
+    run = memory.start_run("long", "long-1")
+    for i in range(260):
+        run.append_checkpoint("step", {"i": i, "pad": "x" * 200})
+    for i in range(130):
+        run.effect("send", lambda: {"sent": True}, idempotency_key=f"mail-{i:03d}")
+    info = memory.get_run("long-1")
+    events = info.event_seq - info.compacted_through
+    assert info.head_seq == 260 + 130  # an effect's record is a checkpoint too
+
+    first = c.get("/ui/runs/long-1")
+    assert first.status_code == 200
+    assert len(first.content) < 300_000  # bounded: not the run's whole history
+    assert _seqs(first.text, "timeline") == list(range(390, 290, -1))
+    assert "1–100 of 390 checkpoints" in first.text
+    assert f"1–100 of {events} events" in first.text
+    assert "1–100 of 130 effects" in first.text
+    assert _seqs(first.text, "events") == list(range(info.event_seq, info.event_seq - 100, -1))
+    assert first.text.count("<code>mail-") == 100
+
+    second = c.get(_link(first.text, "checkpoints", "older"))
+    assert _seqs(second.text, "timeline") == list(range(290, 190, -1))
+    assert _seqs(second.text, "events") == _seqs(first.text, "events")  # other cursors kept
+    last = c.get(
+        _link(c.get(_link(second.text, "checkpoints", "older")).text, "checkpoints", "older")
+    )
+    assert _seqs(last.text, "timeline") == list(range(90, 0, -1))
+    assert (
+        'class="older"'
+        not in last.text.split('aria-label="checkpoints pages"')[1].split("</nav>")[0]
+    )
+    assert _seqs(c.get(_link(last.text, "checkpoints", "newest")).text, "timeline")[0] == 390
+
+    older_events = c.get(_link(first.text, "events", "older"))
+    assert _seqs(older_events.text, "events") == list(
+        range(info.event_seq - 100, info.event_seq - 200, -1)
+    )
+    effects = c.get(_link(first.text, "effects", "older"))
+    assert "101–130 of 130 effects" in effects.text
+    assert effects.text.count("<code>mail-") == 30
+    # A scope link keeps the page the timeline is on.
+    assert re.search(r"\?checkpoint=[^\"#]+&amp;before=291#scope", second.text)
+    refused = c.get("/ui/runs/long-1?before=0")
+    assert refused.status_code == 422
+    assert "before must be a seq" in refused.text

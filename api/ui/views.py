@@ -15,10 +15,11 @@ from datetime import datetime
 from typing import Any, Generic, TypeVar
 from urllib.parse import urlencode
 
+from api.ui.forkgraph import ForkGraph, layout
 from memory.binding import owned_run, user_filter
 from memory.context import ContinuationContext
 from memory.facade import Memory
-from tiers.errors import InvalidInputError, RunNotFoundError
+from tiers.errors import InvalidInputError, RunNotFoundError, TierError
 from tiers.models import Checkpoint, RunInfo, RunStatus, SessionSummary, UserFact
 from tiers.task import EffectRecord, Event, EventKind
 
@@ -183,6 +184,7 @@ class RunPage:
     approvals: list[Gate]
     events: Slice[Event]
     forks: ForkNode
+    fork_graph: ForkGraph
     scope_at: ScopeAt | None
 
 
@@ -273,6 +275,16 @@ def _effects_page(memory: Memory, run_id: str, page: int) -> Slice[EffectRecord]
     )
 
 
+def _forked_at(memory: Memory, run: RunInfo) -> int | None:
+    """The seq of the checkpoint ``run`` was forked from (``None``: not a fork, or it is gone)."""
+    if run.parent_run_id is None or run.parent_checkpoint_id is None:
+        return None
+    try:
+        return memory.get_checkpoint(run.parent_run_id, run.parent_checkpoint_id).seq
+    except TierError:  # the parent was deleted or compacted since: draw the fork without it
+        return None
+
+
 def run_page(
     memory: Memory,
     run_id: str,
@@ -323,13 +335,15 @@ def run_page(
         scope_at = ScopeAt(
             checkpoint, checkpoint.scope, memory.run_state_at(run_id, checkpoint.checkpoint_id)
         )
+    forks = _fork_graph(memory, run)
     return RunPage(
         run=run,
         checkpoints=_checkpoints_before(memory, run, before),
         effects=_effects_page(memory, run_id, effects_page),
         approvals=approvals,
         events=events,
-        forks=_fork_graph(memory, run),
+        forks=forks,
+        fork_graph=layout(forks, run.run_id, lambda info: _forked_at(memory, info)),
         scope_at=scope_at,
     )
 

@@ -32,6 +32,8 @@ from fastapi.testclient import TestClient
 from playwright.sync_api import BrowserContext, Page, Route, expect, sync_playwright
 
 from api.ui.auth import COOKIE, csrf_token
+from api.ui.forkgraph import MAX_NODES, layout
+from api.ui.views import ForkNode
 from memory import ApprovalPendingError, RunStatus
 from memory.apikeys import ApiKeyRegistry
 from memory.client import MemoryClient
@@ -41,6 +43,7 @@ from tests.api.conftest import Api, new_tenant, start_app
 from tests.api.test_routes import SUMMARY
 from tests.conftest import free_port
 from tiers.backends import open_kv_store
+from tiers.models import RunInfo
 
 TIERMEM = str(Path(sys.executable).parent / "tiermem")
 CHROMIUM = "/usr/bin/chromium"
@@ -221,6 +224,42 @@ def test_approve_a_gate_in_the_page_then_resume_and_complete(
     expect(page.locator("#scope")).to_contain_text("At seq 1")
     expect(page.locator("pre").filter(has_text="planned")).to_have_count(1)
     screenshot(page, "run")
+    assert console.blocked == []
+
+
+@pytest.mark.slow
+def test_a_run_page_draws_its_fork_graph_and_pages_a_long_timeline(
+    console: Console, client: MemoryClient
+) -> None:
+    run = client.start_run("fay", "draft")
+    marks = [run.append_checkpoint("write", {"draft": i}) for i in range(120)]
+    client.fork_run("draft", marks[9].checkpoint_id, "draft-short")
+    client.fork_run("draft", marks[59].checkpoint_id, "draft-long")
+    short = client.start_run("fay", "draft-short")
+    point = short.append_checkpoint("edit", {"cut": True})
+    client.fork_run("draft-short", point.checkpoint_id, "draft-short-2")
+
+    page = log_in(console, console.key)
+    page.goto(f"{console.base_url}/ui/runs/draft-short")
+    graph = page.locator("svg.fork-graph")
+    expect(graph).to_be_visible()
+    expect(graph.locator("a.fork-node")).to_have_count(4)
+    expect(graph.locator("path.fork-edge")).to_have_count(3)
+    expect(graph.locator("a.fork-node.current")).to_contain_text("draft-short")
+    expect(graph).to_contain_text("forked at seq 10")
+    screenshot(page, "run-forks")
+    graph.locator("a.fork-node", has_text="draft-long").click()
+    expect(page).to_have_url(f"{console.base_url}/ui/runs/draft-long")
+    expect(page.locator("table.timeline tbody tr")).to_have_count(60)  # forked at seq 60
+
+    page.goto(f"{console.base_url}/ui/runs/draft")
+    rows = page.locator("table.timeline tbody tr")
+    expect(rows).to_have_count(100)
+    expect(rows.first.locator("td").first).to_have_text("120")
+    expect(page.locator("nav.pager").first).to_contain_text("1–100 of 120 checkpoints")
+    page.locator("nav.pager a.older").first.click()
+    expect(rows).to_have_count(20)
+    expect(rows.first.locator("td").first).to_have_text("20")
     assert console.blocked == []
 
 
@@ -434,3 +473,47 @@ def test_a_long_runs_page_shows_100_of_each_newest_first_with_links_to_older(api
     refused = c.get("/ui/runs/long-1?before=0")
     assert refused.status_code == 422
     assert "before must be a seq" in refused.text
+
+
+def test_the_fork_graph_is_an_svg_with_a_linked_node_per_run_and_an_edge_per_fork(
+    api: Api,
+) -> None:
+    c, memory = _signed_in(api)
+    run = memory.start_run("forky", "tree-root")
+    marks = [run.append_checkpoint("step", {"i": i}) for i in range(3)]
+    memory.fork_run("tree-root", marks[0].checkpoint_id, "tree-a")
+    memory.fork_run("tree-root", marks[2].checkpoint_id, "tree-b")
+    a = memory.start_run("forky", "tree-a")
+    fork_point = a.append_checkpoint("more", {"in": "a"})
+    memory.fork_run("tree-a", fork_point.checkpoint_id, "tree-a-1")
+
+    html = c.get("/ui/runs/tree-a").text
+    svg = html.split('<svg class="fork-graph"', 1)[1].split("</svg>", 1)[0]
+    nodes = re.findall(r'<a class="fork-node( current)?" href="([^"]+)">', svg)
+    assert [href for _, href in nodes] == [
+        "/ui/runs/tree-root",
+        "/ui/runs/tree-a",
+        "/ui/runs/tree-a-1",
+        "/ui/runs/tree-b",
+    ]
+    assert [current for current, _ in nodes] == ["", " current", "", ""]
+    assert svg.count('class="fork-edge"') == 3
+    assert "tree-a · running · forked at seq 1 (this run)</title>" in svg
+    assert f"tree-a-1 · resumable · forked at seq {fork_point.seq}</title>" in svg
+    assert "forked at seq 3" in svg  # tree-b
+    assert "<script" not in html
+    assert 'class="fork-list"' in html  # the nested list stays, as text
+
+
+def test_a_fork_graph_draws_at_most_its_first_runs_and_counts_the_rest() -> None:
+    root = ForkNode(RunInfo(run_id="big", user_id="u"))
+    root.children = [
+        ForkNode(RunInfo(run_id=f"big-{i:03d}", user_id="u", parent_run_id="big"))
+        for i in range(250)
+    ]
+    graph = layout(root, "big-007", lambda info: 1, max_nodes=MAX_NODES)
+    assert len(graph.nodes) == MAX_NODES
+    assert len(graph.edges) == MAX_NODES - 1
+    assert graph.hidden == 251 - MAX_NODES
+    assert [node.run.run_id for node in graph.nodes if node.current] == ["big-007"]
+    assert graph.height == max(node.y for node in graph.nodes) + graph.nodes[0].height + 4

@@ -159,6 +159,36 @@ class TiermemMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        # The worker fleet (memory.workers.Worker, `tiermem worker`), fed by the worker itself:
+        # runs claimed, runs finished by outcome, runs active, one poll's latency, idle time.
+        self.worker_runs_claimed = Counter(
+            "tiermem_worker_runs_claimed",
+            "Runs a worker took (leased) to drive.",
+            registry=r,
+        )
+        self.worker_runs_finished = Counter(
+            "tiermem_worker_runs_finished",
+            "Runs a worker stopped driving, by outcome: completed, failed, drained (released "
+            "on SIGTERM), released (paused, blocked, lost its lease, or the store failed).",
+            ["outcome"],
+            registry=r,
+        )
+        self.worker_runs_active = Gauge(
+            "tiermem_worker_runs_active",
+            "Runs a worker is driving now.",
+            registry=r,
+        )
+        self.worker_claim = Histogram(
+            "tiermem_worker_claim_duration_seconds",
+            "How long one poll for work took (listing resumable runs, taking one), either way.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.worker_idle = Counter(
+            "tiermem_worker_idle_seconds",
+            "Seconds the worker's claim loops waited between polls, finding nothing to take.",
+            registry=r,
+        )
 
     def scope_violation(self) -> None:
         """Count one memory scope violation (a read or write outside the scope granted)."""

@@ -287,8 +287,6 @@ def worker(
     import logging
     import signal
 
-    from prometheus_client import start_http_server
-
     from memory.metrics import TiermemMetrics
     from memory.workers import Worker, load_app, task_tier_from_settings
 
@@ -334,15 +332,12 @@ def worker(
         )
         if metrics_port is not None:
             try:
-                server, _ = start_http_server(
-                    metrics_port, addr="127.0.0.1", registry=metrics.registry
-                )
+                stack.callback(metrics.serve(metrics_port))
             except OSError as exc:
                 typer.echo(
                     f"error: cannot serve metrics on 127.0.0.1:{metrics_port}: {exc}", err=True
                 )
                 raise typer.Exit(1) from exc
-            stack.callback(server.shutdown)
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: fleet.stop())
         typer.echo(f"worker {fleet.name}: serving {', '.join(app.workflows.names)}", err=True)

@@ -13,7 +13,7 @@ The task tier never imports ``prometheus_client``: it calls the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -189,6 +189,29 @@ class TiermemMetrics:
             "Seconds the worker's claim loops waited between polls, finding nothing to take.",
             registry=r,
         )
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> Callable[[], None]:
+        """Serve :attr:`registry` on ``http://addr:port/metrics`` from a daemon thread.
+
+        For a process with no HTTP service of its own (``tiermem worker --metrics-port``).
+
+        Returns:
+            A function that stops the server and frees the port.
+
+        Raises:
+            OSError: The address cannot be bound (the port is taken, say).
+        """
+        # Only a process without the HTTP service serves metrics this way.
+        from prometheus_client import start_http_server
+
+        server, thread = start_http_server(port, addr=addr, registry=self.registry)
+
+        def stop() -> None:
+            server.shutdown()
+            server.server_close()
+            thread.join()
+
+        return stop
 
     def scope_violation(self) -> None:
         """Count one memory scope violation (a read or write outside the scope granted)."""

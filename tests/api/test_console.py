@@ -257,6 +257,7 @@ def test_a_run_page_draws_its_fork_graph_and_pages_a_long_timeline(
     expect(rows).to_have_count(100)
     expect(rows.first.locator("td").first).to_have_text("120")
     expect(page.locator("nav.pager").first).to_contain_text("1–100 of 120 checkpoints")
+    screenshot(page, "run-paged")
     page.locator("nav.pager a.older").first.click()
     expect(rows).to_have_count(20)
     expect(rows.first.locator("td").first).to_have_text("20")

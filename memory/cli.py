@@ -272,6 +272,15 @@ def worker(
     tenant: Annotated[
         str | None, typer.Option(help="The tenant whose runs to serve (default: TIERMEM_TENANT).")
     ] = None,
+    metrics_port: Annotated[
+        int | None,
+        typer.Option(
+            min=1,
+            max=65535,
+            help="Serve Prometheus metrics (tiermem_worker_* and the task tier's) on "
+            "http://127.0.0.1:PORT/metrics (default: not served).",
+        ),
+    ] = None,
 ) -> None:
     """Run resumable workflow runs until SIGTERM, then drain (finish each step, release, exit 0).
 
@@ -280,6 +289,7 @@ def worker(
     import logging
     import signal
 
+    from memory.metrics import TiermemMetrics
     from memory.workers import Worker, load_app, task_tier_from_settings
 
     settings = settings_from_env()
@@ -307,16 +317,29 @@ def worker(
                 typer.echo(f"error: {exc}", err=True)
                 raise typer.Exit(1) from exc
             tasks = memory.for_tenant(tenant or settings.tenant).tasks
+            metrics = memory.metrics or TiermemMetrics()
         else:
             kv, _ = stack.enter_context(open_kv())
-            tasks = task_tier_from_settings(kv, settings, tenant or settings.tenant)
+            metrics = TiermemMetrics()
+            tasks = task_tier_from_settings(
+                kv, settings, tenant or settings.tenant, metrics=metrics
+            )
         fleet = Worker(
             tasks,
             app.workflows,
             concurrency=concurrency,
             lease_ttl=lease_ttl,
             poll_interval=poll_interval,
+            metrics=metrics,
         )
+        if metrics_port is not None:
+            try:
+                stack.callback(metrics.serve(metrics_port))
+            except OSError as exc:
+                typer.echo(
+                    f"error: cannot serve metrics on 127.0.0.1:{metrics_port}: {exc}", err=True
+                )
+                raise typer.Exit(1) from exc
         for signum in (signal.SIGTERM, signal.SIGINT):
             signal.signal(signum, lambda *_: fleet.stop())
         typer.echo(f"worker {fleet.name}: serving {', '.join(app.workflows.names)}", err=True)

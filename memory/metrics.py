@@ -13,7 +13,7 @@ The task tier never imports ``prometheus_client``: it calls the
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
@@ -159,6 +159,59 @@ class TiermemMetrics:
             buckets=LATENCY_BUCKETS,
             registry=r,
         )
+        # The worker fleet (memory.workers.Worker, `tiermem worker`), fed by the worker itself:
+        # runs claimed, runs finished by outcome, runs active, one poll's latency, idle time.
+        self.worker_runs_claimed = Counter(
+            "tiermem_worker_runs_claimed",
+            "Runs a worker took (leased) to drive.",
+            registry=r,
+        )
+        self.worker_runs_finished = Counter(
+            "tiermem_worker_runs_finished",
+            "Runs a worker stopped driving, by outcome: completed, failed, drained (released "
+            "on SIGTERM), released (paused, blocked, lost its lease, or the store failed).",
+            ["outcome"],
+            registry=r,
+        )
+        self.worker_runs_active = Gauge(
+            "tiermem_worker_runs_active",
+            "Runs a worker is driving now.",
+            registry=r,
+        )
+        self.worker_claim = Histogram(
+            "tiermem_worker_claim_duration_seconds",
+            "How long one poll for work took (listing resumable runs, taking one), either way.",
+            buckets=LATENCY_BUCKETS,
+            registry=r,
+        )
+        self.worker_idle = Counter(
+            "tiermem_worker_idle_seconds",
+            "Seconds the worker's claim loops waited between polls, finding nothing to take.",
+            registry=r,
+        )
+
+    def serve(self, port: int, addr: str = "127.0.0.1") -> Callable[[], None]:
+        """Serve :attr:`registry` on ``http://addr:port/metrics`` from a daemon thread.
+
+        For a process with no HTTP service of its own (``tiermem worker --metrics-port``).
+
+        Returns:
+            A function that stops the server and frees the port.
+
+        Raises:
+            OSError: The address cannot be bound (the port is taken, say).
+        """
+        # Only a process without the HTTP service serves metrics this way.
+        from prometheus_client import start_http_server
+
+        server, thread = start_http_server(port, addr=addr, registry=self.registry)
+
+        def stop() -> None:
+            server.shutdown()
+            server.server_close()
+            thread.join()
+
+        return stop
 
     def scope_violation(self) -> None:
         """Count one memory scope violation (a read or write outside the scope granted)."""

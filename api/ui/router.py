@@ -47,6 +47,7 @@ _TEMPLATES = jinja2.Environment(
 )
 _TEMPLATES.filters["as_json"] = views.as_json
 _TEMPLATES.filters["json_size"] = views.json_size
+_TEMPLATES.globals["page_query"] = views.page_query
 
 router = APIRouter(prefix="/ui", include_in_schema=False)
 
@@ -236,15 +237,41 @@ async def runs_page(
 
 
 @router.get("/runs/{run_id}")
-async def run_page(request: Request, run_id: str, checkpoint: str | None = None) -> Response:
-    """One run: timeline, effects, approvals, budget, fork graph, scope at a step."""
+async def run_page(
+    request: Request,
+    run_id: str,
+    checkpoint: str | None = None,
+    before: int | None = None,
+    events_before: int | None = None,
+    effects_page: int = 1,
+) -> Response:
+    """One run: timeline, effects, approvals, budget, fork graph, scope at a step.
+
+    The timeline and the events are paged newest first (``before``, ``events_before``:
+    the seq to show the ones below), the effects in key order (``effects_page``).
+    """
     principal = await console_principal(request)
     try:
         memory = await _memory(request, principal)
-        detail = await _read(views.run_page, memory, run_id, principal.user_id, checkpoint or None)
+        detail = await _read(
+            views.run_page,
+            memory,
+            run_id,
+            principal.user_id,
+            checkpoint or None,
+            before,
+            events_before,
+            effects_page,
+        )
     except _PageError as error:
         return _error_page(request, principal, error)
-    return _render(request, "run.html", principal, detail=detail, run=detail.run)
+    cursor = {
+        "checkpoint": checkpoint or None,
+        "before": before,
+        "events_before": events_before,
+        "effects_page": effects_page if effects_page > 1 else None,
+    }
+    return _render(request, "run.html", principal, detail=detail, run=detail.run, cursor=cursor)
 
 
 @router.get("/approvals")

@@ -9,22 +9,30 @@ only: another user's run is reported as absent, as the REST routes do.
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+from typing import Any, Generic, TypeVar
+from urllib.parse import urlencode
 
+from api.ui.forkgraph import ForkGraph, layout
 from memory.binding import owned_run, user_filter
 from memory.context import ContinuationContext
 from memory.facade import Memory
-from tiers.errors import RunNotFoundError
+from tiers.errors import InvalidInputError, RunNotFoundError, TierError
 from tiers.models import Checkpoint, RunInfo, RunStatus, SessionSummary, UserFact
 from tiers.task import EffectRecord, Event, EventKind
+
+T = TypeVar("T")
 
 PAGE_SIZE = 25
 """Runs per page of the runs table."""
 
 TIMELINE_LIMIT = 500
-"""Checkpoints and events shown on one run's page (its first ones, in order)."""
+"""A run's first events searched for approval gates to show (beside those of the events page)."""
+
+RUN_PAGE_SIZE = 100
+"""Checkpoints, events and effects shown per page of one run's page."""
 
 SESSIONS_SHOWN = 20
 """A user's most recent sessions shown on their memory page."""
@@ -51,6 +59,16 @@ def as_json(value: object) -> str:
 def json_size(value: object) -> int:
     """Bytes of a value as compact UTF-8 JSON: the size a checkpoint's output takes."""
     return len(json.dumps(value, separators=(",", ":"), ensure_ascii=False).encode())
+
+
+def page_query(current: Mapping[str, object], **changes: object) -> str:
+    """The query string of a link that keeps ``current``'s parameters but for ``changes``.
+
+    A parameter set to ``None`` (in either) is left out, so a link can go back to the
+    first page of one listing while the others stay where they are.
+    """
+    merged = {**current, **changes}
+    return urlencode({name: value for name, value in merged.items() if value is not None})
 
 
 @dataclass(frozen=True)
@@ -134,15 +152,39 @@ class ScopeAt:
 
 
 @dataclass(frozen=True)
+class Slice(Generic[T]):
+    """One page of a run's checkpoints, events or effects, and where the next pages start.
+
+    Attributes:
+        items: What this page shows.
+        total: How many there are in all.
+        first: The number (from 1, in the page's order) of the first item shown.
+        older: The cursor of the next page (``None``: this is the last one).
+        newer: Whether there is an earlier page (the first page needs no cursor).
+    """
+
+    items: list[T]
+    total: int
+    first: int
+    older: int | None
+    newer: bool
+
+
+@dataclass(frozen=True)
 class RunPage:
-    """Everything one run's page shows."""
+    """Everything one run's page shows.
+
+    ``checkpoints`` and ``events`` are pages newest first (cursor: the seq to show
+    the ones before); ``effects`` a page in key order (cursor: the page number).
+    """
 
     run: RunInfo
-    checkpoints: list[Checkpoint]
-    effects: list[EffectRecord]
+    checkpoints: Slice[Checkpoint]
+    effects: Slice[EffectRecord]
     approvals: list[Gate]
-    events: list[Event]
+    events: Slice[Event]
     forks: ForkNode
+    fork_graph: ForkGraph
     scope_at: ScopeAt | None
 
 
@@ -188,20 +230,96 @@ def _fork_graph(memory: Memory, run: RunInfo) -> ForkNode:
     return grow(root)
 
 
+def _checkpoints_before(memory: Memory, run: RunInfo, before: int | None) -> Slice[Checkpoint]:
+    """A page of the run's checkpoints, newest first, those with a seq below ``before``."""
+    page = memory.run_history(run.run_id, newest_first=True, limit=RUN_PAGE_SIZE, before_seq=before)
+    # Seqs are gap-free from 1, so the head's seq is the count and the position follows.
+    top = run.head_seq if before is None else min(before - 1, run.head_seq)
+    older = page[-1].seq if page and page[-1].seq > 1 else None
+    return Slice(page, run.head_seq, run.head_seq - top + 1, older, top < run.head_seq)
+
+
+def _events_before(memory: Memory, run: RunInfo, before: int | None) -> Slice[Event]:
+    """A page of the run's events, newest first, those with a seq below ``before``.
+
+    Event seqs are gap-free after ``compacted_through``, so the page is the range
+    just below ``before``, read oldest first with the log's own paging and turned.
+    """
+    total = run.event_seq - run.compacted_through
+    top = run.event_seq if before is None else min(before - 1, run.event_seq)
+    low = max(top - RUN_PAGE_SIZE, run.compacted_through)
+    events = []
+    if top > low:
+        events = memory.run_events(run.run_id, after_seq=low, limit=top - low)
+        events.reverse()
+    older = low + 1 if low > run.compacted_through else None
+    return Slice(events, total, run.event_seq - top + 1, older, top < run.event_seq)
+
+
+def _effects_page(memory: Memory, run_id: str, page: int) -> Slice[EffectRecord]:
+    """Page ``page`` (from 1) of the run's effect ledger, in key order.
+
+    The ledger has no paged read (and no count), so it is read whole and one
+    page rendered: the page stays small however long the ledger is.
+    """
+    effects = memory.run_effects(run_id)
+    pages = max(1, -(-len(effects) // RUN_PAGE_SIZE))
+    page = min(max(page, 1), pages)
+    start = (page - 1) * RUN_PAGE_SIZE
+    return Slice(
+        effects[start : start + RUN_PAGE_SIZE],
+        len(effects),
+        start + 1,
+        page + 1 if page < pages else None,
+        page > 1,
+    )
+
+
+def _forked_at(memory: Memory, run: RunInfo) -> int | None:
+    """The seq of the checkpoint ``run`` was forked from (``None``: not a fork, or it is gone)."""
+    if run.parent_run_id is None or run.parent_checkpoint_id is None:
+        return None
+    try:
+        return memory.get_checkpoint(run.parent_run_id, run.parent_checkpoint_id).seq
+    except TierError:  # the parent was deleted or compacted since: draw the fork without it
+        return None
+
+
 def run_page(
-    memory: Memory, run_id: str, bound_user: str | None, checkpoint_id: str | None
+    memory: Memory,
+    run_id: str,
+    bound_user: str | None,
+    checkpoint_id: str | None,
+    before: int | None = None,
+    events_before: int | None = None,
+    effects_page: int = 1,
 ) -> RunPage:
     """One run's timeline, effects, approval gates, events, fork graph and a scope snapshot.
+
+    Args:
+        memory: The tenant's memory.
+        run_id: The run.
+        bound_user: The caller's user, if its key is bound to one.
+        checkpoint_id: The checkpoint whose scope and state to show, if any.
+        before: Show the checkpoints with a seq below this (``None``: the newest).
+        events_before: Show the events with a seq below this (``None``: the newest).
+        effects_page: The page of the effect ledger to show, from 1.
 
     Raises:
         RunNotFoundError: No such run (or not the bound user's).
         CheckpointNotFoundError: ``checkpoint_id`` is not one of the run's.
+        InvalidInputError: A negative ``before`` or ``events_before``.
     """
     run = visible_run(memory, run_id, bound_user)
-    events = memory.run_events(run_id, limit=TIMELINE_LIMIT)
+    for name, cursor in (("before", before), ("events_before", events_before)):
+        if cursor is not None and cursor < 1:
+            raise InvalidInputError(f"{name} must be a seq >= 1, got {cursor}", field=name)
+    events = _events_before(memory, run, events_before)
+    # Gates are found through their request events: the run's first ones and this page's.
+    scanned = memory.run_events(run_id, limit=TIMELINE_LIMIT) + events.items
     gate_keys = [
         str(e.data["key"])
-        for e in events
+        for e in scanned
         if e.kind is EventKind.APPROVAL_REQUESTED and isinstance(e.data.get("key"), str)
     ]
     if run.pending_approval is not None and run.pending_approval.key not in gate_keys:
@@ -217,13 +335,15 @@ def run_page(
         scope_at = ScopeAt(
             checkpoint, checkpoint.scope, memory.run_state_at(run_id, checkpoint.checkpoint_id)
         )
+    forks = _fork_graph(memory, run)
     return RunPage(
         run=run,
-        checkpoints=memory.run_history(run_id, limit=TIMELINE_LIMIT),
-        effects=memory.run_effects(run_id),
+        checkpoints=_checkpoints_before(memory, run, before),
+        effects=_effects_page(memory, run_id, effects_page),
         approvals=approvals,
         events=events,
-        forks=_fork_graph(memory, run),
+        forks=forks,
+        fork_graph=layout(forks, run.run_id, lambda info: _forked_at(memory, info)),
         scope_at=scope_at,
     )
 

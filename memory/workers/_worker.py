@@ -9,6 +9,7 @@ import random
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import timedelta
@@ -42,6 +43,7 @@ from tiers.task import RunHandle, TaskTier
 
 if TYPE_CHECKING:
     from memory.facade import Memory
+    from memory.metrics import TiermemMetrics
 
 logger = logging.getLogger("tiermem.workers")
 
@@ -86,11 +88,18 @@ def load_app(path: str) -> WorkerApp:
     )
 
 
-def task_tier_from_settings(kv: KVStore, settings: Settings, tenant: str) -> TaskTier:
-    """The task tier of ``tenant`` on ``kv``, configured as :meth:`Memory.from_settings` does."""
+def task_tier_from_settings(
+    kv: KVStore, settings: Settings, tenant: str, *, metrics: TiermemMetrics | None = None
+) -> TaskTier:
+    """The task tier of ``tenant`` on ``kv``, configured as :meth:`Memory.from_settings` does.
+
+    ``metrics``, if given, hears the tier's reports (resumes, takeovers, fencing) as a
+    :class:`~memory.Memory` built with it would.
+    """
     return TaskTier(
         kv,
         tenant=tenant,
+        observer=metrics,
         retention=timedelta(days=settings.run_retention_days),
         snapshot_every=settings.snapshot_every,
         redactor=Redactor(
@@ -114,6 +123,9 @@ class Worker:
         page_size: Resumable runs tried per page, oldest page first, shuffled within.
         name: Prefix of the worker ids (default ``<host>-<pid>-<random>``); thread
             ``i`` takes leases as ``<name>/<i>``.
+        metrics: Where to count the runs claimed, finished (by outcome) and active,
+            each poll's latency and the time idle (the ``tiermem_worker_*`` families of
+            :class:`~memory.metrics.TiermemMetrics`); default: not counted.
     """
 
     def __init__(
@@ -126,6 +138,7 @@ class Worker:
         poll_interval: float = 1.0,
         page_size: int = 50,
         name: str | None = None,
+        metrics: TiermemMetrics | None = None,
     ) -> None:
         if isinstance(concurrency, bool) or not isinstance(concurrency, int) or concurrency < 1:
             raise InvalidInputError("concurrency must be an integer >= 1", field="concurrency")
@@ -142,6 +155,7 @@ class Worker:
         self.poll_interval = float(poll_interval)
         self.page_size = page_size
         self.name = name or f"{socket.gethostname()[:100]}-{os.getpid()}-{secrets.token_hex(4)}"
+        self.metrics = metrics
         self._draining = threading.Event()
         self._random = random.Random()
 
@@ -174,20 +188,32 @@ class Worker:
         Returns:
             The run's id, or ``None`` if there was nothing this worker could take.
         """
-        claimed = self._claim(worker_id or f"{self.name}/0")
+        started = time.monotonic()
+        try:
+            claimed = self._claim(worker_id or f"{self.name}/0")
+        finally:
+            if self.metrics is not None:
+                self.metrics.worker_claim.observe(time.monotonic() - started)
         if claimed is None:
             return None
         handle, workflow, input = claimed
+        if self.metrics is not None:
+            self.metrics.worker_runs_claimed.inc()
+            self.metrics.worker_runs_active.inc()
         stop_heartbeat = threading.Event()
         beat = threading.Thread(
             target=self._heartbeat, args=(handle, stop_heartbeat), name=f"beat-{handle.run_id}"
         )
         beat.start()
+        outcome = "released"  # if _execute itself raises, the run is not over
         try:
-            self._execute(handle, workflow, input)
+            outcome = self._execute(handle, workflow, input)
         finally:
             stop_heartbeat.set()
             beat.join()
+            if self.metrics is not None:
+                self.metrics.worker_runs_active.dec()
+                self.metrics.worker_runs_finished.labels(outcome=outcome).inc()
         return handle.run_id
 
     def _loop(self, worker_id: str) -> None:
@@ -201,7 +227,10 @@ class Worker:
                 logger.exception("worker %s: unexpected error", worker_id)
                 took = None
             if took is None:
+                idle_since = time.monotonic()
                 self._draining.wait(self.poll_interval)
+                if self.metrics is not None:
+                    self.metrics.worker_idle.inc(time.monotonic() - idle_since)
 
     def _claim(self, worker_id: str) -> tuple[RunHandle, WorkflowFn, JsonValue] | None:
         """Lease the oldest resumable run of a known workflow that no other worker takes first."""
@@ -233,35 +262,36 @@ class Worker:
                 return handle, workflow, found[1]
         return None
 
-    def _execute(self, handle: RunHandle, workflow: WorkflowFn, input: JsonValue) -> None:
+    def _execute(self, handle: RunHandle, workflow: WorkflowFn, input: JsonValue) -> str:
+        """Drive the run; how it ended here: completed, failed, drained or released."""
         run_id = handle.run_id
         try:
             result = workflow(WorkflowRun(handle, self._draining), input)
         except DrainedError:
             release_quietly(handle)
             logger.info("run %s released on drain", run_id)
-            return
+            return "drained"
         except BudgetExceededError as exc:
             # Released, it would be taken again at once and stop again: it ends here.
-            _fail(handle, exc)
-            return
+            return _fail(handle, exc)
         except (BackendUnavailableError, ConflictError, RunStateError, RunNotFoundError) as exc:
             # Lost the lease (fenced out), cancelled, paused at an approval gate, blocked on
             # an effect of unknown outcome, or the store failed: the run is not over.
             logger.info("run %s stopped: %s", run_id, exc)
             release_quietly(handle)
-            return
+            return "released"
         except Exception as exc:  # the workflow's own error ends the run
             logger.warning("run %s failed: %s: %s", run_id, type(exc).__name__, exc)
-            _fail(handle, exc)
-            return
+            return _fail(handle, exc)
         try:
             handle.complete(result)
         except InvalidInputError as exc:  # a result that is no JSON is the workflow's bug
-            _fail(handle, exc)
+            return _fail(handle, exc)
         except TierError as exc:
             logger.info("run %s was not completed here: %s", run_id, exc)
             release_quietly(handle)
+            return "released"
+        return "completed"
 
     def _heartbeat(self, handle: RunHandle, stop: threading.Event) -> None:
         pause = self.lease_ttl / 3
@@ -280,10 +310,16 @@ class Worker:
                 pause = self.lease_ttl / 10
 
 
-def _fail(handle: RunHandle, exc: Exception) -> None:
-    """Fail the run with ``exc``; if that write is refused, the run is not ours to end."""
+def _fail(handle: RunHandle, exc: Exception) -> str:
+    """Fail the run with ``exc``; if that write is refused, the run is not ours to end.
+
+    Returns:
+        ``"failed"``, or ``"released"`` when the run was not failed here.
+    """
     try:
         handle.fail(f"{type(exc).__name__}: {exc}")
     except TierError as refused:
         logger.info("run %s was not failed here: %s", handle.run_id, refused)
         release_quietly(handle)
+        return "released"
+    return "failed"

@@ -28,9 +28,12 @@ from pathlib import Path
 
 import httpx
 import pytest
+from fastapi.testclient import TestClient
 from playwright.sync_api import BrowserContext, Page, Route, expect, sync_playwright
 
 from api.ui.auth import COOKIE, csrf_token
+from api.ui.forkgraph import MAX_NODES, layout
+from api.ui.views import ForkNode
 from memory import ApprovalPendingError, RunStatus
 from memory.apikeys import ApiKeyRegistry
 from memory.client import MemoryClient
@@ -40,6 +43,7 @@ from tests.api.conftest import Api, new_tenant, start_app
 from tests.api.test_routes import SUMMARY
 from tests.conftest import free_port
 from tiers.backends import open_kv_store
+from tiers.models import RunInfo
 
 TIERMEM = str(Path(sys.executable).parent / "tiermem")
 CHROMIUM = "/usr/bin/chromium"
@@ -224,6 +228,43 @@ def test_approve_a_gate_in_the_page_then_resume_and_complete(
 
 
 @pytest.mark.slow
+def test_a_run_page_draws_its_fork_graph_and_pages_a_long_timeline(
+    console: Console, client: MemoryClient
+) -> None:
+    run = client.start_run("fay", "draft")
+    marks = [run.append_checkpoint("write", {"draft": i}) for i in range(120)]
+    client.fork_run("draft", marks[9].checkpoint_id, "draft-short")
+    client.fork_run("draft", marks[59].checkpoint_id, "draft-long")
+    short = client.start_run("fay", "draft-short")
+    point = short.append_checkpoint("edit", {"cut": True})
+    client.fork_run("draft-short", point.checkpoint_id, "draft-short-2")
+
+    page = log_in(console, console.key)
+    page.goto(f"{console.base_url}/ui/runs/draft-short")
+    graph = page.locator("svg.fork-graph")
+    expect(graph).to_be_visible()
+    expect(graph.locator("a.fork-node")).to_have_count(4)
+    expect(graph.locator("path.fork-edge")).to_have_count(3)
+    expect(graph.locator("a.fork-node.current")).to_contain_text("draft-short")
+    expect(graph).to_contain_text("forked at seq 10")
+    screenshot(page, "run-forks")
+    graph.locator("a.fork-node", has_text="draft-long").click()
+    expect(page).to_have_url(f"{console.base_url}/ui/runs/draft-long")
+    expect(page.locator("table.timeline tbody tr")).to_have_count(60)  # forked at seq 60
+
+    page.goto(f"{console.base_url}/ui/runs/draft")
+    rows = page.locator("table.timeline tbody tr")
+    expect(rows).to_have_count(100)
+    expect(rows.first.locator("td").first).to_have_text("120")
+    expect(page.locator("nav.pager").first).to_contain_text("1–100 of 120 checkpoints")
+    screenshot(page, "run-paged")
+    page.locator("nav.pager a.older").first.click()
+    expect(rows).to_have_count(20)
+    expect(rows.first.locator("td").first).to_have_text("20")
+    assert console.blocked == []
+
+
+@pytest.mark.slow
 def test_a_users_memory_shows_facts_sessions_and_the_context_with_token_counts(
     console: Console, client: MemoryClient
 ) -> None:
@@ -361,3 +402,119 @@ def test_with_auth_off_the_console_acts_in_the_servers_tenant(
         runs = c.post("/ui/login", data={"csrf": _csrf(login.text)})
         assert runs.url.path == "/ui/runs"
         assert f"tenant <b>{memory.tenant}</b>" in runs.text
+
+
+def _signed_in(api: Api) -> tuple[TestClient, Memory]:
+    """The app's client logged in to the console as a fresh tenant, and that tenant's memory."""
+    tenant = new_tenant()
+    key = api.key(tenant)["Authorization"].removeprefix("Bearer ")
+    c = api.client
+    login = c.get("/ui/login")
+    assert c.post("/ui/login", data={"api_key": key, "csrf": _csrf(login.text)}).status_code == 200
+    return c, api.service.view(tenant)
+
+
+def _seqs(html: str, table: str) -> list[int]:
+    """The seq column of one of the run page's tables (``timeline`` or ``events``)."""
+    body = html.split(f'<table class="{table}">', 1)[1].split("</table>", 1)[0]
+    return [int(seq) for seq in re.findall(r"<tr[^>]*>\s*<td>(\d+)</td>", body)]
+
+
+def _link(html: str, section: str, kind: str) -> str:
+    """The href of a pager link (``older`` or ``newest``) of one of the run page's sections."""
+    nav = html.split(f'aria-label="{section} pages"', 1)[1].split("</nav>", 1)[0]
+    found = re.search(rf'class="{kind}" href="([^"]+)"', nav)
+    assert found is not None, nav
+    return found.group(1).replace("&amp;", "&")
+
+
+def test_a_long_runs_page_shows_100_of_each_newest_first_with_links_to_older(api: Api) -> None:
+    c, memory = _signed_in(api)
+    run = memory.start_run("long", "long-1")
+    for i in range(260):
+        run.append_checkpoint("step", {"i": i, "pad": "x" * 200})
+    for i in range(130):
+        run.effect("send", lambda: {"sent": True}, idempotency_key=f"mail-{i:03d}")
+    info = memory.get_run("long-1")
+    events = info.event_seq - info.compacted_through
+    assert info.head_seq == 260 + 130  # an effect's record is a checkpoint too
+
+    first = c.get("/ui/runs/long-1")
+    assert first.status_code == 200
+    assert len(first.content) < 300_000  # bounded: not the run's whole history
+    assert _seqs(first.text, "timeline") == list(range(390, 290, -1))
+    assert "1–100 of 390 checkpoints" in first.text
+    assert f"1–100 of {events} events" in first.text
+    assert "1–100 of 130 effects" in first.text
+    assert _seqs(first.text, "events") == list(range(info.event_seq, info.event_seq - 100, -1))
+    assert first.text.count("<code>mail-") == 100
+
+    second = c.get(_link(first.text, "checkpoints", "older"))
+    assert _seqs(second.text, "timeline") == list(range(290, 190, -1))
+    assert _seqs(second.text, "events") == _seqs(first.text, "events")  # other cursors kept
+    last = c.get(
+        _link(c.get(_link(second.text, "checkpoints", "older")).text, "checkpoints", "older")
+    )
+    assert _seqs(last.text, "timeline") == list(range(90, 0, -1))
+    assert (
+        'class="older"'
+        not in last.text.split('aria-label="checkpoints pages"')[1].split("</nav>")[0]
+    )
+    assert _seqs(c.get(_link(last.text, "checkpoints", "newest")).text, "timeline")[0] == 390
+
+    older_events = c.get(_link(first.text, "events", "older"))
+    assert _seqs(older_events.text, "events") == list(
+        range(info.event_seq - 100, info.event_seq - 200, -1)
+    )
+    effects = c.get(_link(first.text, "effects", "older"))
+    assert "101–130 of 130 effects" in effects.text
+    assert effects.text.count("<code>mail-") == 30
+    # A scope link keeps the page the timeline is on.
+    assert re.search(r"\?checkpoint=[^\"#]+&amp;before=291#scope", second.text)
+    refused = c.get("/ui/runs/long-1?before=0")
+    assert refused.status_code == 422
+    assert "before must be a seq" in refused.text
+
+
+def test_the_fork_graph_is_an_svg_with_a_linked_node_per_run_and_an_edge_per_fork(
+    api: Api,
+) -> None:
+    c, memory = _signed_in(api)
+    run = memory.start_run("forky", "tree-root")
+    marks = [run.append_checkpoint("step", {"i": i}) for i in range(3)]
+    memory.fork_run("tree-root", marks[0].checkpoint_id, "tree-a")
+    memory.fork_run("tree-root", marks[2].checkpoint_id, "tree-b")
+    a = memory.start_run("forky", "tree-a")
+    fork_point = a.append_checkpoint("more", {"in": "a"})
+    memory.fork_run("tree-a", fork_point.checkpoint_id, "tree-a-1")
+
+    html = c.get("/ui/runs/tree-a").text
+    svg = html.split('<svg class="fork-graph"', 1)[1].split("</svg>", 1)[0]
+    nodes = re.findall(r'<a class="fork-node( current)?" href="([^"]+)">', svg)
+    assert [href for _, href in nodes] == [
+        "/ui/runs/tree-root",
+        "/ui/runs/tree-a",
+        "/ui/runs/tree-a-1",
+        "/ui/runs/tree-b",
+    ]
+    assert [current for current, _ in nodes] == ["", " current", "", ""]
+    assert svg.count('class="fork-edge"') == 3
+    assert "tree-a · running · forked at seq 1 (this run)</title>" in svg
+    assert f"tree-a-1 · resumable · forked at seq {fork_point.seq}</title>" in svg
+    assert "forked at seq 3" in svg  # tree-b
+    assert "<script" not in html
+    assert 'class="fork-list"' in html  # the nested list stays, as text
+
+
+def test_a_fork_graph_draws_at_most_its_first_runs_and_counts_the_rest() -> None:
+    root = ForkNode(RunInfo(run_id="big", user_id="u"))
+    root.children = [
+        ForkNode(RunInfo(run_id=f"big-{i:03d}", user_id="u", parent_run_id="big"))
+        for i in range(250)
+    ]
+    graph = layout(root, "big-007", lambda info: 1, max_nodes=MAX_NODES)
+    assert len(graph.nodes) == MAX_NODES
+    assert len(graph.edges) == MAX_NODES - 1
+    assert graph.hidden == 251 - MAX_NODES
+    assert [node.run.run_id for node in graph.nodes if node.current] == ["big-007"]
+    assert graph.height == max(node.y for node in graph.nodes) + graph.nodes[0].height + 4

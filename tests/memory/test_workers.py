@@ -17,14 +17,17 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from functools import partial
 from pathlib import Path
 
+import httpx
 import pytest
+from prometheus_client.parser import text_string_to_metric_families
 from pydantic import JsonValue
 
 from memory.facade import Memory
+from memory.metrics import TiermemMetrics
 from memory.workers import (
     REGISTRATION_KEY,
     WORKFLOW_STATE_KEY,
@@ -35,6 +38,7 @@ from memory.workers import (
     load_app,
     registration,
 )
+from tests.conftest import free_port
 from tiers.backends import open_kv_store
 from tiers.backends.base import KVStore
 from tiers.errors import ConflictError, InvalidInputError
@@ -257,6 +261,56 @@ def test_stop_lets_the_current_step_commit_then_releases_the_run(
     assert log.read_text().splitlines() == ["r/effect:append/0"]
 
 
+def test_a_worker_counts_runs_claimed_finished_by_outcome_and_its_idle_time(
+    tasks: TaskTier, tmp_path: Path
+) -> None:
+    metrics = TiermemMetrics()
+    log = tmp_path / "effects.log"
+    for n in range(2):
+        workflows.start(
+            tasks, "maria", "fleet", {"n": n, "log": str(log), "pause": 0}, run_id=f"m-{n}"
+        )
+    workflows.start(tasks, "maria", "broken", 1, run_id="m-bad")
+    workflows.start(tasks, "maria", "gated", 2, run_id="m-gated")
+    worker = Worker(tasks, workflows, lease_ttl=60, poll_interval=0.05, metrics=metrics)
+    while worker.run_once() is not None:
+        pass
+
+    def value(name: str, **labels: str) -> float:
+        found = metrics.registry.get_sample_value(name, labels)
+        return 0.0 if found is None else found
+
+    assert value("tiermem_worker_runs_claimed_total") == 4
+    assert value("tiermem_worker_runs_finished_total", outcome="completed") == 2
+    assert value("tiermem_worker_runs_finished_total", outcome="failed") == 1
+    assert value("tiermem_worker_runs_finished_total", outcome="released") == 1  # paused
+    assert value("tiermem_worker_runs_active") == 0
+    assert value("tiermem_worker_claim_duration_seconds_count") == 5  # the last found none
+
+    serving = threading.Thread(target=worker.run)
+    serving.start()
+    deadline = time.monotonic() + 60
+    while value("tiermem_worker_idle_seconds_total") == 0 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert value("tiermem_worker_idle_seconds_total") > 0  # polled, found nothing, waited
+    workflows.start(
+        tasks,
+        "maria",
+        "fleet",
+        {"n": 9, "log": str(log), "pause": 0.3, "steps_before": 5},
+        run_id="m-long",
+    )
+    while tasks.get_run("m-long").head_seq < 3 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert value("tiermem_worker_runs_active") == 1
+    worker.stop()
+    serving.join(60)
+    assert not serving.is_alive()
+    assert value("tiermem_worker_runs_finished_total", outcome="drained") == 1
+    assert value("tiermem_worker_runs_claimed_total") == 5
+    assert value("tiermem_worker_runs_active") == 0
+
+
 # -- a fleet of processes ---------------------------------------------------------------
 
 
@@ -269,7 +323,9 @@ class Fleet:
         self.lease_ttl = lease_ttl
         self.processes: list[subprocess.Popen[bytes]] = []
 
-    def spawn(self, concurrency: int = 2, app: str = APP) -> subprocess.Popen[bytes]:
+    def spawn(
+        self, concurrency: int = 2, app: str = APP, options: Sequence[str] = ()
+    ) -> subprocess.Popen[bytes]:
         index = len(self.processes)
         env = {
             **os.environ,
@@ -292,6 +348,7 @@ class Fleet:
                     str(self.lease_ttl),
                     "--poll-interval",
                     "0.2",
+                    *options,
                 ],
                 env=env,
                 stdout=out,
@@ -418,6 +475,41 @@ def test_sigterm_drains_and_another_worker_resumes_before_the_ttl(
     finally:
         fleet.stop_all()
     assert second.returncode == 0
+
+
+@pytest.mark.slow
+def test_a_worker_process_serves_its_metrics_on_the_metrics_port(
+    fleet: Fleet, tasks: TaskTier, tmp_path: Path
+) -> None:
+    log = tmp_path / "effects.log"
+    for n in range(2):
+        workflows.start(
+            tasks, "maria", "fleet", {"n": n, "log": str(log), "pause": 0}, run_id=f"p-{n}"
+        )
+    port = free_port()
+    fleet.spawn(concurrency=1, options=["--metrics-port", str(port)])
+    scraped: dict[str, float] = {}
+
+    def both_counted() -> bool:
+        try:
+            text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=2).text
+        except httpx.TransportError:
+            return False  # not listening yet
+        scraped.clear()
+        for family in text_string_to_metric_families(text):
+            for sample in family.samples:
+                labels = ",".join(f"{k}={v}" for k, v in sorted(sample.labels.items()))
+                scraped[f"{sample.name}{{{labels}}}"] = sample.value
+        return scraped.get("tiermem_worker_runs_finished_total{outcome=completed}") == 2
+
+    _wait_for(both_counted, "the worker's metrics to count both runs", fleet, timeout=120)
+    assert scraped["tiermem_worker_runs_claimed_total{}"] == 2
+    assert scraped["tiermem_worker_runs_active{}"] == 0
+    assert scraped["tiermem_checkpoint_commit_latency_seconds_count{}"] > 0  # the task tier's
+    for n in range(2):
+        assert tasks.get_run(f"p-{n}").status is RunStatus.COMPLETED
+    fleet.stop_all()
+    assert [p.returncode for p in fleet.processes] == [0], fleet.logs()
 
 
 def test_the_worker_refuses_the_embedded_store(tmp_path: Path) -> None:

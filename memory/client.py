@@ -507,9 +507,16 @@ class MemoryClient:
         data = self._json("GET", f"/v1/runs/{_id(run_id, 'run_id')}/events", params=params)
         return [Event.model_validate(e) for e in data["events"]]
 
-    def run_effects(self, run_id: str) -> list[EffectRecord]:
+    def run_effects(
+        self, run_id: str, *, after_key: str | None = None, limit: int | None = None
+    ) -> list[EffectRecord]:
         """See :meth:`memory.Memory.run_effects`."""
-        data = self._json("GET", f"/v1/runs/{_id(run_id, 'run_id')}/effects")
+        params = {
+            name: value
+            for name, value in (("after_key", after_key), ("limit", limit))
+            if value is not None
+        }
+        data = self._json("GET", f"/v1/runs/{_id(run_id, 'run_id')}/effects", params=params)
         return [_effect(e) for e in data["effects"]]
 
     def resolve_effect(

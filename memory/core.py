@@ -67,8 +67,7 @@ class Memory:
             per batch: a save returns once its KV commit is durable, and
             recall still sees it (it finishes the user's queued work first).
             ``False`` indexes before each save returns.
-        run_retention: How long finished runs are kept before :meth:`sweep_runs`
-            deletes them.
+        run_retention: How long finished runs are kept before :meth:`sweep_runs` deletes them.
         snapshot_every: The task tier snapshots a run's state every this many
             events, which bounds the cost of resuming a long run.
         scrub_deleted: After :meth:`forget_user` and :meth:`delete_session`, have
@@ -132,10 +131,9 @@ class Memory:
         self._owns_stores = True
         self._tenants: dict[str, Memory] = {}
         self._tenants_lock = threading.Lock()
-        # Whether the operator accepted a KV store that may lose acknowledged writes
-        # (from_settings' allow_volatile); the service's /readyz reports such a store.
+        # Set by from_settings: the operator accepted a KV store that may lose acknowledged
+        # writes (/readyz reports it); the data dir's lock, when an embedded store lives there.
         self.allow_volatile = False
-        # The data dir's lock (from_settings, when an embedded store lives there).
         self._dir_lock: DataDirLock | None = None
         self._sessions_ops = SessionOperations(
             tiers, summarizer=lambda: self.summarizer, context_max_tokens=context_max_tokens
@@ -457,9 +455,11 @@ class Memory:
         """A run's approval gate ``key`` (frozen plan, hash, decision), or ``None``."""
         return self._runs.run_approval(run_id, key)
 
-    def run_effects(self, run_id: str) -> list[EffectRecord]:
-        """A run's effect ledger: every external effect, its status and recorded output."""
-        return self._runs.run_effects(run_id)
+    def run_effects(
+        self, run_id: str, *, after_key: str | None = None, limit: int | None = None
+    ) -> list[EffectRecord]:
+        """A run's effect ledger in key order, whole or a page after ``after_key``."""
+        return self._runs.run_effects(run_id, after_key=after_key, limit=limit)
 
     def resolve_effect(
         self,

@@ -296,9 +296,11 @@ class AsyncMemory:
             self.sync.update_run_state, run_id, checkpoint_id, values, by=by, by_key=by_key
         )
 
-    async def run_effects(self, run_id: str) -> list[EffectRecord]:
+    async def run_effects(
+        self, run_id: str, *, after_key: str | None = None, limit: int | None = None
+    ) -> list[EffectRecord]:
         """See :meth:`Memory.run_effects`."""
-        return await self._call(self.sync.run_effects, run_id)
+        return await self._call(self.sync.run_effects, run_id, after_key=after_key, limit=limit)
 
     async def resolve_effect(
         self,

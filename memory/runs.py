@@ -192,9 +192,19 @@ class RunOperations:
         """
         return self._tasks.approval(run_id, key)
 
-    def run_effects(self, run_id: str) -> list[EffectRecord]:
-        """A run's effect ledger: every external effect, its status and recorded output."""
-        return self._tasks.effects(run_id)
+    def run_effects(
+        self, run_id: str, *, after_key: str | None = None, limit: int | None = None
+    ) -> list[EffectRecord]:
+        """A run's effect ledger: every external effect, its status and recorded output.
+
+        In idempotency-key order; page with ``limit`` and ``after_key`` (the last
+        key of the previous page).
+
+        Raises:
+            RunNotFoundError: No such run.
+            InvalidInputError: Negative ``limit``.
+        """
+        return self._tasks.effects(run_id, after_key=after_key, limit=limit)
 
     def resolve_effect(
         self,

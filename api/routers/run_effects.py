@@ -3,13 +3,15 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from typing import Annotated
+
+from fastapi import APIRouter, Query, Response
 
 from api.deps import Caller, ReadMemory, WriteMemory
 from api.errors import problem_responses
 from api.responses import json_response
 from api.routers.runs import decided_by, effect_out
-from api.schemas.common import RunIdPath
+from api.schemas.common import NO_CONTROL_NON_BLANK, RunIdPath
 from api.schemas.runs import (
     EffectBegin,
     EffectBeginOut,
@@ -33,9 +35,24 @@ _WRITE_ERRORS = problem_responses(404, 409)
 @router.get(
     "/{run_id}/effects", name="run_effects", response_model=EffectList, responses=_NOT_FOUND
 )
-def run_effects(run_id: RunIdPath, memory: ReadMemory) -> Response:
-    """The run's effect ledger: every external effect, its status and recorded output."""
-    return json_response(EffectList(effects=[effect_out(r) for r in memory.run_effects(run_id)]))
+def run_effects(
+    run_id: RunIdPath,
+    memory: ReadMemory,
+    after_key: Annotated[
+        str | None,
+        Query(
+            min_length=1,
+            max_length=512,
+            pattern=NO_CONTROL_NON_BLANK,
+            description="Only effects whose idempotency key sorts after this one.",
+        ),
+    ] = None,
+    limit: Annotated[int | None, Query(ge=0, le=10_000, description="At most this many.")] = None,
+) -> Response:
+    """The run's effect ledger in idempotency-key order: every external effect, its status and
+    recorded output (page with ``limit`` and ``after_key``, the last key of the previous page)."""
+    effects = memory.run_effects(run_id, after_key=after_key, limit=limit)
+    return json_response(EffectList(effects=[effect_out(r) for r in effects]))
 
 
 @router.post(

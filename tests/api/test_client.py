@@ -250,6 +250,13 @@ def test_effects_approvals_and_time_travel_through_the_client(client: MemoryClie
         ("o5", EffectStatus.RECORDED),
         ("s5", EffectStatus.RECORDED),
     ]
+    # Paged over HTTP: a page after the last key of the previous one.
+    assert [e.key for e in client.run_effects("order-5", limit=1)] == ["o5"]
+    assert [e.key for e in client.run_effects("order-5", after_key="o5", limit=1)] == ["s5"]
+    assert client.run_effects("order-5", after_key="s5") == []
+    assert client.run_effects("order-5", limit=0) == []
+    with pytest.raises(InvalidInputError):
+        client.run_effects("order-5", limit=-1)
 
     with pytest.raises(ApprovalPendingError) as pending:
         resumed.await_approval({"refund": 5}, key="gate")

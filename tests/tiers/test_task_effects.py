@@ -17,6 +17,7 @@ from tiers.errors import (
     InputMismatchError,
     InvalidInputError,
     RunCancelledError,
+    RunNotFoundError,
     RunStateError,
     StaleWriterError,
 )
@@ -100,6 +101,26 @@ def test_recorded_effects_are_replayed_not_repeated(tasks: TaskTier) -> None:
     assert ledger["r1/effect:charge/0"].status is EffectStatus.RECORDED
     assert ledger["r1/effect:charge/0"].output == first
     assert ledger["r1/notify/0/effect:mail/0"].step_key == "r1/notify/0"
+
+
+def test_the_effect_ledger_reads_in_pages_in_key_order(tasks: TaskTier) -> None:
+    ext = External()
+    run = tasks.start_run("u", "paged")
+    for n in range(7):
+        run.effect("charge", ext.call, idempotency_key=f"k{n:02d}")
+    every = [r.key for r in tasks.effects("paged")]
+    assert every == [f"k{n:02d}" for n in range(7)]
+    pages: list[list[str]] = []
+    after: str | None = None
+    while page := [r.key for r in tasks.effects("paged", after_key=after, limit=3)]:
+        pages.append(page)
+        after = page[-1]
+    assert pages == [every[0:3], every[3:6], every[6:]]
+    assert tasks.effects("paged", limit=0) == []
+    with pytest.raises(InvalidInputError):
+        tasks.effects("paged", limit=-1)
+    with pytest.raises(RunNotFoundError):
+        tasks.effects("no-such-run", limit=3)
 
 
 def test_a_step_replays_its_recorded_effects_when_it_reruns(tasks: TaskTier) -> None:

@@ -173,14 +173,27 @@ class Queries:
         )
         return events if limit is None else events[:limit]
 
-    def effects(self, run_id: str) -> list[EffectRecord]:
-        """The run's effect ledger, by idempotency key.
+    def effects(
+        self, run_id: str, *, after_key: str | None = None, limit: int | None = None
+    ) -> list[EffectRecord]:
+        """The run's effect ledger in idempotency-key order, whole or one page.
+
+        Args:
+            run_id: The run.
+            after_key: Only effects whose key sorts after this one (the next page
+                starts after the last key of the previous one).
+            limit: At most this many (``None``: every one).
 
         Raises:
             RunNotFoundError: No such run.
+            InvalidInputError: Negative ``limit``.
         """
+        if limit is not None and limit < 0:
+            raise InvalidInputError(f"limit must be >= 0, got {limit}", field="limit")
         self.store.get_run(run_id)
-        return self.store.effect_records(run_id)
+        if limit == 0:
+            return []
+        return self.store.effect_records(run_id, after_key=after_key, limit=limit)
 
     def get_effect(self, run_id: str, key: str) -> EffectRecord:
         """One entry of the run's effect ledger, by idempotency key.

@@ -388,12 +388,17 @@ class RunStore:
         (data,) = self.kv.get_many(space, [keys.effect_key(key)])
         return data
 
-    def effect_records(self, run_id: str) -> list[EffectRecord]:
-        """The run's whole effect ledger, in key order."""
+    def effect_records(
+        self, run_id: str, *, after_key: str | None = None, limit: int | None = None
+    ) -> list[EffectRecord]:
+        """The run's effect ledger in key order: all of it, or a page after ``after_key``."""
         space = keys.run_space(self.tenant, run_id)
+        start = None if after_key is None else keys.effect_key(after_key)
         return [
             decode(EffectRecord, data, where=f"{space}/{key}")
-            for key, data in self.kv.scan(space, prefix=keys.EFFECT_PREFIX)
+            for key, data in self.kv.scan(
+                space, prefix=keys.EFFECT_PREFIX, start_after=start, limit=limit
+            )
         ]
 
     def values_at(self, run_id: str, seq: int) -> dict[str, JsonValue]:

@@ -296,8 +296,10 @@ class TaskTier:
         return self._queries.events(run_id, after_seq=after_seq, limit=limit)
 
     @doc_from(Queries.effects)
-    def effects(self, run_id: str) -> list[EffectRecord]:
-        return self._queries.effects(run_id)
+    def effects(
+        self, run_id: str, *, after_key: str | None = None, limit: int | None = None
+    ) -> list[EffectRecord]:
+        return self._queries.effects(run_id, after_key=after_key, limit=limit)
 
     @doc_from(Queries.get_effect)
     def get_effect(self, run_id: str, key: str) -> EffectRecord:

@@ -19,8 +19,9 @@ import sqlite3
 import threading
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
-from tiers.backends._sqlite_connections import SqliteConnections, end_transaction
+from tiers.backends._sqlite_connections import SqliteConnections, WriteLock, end_transaction
 from tiers.backends.base import Check, Delete, DeleteSpace, Put, Write
 from tiers.errors import BackendUnavailableError, ConflictError
 
@@ -29,6 +30,19 @@ _MAX_GATHER_S = 0.002
 # Checks per SELECT and rows per INSERT of a commit (under SQLite's bound-parameter limit).
 _CHECKS_PER_STATEMENT = 100
 _PUTS_PER_STATEMENT = 200
+
+
+class GroupCommitStats(NamedTuple):
+    """Counters of one store's group commit since it was opened.
+
+    Attributes:
+        commits: Commits acknowledged (a failed check is not counted).
+        batches: Transactions committed, each one fsync with ``durable=True``;
+            ``commits / batches`` is how many commits shared an fsync.
+    """
+
+    commits: int
+    batches: int
 
 
 class _Pending:
@@ -49,10 +63,14 @@ class GroupCommitWriter:
     Args:
         conn: The write connection (its transactions are begun explicitly).
         connections: The store's connections, which say whether it is closed.
+        write_lock: The lock the writers of every process take around a transaction.
     """
 
-    def __init__(self, conn: sqlite3.Connection, connections: SqliteConnections) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, connections: SqliteConnections, write_lock: WriteLock
+    ) -> None:
         self.conn = conn
+        self.write_lock = write_lock
         self._connections = connections
         # Held while a batch is committed, and by whoever else uses the write connection.
         self.lock = threading.Lock()
@@ -68,8 +86,9 @@ class GroupCommitWriter:
         # Sizes of the last two batches and how long the last commit took.
         self._batch_sizes = (1, 1)
         self._commit_seconds = 0.0
-        # Commits acknowledged (counted after COMMIT).
+        # Commits acknowledged and transactions committed (counted after COMMIT).
         self.acked = 0
+        self.batches = 0
 
     def commit(self, writes: Sequence[Write], checks: Sequence[Check]) -> None:
         """Commit one validated, non-empty transaction, in a batch with any concurrent ones.
@@ -103,6 +122,11 @@ class GroupCommitWriter:
                     self._queue_cond.notify_all()
         if pending.error is not None:
             raise pending.error
+
+    @property
+    def stats(self) -> GroupCommitStats:
+        """How many commits were acknowledged, and in how many transactions."""
+        return GroupCommitStats(self.acked, self.batches)
 
     def _gather(self) -> None:
         """As the new leader, wait briefly for the callers of the last batches (lock held).
@@ -139,6 +163,7 @@ class GroupCommitWriter:
             if self._connections.closed:
                 raise self._connections.closed_error()
             conn = self.conn
+            self.write_lock.acquire()
             try:
                 # IMMEDIATE takes the write lock first, so the checks and the writes
                 # see the same state even with other processes on the file.
@@ -164,7 +189,10 @@ class GroupCommitWriter:
                 raise BackendUnavailableError(
                     f"SQLite commit failed on {self._connections.path}: {exc}"
                 ) from exc
+            finally:
+                self.write_lock.release()
             self.acked += sum(1 for p in batch if p.error is None)
+            self.batches += 1
         except BaseException as exc:
             failure = exc
         finally:

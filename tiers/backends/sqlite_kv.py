@@ -12,7 +12,10 @@ Deleting zeroes the deleted rows in the file (``secure_delete``), and
 one caller at a time applies every queued transaction in one SQLite
 transaction, and a failed check drops only its own commit (the details are in
 :mod:`tiers.backends._sqlite_group_commit`; the connections are in
-:mod:`tiers.backends._sqlite_connections`).
+:mod:`tiers.backends._sqlite_connections`). :attr:`SqliteKVStore.group_commit_stats`
+says how many commits shared each fsync. Writers in several processes on one
+file take turns on an OS lock on ``<file>-writelock`` (a waiter wakes when the
+lock is free instead of polling SQLite's lock with growing sleeps).
 
 **Bounded durability** (``durable=False``): ``synchronous=NORMAL`` acknowledges a
 commit once it is written to the WAL, before the WAL is fsync'd (SQLite syncs

@@ -33,7 +33,8 @@ from pathlib import Path
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.task import TaskTier
 
-PAYLOAD = {"tool": "search", "result": "x" * 100}
+# Each step's output; --payload-bytes changes the size of its result.
+PAYLOAD: dict[str, str] = {"tool": "search", "result": "x" * 100}
 
 
 def _load() -> str:
@@ -78,7 +79,7 @@ from tiers.task import TaskTier
 path, run_id, steps, start = sys.argv[1], sys.argv[2], int(sys.argv[3]), float(sys.argv[4])
 store = SqliteKVStore(path)
 run = TaskTier(store).start_run("bench", run_id)
-payload = {"tool": "search", "result": "x" * 100}
+payload = {"tool": "search", "result": "x" * int(sys.argv[5])}
 while time.time() < start:
     time.sleep(0.001)
 out = []
@@ -100,7 +101,16 @@ def two_processes(path: Path, steps: int) -> tuple[float, list[float]]:
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     children = [
         subprocess.Popen(
-            [sys.executable, "-c", _CHILD, str(path), f"proc-{i}", str(steps), str(start)],
+            [
+                sys.executable,
+                "-c",
+                _CHILD,
+                str(path),
+                f"proc-{i}",
+                str(steps),
+                str(start),
+                str(len(PAYLOAD["result"])),
+            ],
             stdout=subprocess.PIPE,
             text=True,
             env=env,
@@ -130,10 +140,15 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=1000, help="steps of the one writer")
     parser.add_argument("--runs", type=int, default=16, help="concurrent runs in one process")
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--payload-bytes", type=int, default=100, help="size of each step's result")
     parser.add_argument("--skip-processes", action="store_true", help="only the thread figure")
     args = parser.parse_args()
+    PAYLOAD["result"] = "x" * args.payload_bytes
     work = Path(tempfile.mkdtemp(prefix="tiermem-gc-bench-"))
-    print(f"group commit benchmark: {args.steps} steps, {args.runs} runs, data in {work}")
+    print(
+        f"group commit benchmark: {args.steps} steps, {args.runs} runs, "
+        f"{args.payload_bytes} B results, data in {work}"
+    )
     try:
         for round_ in range(args.rounds):
             store = SqliteKVStore(work / f"threads-{round_}.sqlite3")

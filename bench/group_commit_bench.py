@@ -11,7 +11,9 @@ it divides, and the load average is printed beside each):
 
 1. one run stepping alone (steps/s) and ``--runs`` runs stepping at once in one
    process, one thread each (steps/s, the ratio, and commits per fsync read off
-   the store's :attr:`~tiers.backends.sqlite_kv.SqliteKVStore.group_commit_stats`);
+   the store's :attr:`~tiers.backends.sqlite_kv.SqliteKVStore.group_commit_stats`),
+   then the same runs with fsync off (``durable=False``, not durable): the
+   rate the CPU of a step allows, which bounds the durable figure;
 2. two processes each stepping one run on the same file at once: their total
    steps/s and the per-step latency p50 / p99 / max over both (the
    cross-process write lock decides it).
@@ -161,10 +163,15 @@ def main() -> None:
             store.close()
             single_per = (mid[0] - before[0]) / max(mid[1] - before[1], 1)
             many_per = (after[0] - mid[0]) / max(after[1] - mid[1], 1)
+            # The same runs with fsync off: what the CPU of a step allows, fsync aside.
+            fast = SqliteKVStore(work / f"nosync-{round_}.sqlite3", durable=False)
+            ceiling = concurrent_runs(fast, "conc", args.runs, max(args.steps // args.runs, 25))
+            fast.close()
             print(
                 f"round {round_}: 1 writer {single:7.0f} steps/s ({single_per:.1f} commits/fsync)"
                 f" | {args.runs} runs {many:7.0f} steps/s ({many_per:.1f} commits/fsync)"
-                f" | ratio {many / single:5.2f}x | {_load()}",
+                f" | ratio {many / single:5.2f}x | {args.runs} runs fsync off {ceiling:7.0f}"
+                f" steps/s | {_load()}",
                 flush=True,
             )
             if not args.skip_processes:

@@ -94,7 +94,8 @@ class GroupCommitWriter:
         # shares (a gathering leader waits on it for arrivals).
         self._queue: list[_Pending] = []
         self._leading = False
-        self._gathering = False
+        # While a leader gathers: how many queued callers it waits for (0: not gathering).
+        self._gather_for = 0
         self._queue_lock = threading.Lock()
         self._gather_cond = threading.Condition(self._queue_lock)
         # Sizes of the last two batches and how long the last commit took.
@@ -122,7 +123,8 @@ class GroupCommitWriter:
             follows = self._leading
             if follows:
                 pending.wake.acquire()
-                if self._gathering:
+                if self._gather_for and len(self._queue) >= self._gather_for:
+                    # Only the arrival the leader waits for wakes it.
                     self._gather_cond.notify()
             else:
                 self._leading = True
@@ -207,7 +209,7 @@ class GroupCommitWriter:
         if expect <= 1 or len(self._queue) >= expect:
             return
         deadline = time.monotonic() + min(_MAX_GATHER_S, self._commit_seconds)
-        self._gathering = True
+        self._gather_for = expect
         try:
             while len(self._queue) < expect:
                 left = deadline - time.monotonic()
@@ -215,7 +217,7 @@ class GroupCommitWriter:
                     break
                 self._gather_cond.wait(left)
         finally:
-            self._gathering = False
+            self._gather_for = 0
 
     def _commit_batch(self, batch: list[_Pending], own: _Pending) -> None:
         """Apply queued commits in one transaction and one fsync; record each one's outcome.

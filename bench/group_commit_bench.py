@@ -14,9 +14,9 @@ it divides, and the load average is printed beside each):
    the store's :attr:`~tiers.backends.sqlite_kv.SqliteKVStore.group_commit_stats`),
    then the same runs with fsync off (``durable=False``, not durable): the
    rate the CPU of a step allows, which bounds the durable figure;
-2. two processes each stepping one run on the same file at once: their total
-   steps/s and the per-step latency p50 / p99 / max over both (the
-   cross-process write lock decides it).
+2. two processes each stepping one run on the same file at once: each one's
+   steps/s (while both step) and the per-step latency p50 / p99 / max over
+   both (the cross-process write lock decides it).
 """
 
 from __future__ import annotations
@@ -96,8 +96,8 @@ print(f"{elapsed:.6f}", " ".join(f"{s:.6f}" for s in out))
 """
 
 
-def two_processes(path: Path, steps: int) -> tuple[float, list[float]]:
-    """(Total steps/s, per-step seconds) of two processes stepping one run each on one file."""
+def two_processes(path: Path, steps: int) -> tuple[list[float], list[float]]:
+    """(Each process's steps/s, per-step seconds) of two processes stepping on one file at once."""
     SqliteKVStore(path).close()  # created and migrated before the race
     start = time.time() + 1.5
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
@@ -120,15 +120,15 @@ def two_processes(path: Path, steps: int) -> tuple[float, list[float]]:
         for i in range(2)
     ]
     samples: list[float] = []
-    longest = 0.0
+    rates: list[float] = []
     for child in children:
         out, _ = child.communicate(timeout=600)
         if child.returncode != 0:
             raise SystemExit(f"a stepping process failed ({child.returncode})")
         elapsed, *steps_s = (float(s) for s in out.split())
-        longest = max(longest, elapsed)
+        rates.append(len(steps_s) / elapsed)
         samples += steps_s
-    return len(samples) / longest, samples
+    return rates, samples
 
 
 def _quantile(samples: list[float], q: float) -> float:
@@ -175,9 +175,10 @@ def main() -> None:
                 flush=True,
             )
             if not args.skip_processes:
-                rate, samples = two_processes(work / f"procs-{round_}.sqlite3", args.steps // 2)
+                rates, samples = two_processes(work / f"procs-{round_}.sqlite3", args.steps // 2)
                 print(
-                    f"round {round_}: 2 processes {rate:7.0f} steps/s, per step p50"
+                    f"round {round_}: 2 processes {rates[0]:5.0f} + {rates[1]:5.0f} steps/s,"
+                    " per step p50"
                     f" {statistics.median(samples) * 1e3:6.2f} ms"
                     f" p99 {_quantile(samples, 0.99) * 1e3:6.2f} ms"
                     f" max {max(samples) * 1e3:6.2f} ms ({len(samples)} steps) | {_load()}",

@@ -158,13 +158,18 @@ class SqliteKVStore:
         write_lock: WriteLock | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
-            write_lock = WriteLock(self.path)
             writer = self._connections.connect()
             enable_wal(writer)
             writer.execute(f"PRAGMA synchronous={self._synchronous}")
             # Deleted rows and freed pages are overwritten with zeros, not left in the file.
             writer.execute("PRAGMA secure_delete=ON")
-            _migrate(writer, self.path)
+            # Created once the file is known to be a SQLite database in WAL mode.
+            write_lock = WriteLock(self.path)
+            write_lock.acquire()
+            try:
+                _migrate(writer, self.path)
+            finally:
+                write_lock.release()
         except BaseException as exc:
             if writer is not None:
                 writer.close()

@@ -6,11 +6,19 @@ queued commit's checks are evaluated in order against the database plus the
 writes of the commits before it in the batch, so a failed check drops only its
 own commit (a batch with a ``DeleteSpace`` uses a savepoint per commit
 instead). Each caller returns only after the fsync that made its transaction
-durable; serial callers see no difference. When the last batches had several
-callers, a leader waits briefly (at most one commit's duration, capped at
-:data:`_MAX_GATHER_S`) for the callers of the last batch to queue again:
-otherwise the first caller back after an fsync commits alone and batches
-alternate between one caller and all the others.
+durable; serial callers see no difference. Callers that queue while a batch
+is being committed sleep each on a lock of its own; the leader wakes exactly
+the callers of its batch, and hands the lead to the first caller that queued
+meanwhile. When the last batches had several callers, a leader waits briefly
+(at most one commit's duration, capped at :data:`_MAX_GATHER_S`) for the
+callers of the last batch to queue again: otherwise the first caller back
+after an fsync commits alone and batches alternate between one caller and all
+the others. Around each transaction the leader holds the file's
+:class:`~tiers.backends._sqlite_connections.WriteLock`, so writers in other
+processes queue behind it instead of polling SQLite's lock.
+
+:attr:`GroupCommitWriter.stats` counts commits and transactions: with
+``synchronous=FULL`` each transaction is one fsync of the WAL.
 """
 
 from __future__ import annotations
@@ -19,8 +27,9 @@ import sqlite3
 import threading
 import time
 from collections.abc import Sequence
+from typing import NamedTuple
 
-from tiers.backends._sqlite_connections import SqliteConnections, end_transaction
+from tiers.backends._sqlite_connections import SqliteConnections, WriteLock, end_transaction
 from tiers.backends.base import Check, Delete, DeleteSpace, Put, Write
 from tiers.errors import BackendUnavailableError, ConflictError
 
@@ -31,16 +40,36 @@ _CHECKS_PER_STATEMENT = 100
 _PUTS_PER_STATEMENT = 200
 
 
-class _Pending:
-    """One queued commit: its batch, and its outcome once a writer has applied it."""
+class GroupCommitStats(NamedTuple):
+    """Counters of one store's group commit since it was opened.
 
-    __slots__ = ("checks", "done", "error", "writes")
+    Attributes:
+        commits: Commits acknowledged (a failed check is not counted).
+        batches: Transactions committed, each one fsync with ``durable=True``;
+            ``commits / batches`` is how many commits shared an fsync.
+    """
+
+    commits: int
+    batches: int
+
+
+class _Pending:
+    """One queued commit: its batch, and its outcome once a writer has applied it.
+
+    ``wake`` is held from the moment the commit queues behind a leader; a
+    leader releases it once the commit is done, or to hand it the lead.
+    """
+
+    __slots__ = ("checks", "done", "error", "lead", "wake", "writes")
 
     def __init__(self, writes: Sequence[Write], checks: Sequence[Check]) -> None:
         self.writes = writes
         self.checks = checks
         self.done = False
+        # Set when a leader hands this caller the lead of the next batch.
+        self.lead = False
         self.error: BaseException | None = None
+        self.wake = threading.Lock()
 
 
 class GroupCommitWriter:
@@ -49,60 +78,124 @@ class GroupCommitWriter:
     Args:
         conn: The write connection (its transactions are begun explicitly).
         connections: The store's connections, which say whether it is closed.
+        write_lock: The lock the writers of every process take around a transaction.
     """
 
-    def __init__(self, conn: sqlite3.Connection, connections: SqliteConnections) -> None:
+    def __init__(
+        self, conn: sqlite3.Connection, connections: SqliteConnections, write_lock: WriteLock
+    ) -> None:
         self.conn = conn
+        self.write_lock = write_lock
         self._connections = connections
         # Held while a batch is committed, and by whoever else uses the write connection.
         self.lock = threading.Lock()
         # Commits waiting for the writer, and whether a caller is committing a
-        # batch now (the leader); all guarded by the lock of _queue_cond, which
-        # _gather_cond shares (a gathering leader waits on it for arrivals).
+        # batch now (the leader); all guarded by _queue_lock, which _gather_cond
+        # shares (a gathering leader waits on it for arrivals).
         self._queue: list[_Pending] = []
         self._leading = False
-        self._gathering = False
-        queue_lock = threading.Lock()
-        self._queue_cond = threading.Condition(queue_lock)
-        self._gather_cond = threading.Condition(queue_lock)
+        # While a leader gathers: how many queued callers it waits for (0: not gathering).
+        self._gather_for = 0
+        self._queue_lock = threading.Lock()
+        self._gather_cond = threading.Condition(self._queue_lock)
         # Sizes of the last two batches and how long the last commit took.
         self._batch_sizes = (1, 1)
         self._commit_seconds = 0.0
-        # Commits acknowledged (counted after COMMIT).
+        # Commits acknowledged and transactions committed (counted after COMMIT).
         self.acked = 0
+        self.batches = 0
 
     def commit(self, writes: Sequence[Write], checks: Sequence[Check]) -> None:
         """Commit one validated, non-empty transaction, in a batch with any concurrent ones.
+
+        A caller that finds a leader at work sleeps on its own lock until the
+        leader has committed it or hands it the lead (the first of those that
+        queued meanwhile leads the next batch), so each wake-up is one the
+        caller needs: no waiter is woken to find it has to wait again.
 
         Raises:
             ConflictError: A check failed; nothing of this transaction was written.
             BackendUnavailableError: The store is closed or SQLite failed.
         """
         pending = _Pending(writes, checks)
-        with self._queue_cond:
+        with self._queue_lock:
             self._queue.append(pending)
-            if self._gathering:
-                self._gather_cond.notify()
-            # Wait while another caller (the leader) commits; it may take this one along.
-            while not pending.done and self._leading:
-                self._queue_cond.wait()
-            if not pending.done:
+            follows = self._leading
+            if follows:
+                pending.wake.acquire()
+                if self._gather_for and len(self._queue) >= self._gather_for:
+                    # Only the arrival the leader waits for wakes it.
+                    self._gather_cond.notify()
+            else:
                 self._leading = True
-                self._gather()
-                batch, self._queue = self._queue, []
-        if not pending.done:
+        if follows:
+            # Released by a leader: this commit is done, or it leads the next batch.
             try:
-                with self.lock:
-                    began = time.perf_counter()
-                    self._commit_batch(batch, pending)
-                    self._commit_seconds = time.perf_counter() - began
-            finally:
-                with self._queue_cond:
-                    self._batch_sizes = (self._batch_sizes[1], len(batch))
-                    self._leading = False
-                    self._queue_cond.notify_all()
+                pending.wake.acquire()
+            except BaseException:
+                self._abandon(pending)
+                raise
+        if not pending.done:
+            self._lead(pending)
         if pending.error is not None:
             raise pending.error
+
+    def _lead(self, own: _Pending) -> None:
+        """Commit every queued transaction in one batch, then wake its callers and the next leader."""
+        batch: list[_Pending] = []
+        try:
+            with self._queue_lock:
+                self._gather()
+                batch, self._queue = self._queue, []
+            with self.lock:
+                began = time.perf_counter()
+                self._commit_batch(batch, own)
+                self._commit_seconds = time.perf_counter() - began
+        finally:
+            with self._queue_lock:
+                if batch:
+                    self._batch_sizes = (self._batch_sizes[1], len(batch))
+                else:
+                    # Interrupted while gathering: this caller's commit was never tried.
+                    self._queue.remove(own)
+                for pending in batch:
+                    if pending is own:
+                        continue
+                    if not pending.done:
+                        # Interrupted before its batch was tried (a KeyboardInterrupt).
+                        pending.error = BackendUnavailableError(
+                            f"SQLite commit on {self._connections.path} was interrupted"
+                        )
+                        pending.done = True
+                    pending.wake.release()
+                self._hand_over()
+
+    def _hand_over(self) -> None:
+        """Wake the first queued caller to lead the next batch, or mark no one leading (lock held)."""
+        if self._queue:
+            self._queue[0].lead = True
+            self._queue[0].wake.release()
+        else:
+            self._leading = False
+
+    def _abandon(self, pending: _Pending) -> None:
+        """Take a waiter interrupted in its wait (a KeyboardInterrupt) out of the queue.
+
+        Its commit may have been applied already (then it stays applied); if it
+        was handed the lead, the lead passes on, or the queue would stall.
+        """
+        with self._queue_lock:
+            if pending.done:
+                return
+            if pending in self._queue:
+                self._queue.remove(pending)
+            if pending.lead:
+                self._hand_over()
+
+    @property
+    def stats(self) -> GroupCommitStats:
+        """How many commits were acknowledged, and in how many transactions."""
+        return GroupCommitStats(self.acked, self.batches)
 
     def _gather(self) -> None:
         """As the new leader, wait briefly for the callers of the last batches (lock held).
@@ -116,7 +209,7 @@ class GroupCommitWriter:
         if expect <= 1 or len(self._queue) >= expect:
             return
         deadline = time.monotonic() + min(_MAX_GATHER_S, self._commit_seconds)
-        self._gathering = True
+        self._gather_for = expect
         try:
             while len(self._queue) < expect:
                 left = deadline - time.monotonic()
@@ -124,7 +217,7 @@ class GroupCommitWriter:
                     break
                 self._gather_cond.wait(left)
         finally:
-            self._gathering = False
+            self._gather_for = 0
 
     def _commit_batch(self, batch: list[_Pending], own: _Pending) -> None:
         """Apply queued commits in one transaction and one fsync; record each one's outcome.
@@ -139,6 +232,7 @@ class GroupCommitWriter:
             if self._connections.closed:
                 raise self._connections.closed_error()
             conn = self.conn
+            self.write_lock.acquire()
             try:
                 # IMMEDIATE takes the write lock first, so the checks and the writes
                 # see the same state even with other processes on the file.
@@ -164,7 +258,10 @@ class GroupCommitWriter:
                 raise BackendUnavailableError(
                     f"SQLite commit failed on {self._connections.path}: {exc}"
                 ) from exc
+            finally:
+                self.write_lock.release()
             self.acked += sum(1 for p in batch if p.error is None)
+            self.batches += 1
         except BaseException as exc:
             failure = exc
         finally:

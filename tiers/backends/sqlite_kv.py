@@ -12,7 +12,10 @@ Deleting zeroes the deleted rows in the file (``secure_delete``), and
 one caller at a time applies every queued transaction in one SQLite
 transaction, and a failed check drops only its own commit (the details are in
 :mod:`tiers.backends._sqlite_group_commit`; the connections are in
-:mod:`tiers.backends._sqlite_connections`).
+:mod:`tiers.backends._sqlite_connections`). :attr:`SqliteKVStore.group_commit_stats`
+says how many commits shared each fsync. Writers in several processes on one
+file take turns on an OS lock on ``<file>-writelock`` (a waiter wakes when the
+lock is free instead of polling SQLite's lock with growing sleeps).
 
 **Bounded durability** (``durable=False``): ``synchronous=NORMAL`` acknowledges a
 commit once it is written to the WAL, before the WAL is fsync'd (SQLite syncs
@@ -37,11 +40,12 @@ from pathlib import Path
 from tiers.backends._sqlite_connections import (
     BUSY_TIMEOUT_S,
     SqliteConnections,
+    WriteLock,
     close_readers,
     enable_wal,
     end_transaction,
 )
-from tiers.backends._sqlite_group_commit import GroupCommitWriter
+from tiers.backends._sqlite_group_commit import GroupCommitStats, GroupCommitWriter
 from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, Write
 from tiers.backends.common import (
     check_checks,
@@ -151,6 +155,7 @@ class SqliteKVStore:
         self._stop_flusher = threading.Event()
         self._flusher: threading.Thread | None = None
         writer: sqlite3.Connection | None = None
+        write_lock: WriteLock | None = None
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
             writer = self._connections.connect()
@@ -158,20 +163,26 @@ class SqliteKVStore:
             writer.execute(f"PRAGMA synchronous={self._synchronous}")
             # Deleted rows and freed pages are overwritten with zeros, not left in the file.
             writer.execute("PRAGMA secure_delete=ON")
-            _migrate(writer, self.path)
-        except (sqlite3.Error, OSError) as exc:
+            # Created once the file is known to be a SQLite database in WAL mode.
+            write_lock = WriteLock(self.path)
+            write_lock.acquire()
+            try:
+                _migrate(writer, self.path)
+            finally:
+                write_lock.release()
+        except BaseException as exc:
             if writer is not None:
                 writer.close()
-            raise BackendUnavailableError(
-                f"cannot open SQLite store at {self.path}: {exc}"
-            ) from exc
-        except BaseException:
-            if writer is not None:
-                writer.close()
+            if write_lock is not None:
+                write_lock.close()
+            if isinstance(exc, sqlite3.Error | OSError):
+                raise BackendUnavailableError(
+                    f"cannot open SQLite store at {self.path}: {exc}"
+                ) from exc
             raise
         # The write connection (the pragma tests read it) and the group commit around it.
         self._writer = writer
-        self._group = GroupCommitWriter(writer, self._connections)
+        self._group = GroupCommitWriter(writer, self._connections, write_lock)
         if self.flush_interval is not None:
             self._flusher = threading.Thread(
                 target=self._flush_loop, name=f"tiermem-flush-{self.path.name}", daemon=True
@@ -326,6 +337,15 @@ class SqliteKVStore:
             self._flushed = target
 
     @property
+    def group_commit_stats(self) -> GroupCommitStats:
+        """Commits acknowledged and transactions committed since the store was opened.
+
+        With ``durable=True`` each transaction is one fsync, so
+        ``commits / batches`` says how many concurrent commits shared one.
+        """
+        return self._group.stats
+
+    @property
     def unflushed(self) -> int:
         """How many acknowledged commits are not known to be durable yet (0 with ``durable=True``)."""
         return 0 if self.durable else self._group.acked - self._flushed
@@ -376,6 +396,8 @@ class SqliteKVStore:
             if self._connections.closed:
                 raise self._connections.closed_error()
             conn = self._writer
+            # The checkpoint takes SQLite's write lock: queue behind other processes' writers.
+            self._group.write_lock.acquire()
             try:
                 conn.execute(f"PRAGMA busy_timeout={_SCRUB_BUSY_MS}")
                 try:
@@ -386,6 +408,8 @@ class SqliteKVStore:
                 raise BackendUnavailableError(
                     f"SQLite checkpoint failed on {self.path}: {exc}"
                 ) from exc
+            finally:
+                self._group.write_lock.release()
         return int(busy) == 0
 
     def ping(self) -> None:
@@ -411,6 +435,7 @@ class SqliteKVStore:
             with suppress(BackendUnavailableError):
                 self._flush()
             self._writer.close()
+            self._group.write_lock.close()
         close_readers(readers)
 
 

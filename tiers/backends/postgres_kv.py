@@ -48,7 +48,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 
 from tiers.backends import MissingExtraError, redact_url
-from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, DeleteSpace, Put, Write
+from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, Delete, DeleteSpace, Put, Write
 from tiers.backends.common import (
     check_checks,
     check_reads,
@@ -81,48 +81,44 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " PRIMARY KEY (space, key))",
     ),
     # A commit as one server-side call (see PostgresKVStore.commit): one round trip and
-    # one transaction, each step one set-based statement. Returns 0 once the writes are
-    # applied, else the 1-based number of the first check that failed (nothing written).
-    # The writes are the commit's net effect (spaces deleted, then keys deleted, then keys
-    # put; no key twice), so their order within the transaction does not matter.
+    # one transaction. Returns 0 once the writes are applied, else the 1-based number of
+    # the first check that failed (and writes nothing).
     (
         "CREATE OR REPLACE FUNCTION {commit}("
         " lock_ids bigint[], lock_exclusive boolean[],"
         " check_spaces bytea[], check_keys bytea[], check_values bytea[],"
-        " drop_spaces bytea[], delete_spaces bytea[], delete_keys bytea[],"
-        " put_spaces bytea[], put_keys bytea[], put_values bytea[])"
-        " RETURNS integer LANGUAGE plpgsql AS $$"
-        " DECLARE failed integer;"
+        " write_kinds smallint[], write_spaces bytea[], write_keys bytea[],"
+        " write_values bytea[]) RETURNS integer LANGUAGE plpgsql AS $$"
+        " DECLARE i integer; stored bytea;"
         " BEGIN"
-        # In the given order (volatile functions are evaluated after the sort).
-        "  PERFORM CASE WHEN u.exclusive THEN pg_advisory_xact_lock(u.id)"
-        "   ELSE pg_advisory_xact_lock_shared(u.id) END"
-        "   FROM unnest(lock_ids, lock_exclusive) WITH ORDINALITY AS u(id, exclusive, n)"
-        "   ORDER BY u.n;"
-        "  IF cardinality(check_keys) > 0 THEN"
-        "   SELECT min(c.n) INTO failed"
-        "    FROM unnest(check_spaces, check_keys, check_values)"
-        "     WITH ORDINALITY AS c(space, key, value, n)"
-        "    LEFT JOIN {table} t ON t.space = c.space AND t.key = c.key"
-        "    WHERE t.value IS DISTINCT FROM c.value;"
-        "   IF failed IS NOT NULL THEN RETURN failed; END IF;"
-        "  END IF;"
-        "  IF cardinality(drop_spaces) > 0 THEN"
-        "   DELETE FROM {table} t WHERE t.space = ANY(drop_spaces);"
-        "  END IF;"
-        "  IF cardinality(delete_keys) > 0 THEN"
-        "   DELETE FROM {table} t USING unnest(delete_spaces, delete_keys) AS d(space, key)"
-        "    WHERE t.space = d.space AND t.key = d.key;"
-        "  END IF;"
-        "  IF cardinality(put_keys) > 0 THEN"
-        "   INSERT INTO {table} AS t (space, key, value)"
-        "    SELECT * FROM unnest(put_spaces, put_keys, put_values)"
-        "    ON CONFLICT (space, key) DO UPDATE SET value = EXCLUDED.value;"
-        "  END IF;"
+        "  FOR i IN 1 .. coalesce(array_length(lock_ids, 1), 0) LOOP"
+        "   IF lock_exclusive[i] THEN PERFORM pg_advisory_xact_lock(lock_ids[i]);"
+        "   ELSE PERFORM pg_advisory_xact_lock_shared(lock_ids[i]); END IF;"
+        "  END LOOP;"
+        "  FOR i IN 1 .. coalesce(array_length(check_keys, 1), 0) LOOP"
+        "   stored := NULL;"
+        "   SELECT t.value INTO stored FROM {table} t"
+        "    WHERE t.space = check_spaces[i] AND t.key = check_keys[i];"
+        "   IF stored IS DISTINCT FROM check_values[i] THEN RETURN i; END IF;"
+        "  END LOOP;"
+        "  FOR i IN 1 .. coalesce(array_length(write_kinds, 1), 0) LOOP"
+        "   IF write_kinds[i] = 0 THEN"
+        "    INSERT INTO {table} AS t (space, key, value)"
+        "     VALUES (write_spaces[i], write_keys[i], write_values[i])"
+        "     ON CONFLICT (space, key) DO UPDATE SET value = EXCLUDED.value;"
+        "   ELSIF write_kinds[i] = 1 THEN"
+        "    DELETE FROM {table} t WHERE t.space = write_spaces[i] AND t.key = write_keys[i];"
+        "   ELSE"
+        "    DELETE FROM {table} t WHERE t.space = write_spaces[i];"
+        "   END IF;"
+        "  END LOOP;"
         "  RETURN 0;"
         " END $$",
     ),
 )
+
+# Write kinds as the commit function numbers them.
+_PUT, _DELETE, _DELETE_SPACE = 0, 1, 2
 
 # Idle connections kept for reuse; more are opened when more threads are busy at once.
 _MAX_IDLE = 8
@@ -261,8 +257,12 @@ class PostgresKVStore:
         self._commit_function = sql.Identifier(f"{table}_commit")
         self._commit_call = sql.SQL(
             "SELECT {}(%b::bigint[], %b::boolean[], %b::bytea[], %b::bytea[], %b::bytea[], "
-            "%b::bytea[], %b::bytea[], %b::bytea[], %b::bytea[], %b::bytea[], %b::bytea[])"
+            "%b::smallint[], %b::bytea[], %b::bytea[], %b::bytea[])"
         ).format(self._commit_function)
+        # Parameters and results binary: bytea as its bytes, not twice as many hex digits.
+        self._get_many_query = sql.SQL(
+            "SELECT key, value FROM {} WHERE space = %b AND key = ANY(%b::bytea[])"
+        ).format(self._table)
         self._schema_lock_id = _lock_id("tiermem-schema", table.encode())
         self._space_scope = f"tiermem-space:{table}"
         self._key_scope = f"tiermem-key:{table}"
@@ -357,10 +357,7 @@ class PostgresKVStore:
         wanted = list({key.encode(): None for key in keys})
         with self._connection("read") as conn:
             rows = conn.execute(
-                sql.SQL("SELECT key, value FROM {} WHERE space = %s AND key = ANY(%s)").format(
-                    self._table
-                ),
-                (space.encode(), wanted),
+                self._get_many_query, (space.encode(), wanted), binary=True
             ).fetchall()
         found = {_bytes(key).decode(): _bytes(value) for key, value in rows}
         return [found.get(key) for key in keys]
@@ -401,7 +398,7 @@ class PostgresKVStore:
             query = sql.SQL("{} LIMIT %s").format(query)
             params.append(limit)
         with self._connection("scan") as conn:
-            rows = conn.execute(query, params).fetchall()
+            rows = conn.execute(query, params, binary=True).fetchall()
         return [(_bytes(key).decode(), _bytes(value)) for key, value in rows]
 
     def spaces(self, *, limit: int | None = None) -> list[str]:
@@ -431,10 +428,27 @@ class PostgresKVStore:
             return
         # One order for every commit, so two commits never wait for each other in a cycle.
         locks = sorted(self._locks(writes, checks).items())
-        dropped, deleted, put = _net_effect(writes)
-        # The whole commit (locks, checks, writes) is one call of the schema's commit
-        # function, sent in one round trip; autocommit makes it one transaction, so one
-        # WAL flush, and its locks are held only while it runs on the server.
+        spaces: list[bytes] = []
+        keys: list[bytes | None] = []
+        values: list[bytes | None] = []
+        kinds: list[int] = []
+        for write in writes:
+            spaces.append(write.space.encode())
+            if isinstance(write, Put):
+                kinds.append(_PUT)
+                keys.append(write.key.encode())
+                values.append(write.value)
+            elif isinstance(write, Delete):
+                kinds.append(_DELETE)
+                keys.append(write.key.encode())
+                values.append(None)
+            else:
+                kinds.append(_DELETE_SPACE)
+                keys.append(None)
+                values.append(None)
+        # The whole commit (locks, checks, writes in order) is one call of the schema's
+        # commit function, sent in one round trip; autocommit makes it one transaction,
+        # so one WAL flush, and its locks are held only while it runs on the server.
         with self._connection("commit") as conn:
             row = conn.execute(
                 self._commit_call,
@@ -444,12 +458,10 @@ class PostgresKVStore:
                     [c.space.encode() for c in checks],
                     [c.key.encode() for c in checks],
                     [c.expected for c in checks],
-                    [space.encode() for space in dropped],
-                    [space.encode() for space, _ in deleted],
-                    [key.encode() for _, key in deleted],
-                    [space.encode() for space, _ in put],
-                    [key.encode() for _, key in put],
-                    list(put.values()),
+                    kinds,
+                    spaces,
+                    keys,
+                    values,
                 ),
             ).fetchone()
         failed = int(row[0]) if row else 0
@@ -529,27 +541,3 @@ def _bytes(value: object) -> bytes:
 def _setting(conn: psycopg.Connection[TupleRow], name: str) -> str:
     row = conn.execute("SELECT current_setting(%s)", (name,)).fetchone()
     return str(row[0]) if row else "?"
-
-
-def _net_effect(
-    writes: Sequence[Write],
-) -> tuple[list[str], list[tuple[str, str]], dict[tuple[str, str], bytes]]:
-    """What ``writes`` applied in order leave: spaces deleted whole, keys deleted, keys put.
-
-    Applying the three in that order gives the same state as the writes one by one:
-    a write before a space's deletion is undone by it, and of several writes to a key
-    only the last one counts. No key is in both the deleted and the put ones.
-    """
-    dropped: dict[str, None] = {}
-    last: dict[tuple[str, str], bytes | None] = {}
-    for write in writes:
-        if isinstance(write, DeleteSpace):
-            dropped[write.space] = None
-            last = {address: value for address, value in last.items() if address[0] != write.space}
-        elif isinstance(write, Put):
-            last[(write.space, write.key)] = write.value
-        else:
-            last[(write.space, write.key)] = None
-    deleted = [address for address, value in last.items() if value is None]
-    put = {address: value for address, value in last.items() if value is not None}
-    return list(dropped), deleted, put

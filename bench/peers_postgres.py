@@ -57,6 +57,7 @@ class TierMemPostgres(bench.TierMem):
         self.handles = {}
         bench.shutil.rmtree(self.dir, ignore_errors=True)
         self.admin.execute("DROP TABLE IF EXISTS tiermem_kv, tiermem_kv_migrations")
+        self.admin.execute("DROP FUNCTION IF EXISTS tiermem_kv_commit")
         self.admin.execute("CHECKPOINT")
         self._open()
 
@@ -64,8 +65,9 @@ class TierMemPostgres(bench.TierMem):
     def durability(self) -> str:
         s = bench.pg_settings(self.admin)
         return (
-            f"tiermem PostgresKVStore ({TABLE_NOTE}; advisory lock per space, one transaction per "
-            f"commit), PostgreSQL {s.get('server_version')} fsync={s.get('fsync')}, "
+            f"tiermem PostgresKVStore ({TABLE_NOTE}; a commit is one call of a plpgsql function: "
+            "advisory locks per key, checks, writes; one round trip, one transaction), "
+            f"PostgreSQL {s.get('server_version')} fsync={s.get('fsync')}, "
             f"synchronous_commit={s.get('synchronous_commit')}, "
             f"wal_sync_method={s.get('wal_sync_method')}"
         )

@@ -8,13 +8,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 import psycopg
 import pytest
+from psycopg import pq
 from typer.testing import CliRunner
 
 from memory import Memory
@@ -22,7 +25,7 @@ from memory.cli import app as cli
 from tests.conftest import PostgresServer, free_port
 from tiers.backends import open_kv_store, redact_url, require_durable
 from tiers.backends import postgres_kv as postgres_module
-from tiers.backends.base import Check, Put
+from tiers.backends.base import Check, Delete, DeleteSpace, Put
 from tiers.backends.postgres_kv import MIGRATIONS, PostgresKVStore
 from tiers.errors import (
     BackendUnavailableError,
@@ -118,6 +121,33 @@ def test_a_table_from_a_newer_version_is_refused(postgres_url: str) -> None:
     store.close()
 
 
+def test_a_table_created_before_the_commit_function_is_upgraded(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A database made by the tiermem that committed in several statements (schema
+    # version 1: the table only) gets the commit function on first use, data kept.
+    with monkeypatch.context() as old_tiermem:
+        old_tiermem.setattr(postgres_module, "MIGRATIONS", MIGRATIONS[:1])
+        old = PostgresKVStore(postgres_url, table="before_function")
+        assert old.schema_version == 1
+        old.close()
+    with psycopg.connect(postgres_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO before_function (space, key, value) VALUES (%s, %s, %s), (%s, %s, %s)",
+            (b"s", b"k", b"old", b"s", b"gone", b"x"),
+        )
+    store = PostgresKVStore(postgres_url, table="before_function")
+    try:
+        assert store.schema_version == len(MIGRATIONS) == 2
+        assert store.scan("s") == [("gone", b"x"), ("k", b"old")]
+        store.commit([Put("s", "k", b"new"), Delete("s", "gone")], [Check("s", "k", b"old")])
+        with pytest.raises(ConflictError):
+            store.commit([Put("s", "k", b"lost")], [Check("s", "k", b"old")])
+        assert store.scan("s") == [("k", b"new")]
+    finally:
+        store.close()
+
+
 def _race_to_create(kv: PostgresKVStore, key: str, racers: int) -> list[int]:
     """``racers`` threads commit ``key`` at once, each checking it is absent; the winners."""
     barrier = threading.Barrier(racers, timeout=30)
@@ -156,6 +186,106 @@ def test_of_commits_that_all_find_a_key_absent_exactly_one_creates_it(
         assert len(won) == 1
         assert postgres_kv.get_many("s", [key]) == [b"%d" % won[0]]
         assert [k for k, _ in postgres_kv.scan("other", prefix=f"{key}-")] == [f"{key}-{won[0]}"]
+
+
+# ----------------------------------------------------------------------------- round trips
+
+
+def _exchanges(trace: str) -> list[list[str]]:
+    """libpq trace lines grouped into round trips: what the client sent, then what came back."""
+    exchanges: list[list[str]] = []
+    sending = False
+    for line in trace.splitlines():
+        direction, _, message = line.split("\t")[:3]
+        if direction == "F" and not sending:
+            exchanges.append([])
+        sending = direction == "F"
+        exchanges[-1].append(f"{direction} {message}")
+    return exchanges
+
+
+def _traced(
+    postgres_url: str, monkeypatch: pytest.MonkeyPatch, warm_up: Callable[[PostgresKVStore], None]
+) -> tuple[PostgresKVStore, Callable[[Callable[[], object]], list[list[str]]]]:
+    """A store, and a function that runs a call and returns the round trips it made.
+
+    Every connection the store opens is recorded (psycopg's own ``connect``), and the
+    call is traced by libpq (``PQtrace``): each message as it is sent or received.
+    """
+    opened: list[psycopg.Connection[Any]] = []
+    real_connect = psycopg.connect
+
+    def recording_connect(*args: Any, **kwargs: Any) -> psycopg.Connection[Any]:
+        conn = real_connect(*args, **kwargs)
+        opened.append(conn)
+        return conn
+
+    monkeypatch.setattr(psycopg, "connect", recording_connect)
+    store = PostgresKVStore(postgres_url)
+    warm_up(store)
+
+    def round_trips(call: Callable[[], object]) -> list[list[str]]:
+        with tempfile.TemporaryFile("w+") as trace:
+            for conn in opened:
+                conn.pgconn.trace(trace.fileno())
+                conn.pgconn.set_trace_flags(pq.Trace.SUPPRESS_TIMESTAMPS | pq.Trace.REGRESS_MODE)
+            try:
+                call()
+            finally:
+                for conn in opened:
+                    if not conn.closed:
+                        conn.pgconn.untrace()  # flushes libpq's buffered trace
+            trace.seek(0)
+            return _exchanges(trace.read())
+
+    return store, round_trips
+
+
+def test_a_commit_is_one_round_trip(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    def warm_up(store: PostgresKVStore) -> None:
+        store.commit([Put("s", "k", b"v0")])
+        for n in range(1, 8):  # past psycopg's prepare threshold: later commits skip Parse
+            store.commit(
+                [Put("s", "k", b"v%d" % n), Delete("s", "d"), DeleteSpace("gone")],
+                [Check("s", "k", b"v%d" % (n - 1)), Check("s", "absent", None)],
+            )
+
+    store, round_trips = _traced(postgres_url, monkeypatch, warm_up)
+    try:
+        checked = round_trips(
+            lambda: store.commit(
+                [Put("s", "k", b"v8"), Delete("s", "d"), DeleteSpace("gone")],
+                [Check("s", "k", b"v7"), Check("s", "absent", None)],
+            )
+        )
+        assert len(checked) == 1, checked
+        (messages,) = checked
+        assert messages[-1] == "B ReadyForQuery"
+        assert "F Parse" not in messages  # the prepared call, not the SQL text again
+
+        def conflicting() -> None:
+            with pytest.raises(ConflictError):
+                store.commit(
+                    [Put("s", "k", b"lost"), Delete("s", "d"), DeleteSpace("gone")],
+                    [Check("s", "k", b"v7"), Check("s", "absent", None)],
+                )
+
+        failed = round_trips(conflicting)
+        assert len(failed) == 1, failed
+        assert store.get_many("s", ["k"]) == [b"v8"]
+    finally:
+        store.close()
+
+
+def test_a_read_is_one_round_trip(postgres_url: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    store, round_trips = _traced(
+        postgres_url, monkeypatch, lambda store: store.commit([Put("s", "k", b"v")])
+    )
+    try:
+        assert len(round_trips(lambda: store.get_many("s", ["k", "other"]))) == 1
+        assert len(round_trips(lambda: store.scan("s", prefix="k", limit=2))) == 1
+    finally:
+        store.close()
 
 
 def test_tables_are_isolated(postgres_url: str) -> None:

@@ -11,18 +11,21 @@ migrations (:data:`MIGRATIONS`; the index is the version, as in LangGraph's
 checkpoint-postgres), applied under a transaction-level advisory lock so
 stores opening together on a new database apply each migration once.
 
-A commit is one transaction. It first takes transaction-level advisory locks:
-an exclusive one per key it checks or writes, with a shared one on the key's
-space, and an exclusive one per space it deletes whole; all in one global
-order (by lock id, whatever the mode), so two commits cannot deadlock. Then
-it compares the checked values byte for byte and applies the writes in
-order. The key lock, not ``SELECT ... FOR UPDATE``, is what makes a check of
-an *absent* key hold until the commit ends: there is no row to lock, and two
-commits that both saw the key absent must not both insert it. So commits
-that share a key (or delete a space another one touches) run one at a time,
-and all others in parallel, their WAL flushes grouped by the server. Reads
-are single statements, so each sees one committed state (no half of a
-commit).
+A commit is one call of a PL/pgSQL function the schema defines
+(``<table>_commit``), sent as one statement with its arguments as arrays: one
+round trip, and (autocommit) one transaction, so one WAL flush. The function
+first takes transaction-level advisory locks: an exclusive one per key the
+commit checks or writes, with a shared one on the key's space, and an
+exclusive one per space it deletes whole; all in one global order (by lock
+id, whatever the mode), so two commits cannot deadlock. Then it compares the
+checked values byte for byte (returning the first failed check, having
+written nothing) and applies the writes in order. The key lock, not
+``SELECT ... FOR UPDATE``, is what makes a check of an *absent* key hold
+until the commit ends: there is no row to lock, and two commits that both saw
+the key absent must not both insert it. So commits that share a key (or
+delete a space another one touches) run one at a time, and all others in
+parallel, their WAL flushes grouped by the server. Reads are single
+statements, so each sees one committed state (no half of a commit).
 
 A commit is never re-sent after a lost connection: it may have been applied,
 and a re-sent checked commit would then conflict with itself. Such a failure
@@ -43,7 +46,6 @@ import threading
 import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
-from itertools import groupby
 
 from tiers.backends import MissingExtraError, redact_url
 from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, Delete, DeleteSpace, Put, Write
@@ -78,7 +80,45 @@ MIGRATIONS: tuple[tuple[str, ...], ...] = (
         " space bytea NOT NULL, key bytea NOT NULL, value bytea NOT NULL,"
         " PRIMARY KEY (space, key))",
     ),
+    # A commit as one server-side call (see PostgresKVStore.commit): one round trip and
+    # one transaction. Returns 0 once the writes are applied, else the 1-based number of
+    # the first check that failed (and writes nothing).
+    (
+        "CREATE OR REPLACE FUNCTION {commit}("
+        " lock_ids bigint[], lock_exclusive boolean[],"
+        " check_spaces bytea[], check_keys bytea[], check_values bytea[],"
+        " write_kinds smallint[], write_spaces bytea[], write_keys bytea[],"
+        " write_values bytea[]) RETURNS integer LANGUAGE plpgsql AS $$"
+        " DECLARE i integer; stored bytea;"
+        " BEGIN"
+        "  FOR i IN 1 .. coalesce(array_length(lock_ids, 1), 0) LOOP"
+        "   IF lock_exclusive[i] THEN PERFORM pg_advisory_xact_lock(lock_ids[i]);"
+        "   ELSE PERFORM pg_advisory_xact_lock_shared(lock_ids[i]); END IF;"
+        "  END LOOP;"
+        "  FOR i IN 1 .. coalesce(array_length(check_keys, 1), 0) LOOP"
+        "   stored := NULL;"
+        "   SELECT t.value INTO stored FROM {table} t"
+        "    WHERE t.space = check_spaces[i] AND t.key = check_keys[i];"
+        "   IF stored IS DISTINCT FROM check_values[i] THEN RETURN i; END IF;"
+        "  END LOOP;"
+        "  FOR i IN 1 .. coalesce(array_length(write_kinds, 1), 0) LOOP"
+        "   IF write_kinds[i] = 0 THEN"
+        "    INSERT INTO {table} AS t (space, key, value)"
+        "     VALUES (write_spaces[i], write_keys[i], write_values[i])"
+        "     ON CONFLICT (space, key) DO UPDATE SET value = EXCLUDED.value;"
+        "   ELSIF write_kinds[i] = 1 THEN"
+        "    DELETE FROM {table} t WHERE t.space = write_spaces[i] AND t.key = write_keys[i];"
+        "   ELSE"
+        "    DELETE FROM {table} t WHERE t.space = write_spaces[i];"
+        "   END IF;"
+        "  END LOOP;"
+        "  RETURN 0;"
+        " END $$",
+    ),
 )
+
+# Write kinds as the commit function numbers them.
+_PUT, _DELETE, _DELETE_SPACE = 0, 1, 2
 
 # Idle connections kept for reuse; more are opened when more threads are busy at once.
 _MAX_IDLE = 8
@@ -214,6 +254,15 @@ class PostgresKVStore:
         self.max_value_bytes = max_value_bytes
         self._table = sql.Identifier(table)
         self._migrations_table = sql.Identifier(f"{table}_migrations")
+        self._commit_function = sql.Identifier(f"{table}_commit")
+        self._commit_call = sql.SQL(
+            "SELECT {}(%b::bigint[], %b::boolean[], %b::bytea[], %b::bytea[], %b::bytea[], "
+            "%b::smallint[], %b::bytea[], %b::bytea[], %b::bytea[])"
+        ).format(self._commit_function)
+        # Parameters and results binary: bytea as its bytes, not twice as many hex digits.
+        self._get_many_query = sql.SQL(
+            "SELECT key, value FROM {} WHERE space = %b AND key = ANY(%b::bytea[])"
+        ).format(self._table)
         self._schema_lock_id = _lock_id("tiermem-schema", table.encode())
         self._space_scope = f"tiermem-space:{table}"
         self._key_scope = f"tiermem-key:{table}"
@@ -285,7 +334,11 @@ class PostgresKVStore:
                     )
                 for number in range(version, len(MIGRATIONS)):
                     for statement in MIGRATIONS[number]:
-                        conn.execute(sql.SQL(statement).format(table=self._table))
+                        conn.execute(
+                            sql.SQL(statement).format(
+                                table=self._table, commit=self._commit_function
+                            )
+                        )
                     conn.execute(
                         sql.SQL("INSERT INTO {} (v) VALUES (%s)").format(self._migrations_table),
                         (number,),
@@ -304,10 +357,7 @@ class PostgresKVStore:
         wanted = list({key.encode(): None for key in keys})
         with self._connection("read") as conn:
             rows = conn.execute(
-                sql.SQL("SELECT key, value FROM {} WHERE space = %s AND key = ANY(%s)").format(
-                    self._table
-                ),
-                (space.encode(), wanted),
+                self._get_many_query, (space.encode(), wanted), binary=True
             ).fetchall()
         found = {_bytes(key).decode(): _bytes(value) for key, value in rows}
         return [found.get(key) for key in keys]
@@ -348,7 +398,7 @@ class PostgresKVStore:
             query = sql.SQL("{} LIMIT %s").format(query)
             params.append(limit)
         with self._connection("scan") as conn:
-            rows = conn.execute(query, params).fetchall()
+            rows = conn.execute(query, params, binary=True).fetchall()
         return [(_bytes(key).decode(), _bytes(value)) for key, value in rows]
 
     def spaces(self, *, limit: int | None = None) -> list[str]:
@@ -376,24 +426,51 @@ class PostgresKVStore:
             if self._closed:
                 raise self._closed_error()
             return
-        locks = self._locks(writes, checks)
-        # Pipelined: BEGIN, the locks and the check go in one round trip, the writes and
-        # COMMIT in a second, so a commit holds its locks briefly.
-        with self._connection("commit") as conn, conn.pipeline(), conn.transaction():
-            # One order for every commit, so two commits never wait for each other in a cycle.
-            for lock_id in sorted(locks):
-                if locks[lock_id]:
-                    conn.execute("SELECT pg_advisory_xact_lock(%s)", (lock_id,))
-                else:
-                    conn.execute("SELECT pg_advisory_xact_lock_shared(%s)", (lock_id,))
-            if checks:
-                failed = self._first_failed_check(conn, checks)
-                if failed is not None:
-                    raise ConflictError(
-                        f"check failed on {failed.space!r}/{failed.key!r}: the value changed; "
-                        "re-read and retry"
-                    )
-            self._apply(conn, writes)
+        # One order for every commit, so two commits never wait for each other in a cycle.
+        locks = sorted(self._locks(writes, checks).items())
+        spaces: list[bytes] = []
+        keys: list[bytes | None] = []
+        values: list[bytes | None] = []
+        kinds: list[int] = []
+        for write in writes:
+            spaces.append(write.space.encode())
+            if isinstance(write, Put):
+                kinds.append(_PUT)
+                keys.append(write.key.encode())
+                values.append(write.value)
+            elif isinstance(write, Delete):
+                kinds.append(_DELETE)
+                keys.append(write.key.encode())
+                values.append(None)
+            else:
+                kinds.append(_DELETE_SPACE)
+                keys.append(None)
+                values.append(None)
+        # The whole commit (locks, checks, writes in order) is one call of the schema's
+        # commit function, sent in one round trip; autocommit makes it one transaction,
+        # so one WAL flush, and its locks are held only while it runs on the server.
+        with self._connection("commit") as conn:
+            row = conn.execute(
+                self._commit_call,
+                (
+                    [lock_id for lock_id, _ in locks],
+                    [exclusive for _, exclusive in locks],
+                    [c.space.encode() for c in checks],
+                    [c.key.encode() for c in checks],
+                    [c.expected for c in checks],
+                    kinds,
+                    spaces,
+                    keys,
+                    values,
+                ),
+            ).fetchone()
+        failed = int(row[0]) if row else 0
+        if failed:
+            check = checks[failed - 1]
+            raise ConflictError(
+                f"check failed on {check.space!r}/{check.key!r}: the value changed; "
+                "re-read and retry"
+            )
 
     def _locks(self, writes: Sequence[Write], checks: Sequence[Check]) -> dict[int, bool]:
         """Advisory-lock id -> exclusive? for a commit of ``writes`` under ``checks``."""
@@ -409,43 +486,6 @@ class PostgresKVStore:
             address = len(space).to_bytes(4, "big") + space + item.key.encode()
             locks[_lock_id(self._key_scope, address)] = True
         return locks
-
-    def _first_failed_check(
-        self, conn: psycopg.Connection[TupleRow], checks: Sequence[Check]
-    ) -> Check | None:
-        rows = conn.execute(
-            sql.SQL(
-                "SELECT c.i, t.value FROM unnest(%s::bytea[], %s::bytea[]) "
-                "WITH ORDINALITY AS c(space, key, i) "
-                "LEFT JOIN {} t ON t.space = c.space AND t.key = c.key"
-            ).format(self._table),
-            ([c.space.encode() for c in checks], [c.key.encode() for c in checks]),
-        ).fetchall()
-        current = {int(i): None if value is None else _bytes(value) for i, value in rows}
-        for number, check in enumerate(checks, start=1):
-            if current.get(number) != check.expected:
-                return check
-        return None
-
-    def _apply(self, conn: psycopg.Connection[TupleRow], writes: Sequence[Write]) -> None:
-        put = sql.SQL(
-            "INSERT INTO {} (space, key, value) VALUES (%s, %s, %s) "
-            "ON CONFLICT (space, key) DO UPDATE SET value = EXCLUDED.value"
-        ).format(self._table)
-        delete = sql.SQL("DELETE FROM {} WHERE space = %s AND key = %s").format(self._table)
-        drop = sql.SQL("DELETE FROM {} WHERE space = %s").format(self._table)
-        with conn.cursor() as cur:
-            # Runs of one kind go in one pipelined executemany; the runs keep their order.
-            for kind, run in groupby(writes, key=type):
-                if kind is Put:
-                    rows = [(w.space.encode(), w.key.encode(), w.value) for w in _puts(run)]
-                    cur.executemany(put, rows)
-                elif kind is Delete:
-                    cur.executemany(
-                        delete, [(w.space.encode(), w.key.encode()) for w in _deletes(run)]
-                    )
-                else:
-                    cur.executemany(drop, [(w.space.encode(),) for w in run])
 
     # ------------------------------------------------------------------ operations
 
@@ -501,11 +541,3 @@ def _bytes(value: object) -> bytes:
 def _setting(conn: psycopg.Connection[TupleRow], name: str) -> str:
     row = conn.execute("SELECT current_setting(%s)", (name,)).fetchone()
     return str(row[0]) if row else "?"
-
-
-def _puts(run: Iterator[Write]) -> list[Put]:
-    return [w for w in run if isinstance(w, Put)]
-
-
-def _deletes(run: Iterator[Write]) -> list[Delete]:
-    return [w for w in run if isinstance(w, Delete)]

@@ -301,6 +301,7 @@ class SessionIndexer:
                 windows = [] if taken or repairing else _take(self._windows_queue, WINDOW_BATCH)
                 self._busy = bool(taken) or repairing
                 self._busy_windows = bool(windows)
+            failed = False
             try:
                 if repairing:
                     self.repair()
@@ -309,16 +310,24 @@ class SessionIndexer:
                 if windows:
                     self.sync_windows(windows)
                 backoff = 0.5
-            except BackendUnavailableError as exc:
-                self.postpone(exc)
-            except Exception:  # the worker must survive anything: the outbox keeps the work
-                logger.exception("session index worker failed; the work stays queued")
-                self._needs_repair.set()
+            except Exception as exc:  # the worker must survive anything: the outboxes keep the work
+                failed = True
+                if windows:
+                    # Only second-pass work failed: the sessions stay searchable (no repair
+                    # needed for that), their windows are retried after the backoff.
+                    logger.warning("session window indexing failed, will retry: %r", exc)
+                    with self._cond:
+                        _enqueue(self._windows_queue, windows)
+                elif isinstance(exc, BackendUnavailableError):
+                    self.postpone(exc)
+                else:
+                    logger.exception("session index worker failed; the work stays queued")
+                    self._needs_repair.set()
             finally:
                 with self._cond:
                     self._busy = self._busy_windows = False
                     self._cond.notify_all()
-            if self._needs_repair.is_set():
+            if failed or self._needs_repair.is_set():
                 with self._cond:
                     self._cond.wait_for(lambda: self._stopping, backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF)

@@ -22,7 +22,6 @@ __all__ = [
     "keyword_text",
     "session_windows",
     "summary_text",
-    "summary_windows",
     "transcript_text",
     "windows",
 ]
@@ -93,24 +92,15 @@ def windows(
     return [" ".join(words[start : start + size]) for start in dict.fromkeys(starts)]
 
 
-def summary_windows(summary: SessionSummary) -> list[str]:
-    """The summary's texts to embed: at least one (a summary with no content gives its rendering).
-
-    They come first in :func:`session_windows`; the index embeds them in its
-    first pass, so a session is searchable before its transcript windows are.
-    """
-    return windows(summary_text(summary)) or [summary.render()]
-
-
 def session_windows(summary: SessionSummary, messages: Sequence[Message] | None) -> list[str]:
     """Texts to embed for a session: summary window(s) first, then transcript windows.
 
     At most ``TRANSCRIPT_WINDOWS`` transcript windows, spread over a longer text.
 
-    The first text always comes from the summary (see :func:`summary_windows`),
-    so every session has at least one vector.
+    The first text always comes from the summary (a summary with no content
+    gives its rendering), so every session has at least one vector.
     """
-    texts = summary_windows(summary)
+    texts = windows(summary_text(summary)) or [summary.render()]
     if messages:
         texts.extend(windows(transcript_text(messages), max_windows=TRANSCRIPT_WINDOWS))
     return texts

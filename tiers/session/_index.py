@@ -17,11 +17,12 @@ of a replaced summary from a current one without re-embedding anything.
 
 Incremental indexing (background mode): embedding transcript windows is most of
 the cost of a session, so the worker indexes in two passes. The first embeds the
-summary's texts only (recall then finds the session by its summary vector and by
-keywords over the full transcript, which come from the KV store), deletes any
-window vectors of an earlier state, and in the commit that clears the outbox
+base vector only (the summary's first window: recall then finds the session by it
+and by keywords over the full transcript, which come from the KV store), deletes
+any window vectors of an earlier state, and in the commit that clears the outbox
 entry puts an entry in ``session_windows_outbox_space``. The second pass, run
-when no first-pass work is queued, embeds the windows and clears that entry
+when no first-pass work is queued, embeds the other windows (summary and
+transcript) and clears that entry
 under the same token check. Both entries are in the KV store, so a crash
 between the passes loses nothing: the next worker replays both outboxes. In
 foreground mode every sync does both passes at once.
@@ -33,6 +34,7 @@ import enum
 import hashlib
 import logging
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
 
@@ -65,10 +67,16 @@ BATCH = 256  # sessions per index batch
 # Sessions per background batch at most: a recall that needs the sync lock waits for at most
 # one such batch of other users' work (see SessionIndexer), so it bounds that wait.
 WORKER_BATCH = 16
-# Sessions per second-pass (transcript windows) batch at most: up to 1 + TRANSCRIPT_WINDOWS
-# texts each, so a batch embeds about as many texts as a first-pass batch of WORKER_BATCH
-# sessions with long summaries, and the wait of a recall stays bounded the same way.
-WINDOW_BATCH = 4
+# Sessions per second-pass (transcript windows) batch at most: up to TRANSCRIPT_WINDOWS texts
+# each. One: new first-pass work (sessions not searchable yet) then waits for at most one
+# session's windows (~0.5 CPU s for a LongMemEval-sized one), and so does a recall; batching
+# more sessions saved little (the model's calls are per text-length group anyway) but made
+# sessions saved during a window batch wait for all of it (measured: bench/README.md).
+WINDOW_BATCH = 1
+# A second-pass batch starts once no session was submitted for this long (a burst of saves is
+# made searchable first), or at the latest this long after the last one (windows never starve).
+_WINDOW_IDLE = 0.25
+_WINDOW_MAX_DELAY = 5.0
 _SYNC_ATTEMPTS = 5
 _MAX_BACKOFF = 30.0
 # Part of every fingerprint: change it when the texts embedded for a session change
@@ -95,9 +103,9 @@ def session_fingerprint(record: bytes, transcript_header: bytes | None) -> str:
 class _Pass(enum.Enum):
     """What one sync embeds, and which outbox says what needs it."""
 
-    SUMMARY = "summary"  # first pass: the summary's texts; the windows are queued for WINDOWS
+    BASE = "base"  # first pass: the base vector; the other windows are queued for WINDOWS
     FULL = "full"  # summary and transcript windows at once
-    WINDOWS = "windows"  # second pass: the transcript windows of sessions the first pass queued
+    WINDOWS = "windows"  # second pass: the other windows of sessions the first pass queued
 
 
 class SessionIndexer:
@@ -150,6 +158,7 @@ class SessionIndexer:
         self._queue: OrderedDict[str, dict[str, None]] = OrderedDict()
         self._windows_queue: OrderedDict[str, dict[str, None]] = OrderedDict()
         self._foreground = 0  # foreground syncs waiting for or holding the sync lock
+        self._last_submit = self._last_windows = time.monotonic()
         self._cond = threading.Condition()
         self._busy = False  # the worker runs first-pass work (or a repair)
         self._busy_windows = False  # the worker runs second-pass work
@@ -178,6 +187,7 @@ class SessionIndexer:
             return
         with self._cond:
             _enqueue(self._queue, refs)
+            self._last_submit = time.monotonic()
             self._cond.notify_all()
 
     def postpone(self, exc: BaseException) -> None:
@@ -281,17 +291,38 @@ class SessionIndexer:
         worker.join(timeout)
         self._worker = None
 
-    def _has_work(self) -> bool:
-        return bool(self._queue or self._windows_queue) or self._needs_repair.is_set()
+    def _windows_wait(self) -> float | None:
+        """Seconds until second-pass work may start; ``None``: none queued (``_cond`` held)."""
+        if not self._windows_queue:
+            return None
+        now = time.monotonic()
+        return max(
+            0.0,
+            min(
+                self._last_submit + _WINDOW_IDLE - now,
+                self._last_windows + _WINDOW_MAX_DELAY - now,
+            ),
+        )
+
+    def _wait_for_work(self) -> bool:
+        """Wait until the worker may start a batch; False when it is stopping (``_cond`` held)."""
+        while not self._stopping:
+            if not self._foreground:
+                if self._queue or self._needs_repair.is_set():
+                    return True
+                wait = self._windows_wait()
+                if wait is not None and wait <= 0:
+                    return True
+            else:
+                wait = None
+            self._cond.wait(wait)
+        return False
 
     def _work(self) -> None:
         backoff = 0.5
         while True:
             with self._cond:
-                self._cond.wait_for(
-                    lambda: self._stopping or (self._has_work() and not self._foreground)
-                )
-                if self._stopping:
+                if not self._wait_for_work():
                     return
                 # What queued meanwhile goes in one batch (that is what makes it fast), taken
                 # round-robin over users so that a bulk backlog does not starve the others.
@@ -299,6 +330,8 @@ class SessionIndexer:
                 taken = _take(self._queue, WORKER_BATCH)
                 # Windows only when nothing makes sessions searchable first: the second pass.
                 windows = [] if taken or repairing else _take(self._windows_queue, WINDOW_BATCH)
+                if windows:
+                    self._last_windows = time.monotonic()
                 self._busy = bool(taken) or repairing
                 self._busy_windows = bool(windows)
             failed = False
@@ -355,7 +388,7 @@ class SessionIndexer:
         Raises:
             BackendUnavailableError: A store or the embedder failed; the work stays queued.
         """
-        self._run(refs, _Pass.SUMMARY if self.background else _Pass.FULL)
+        self._run(refs, _Pass.BASE if self.background else _Pass.FULL)
 
     def sync_windows(self, refs: Sequence[Ref]) -> None:
         """The second pass: index the transcript windows the first pass left for ``refs``.
@@ -455,7 +488,7 @@ class SessionIndexer:
             self._tenant,
             [ref for ref, _, _ in work],
             fingerprint=session_fingerprint,
-            with_windows=kind is not _Pass.SUMMARY,
+            with_windows=kind is not _Pass.BASE,
         )
         grown = [
             Put(self._counts(plan.ref[0]), plan.ref[1], str(plan.new_count).encode())
@@ -466,7 +499,7 @@ class SessionIndexer:
             # Before any vector is added, so a crash can never leave one unaccounted for.
             self._kv.commit(grown)
         try:
-            # The second pass adds the windows: the first one wrote the summary's vectors.
+            # The second pass adds the windows: the first one wrote the base vector.
             self._write_vectors(plans, windows_only=kind is _Pass.WINDOWS)
         finally:
             self._on_indexed(users_of(refs))
@@ -482,15 +515,11 @@ class SessionIndexer:
         return keys.session_vectors_space(self._tenant, user_id)
 
     def _write_vectors(self, plans: list[Plan], *, windows_only: bool) -> None:
-        firsts = [plan.head if windows_only else 0 for plan in plans]
-        vectors = iter(
-            self._embed.embed(
-                [text for plan, f in zip(plans, firsts, strict=True) for text in plan.indexed[f:]]
-            )
-        )
+        first = 1 if windows_only else 0
+        vectors = iter(self._embed.embed([text for plan in plans for text in plan.indexed[first:]]))
         items: list[VectorItem] = []
         removals: list[str] = []
-        for plan, first in zip(plans, firsts, strict=True):
+        for plan in plans:
             user_id, session_id = plan.ref
             base = keys.session_vector_id(self._tenant, user_id, session_id)
             if plan.summary is None:

@@ -2,8 +2,8 @@
 
 A plan holds every text of a session (summary windows first, then transcript
 windows) and says which of them one pass of the indexer embeds: all of them,
-or only the summary's (the first pass of incremental indexing, which makes the
-session searchable; its transcript windows follow in a second pass).
+or only the first, the session's base vector (the first pass of incremental
+indexing, which makes the session searchable; the rest follows in a second pass).
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from tiers.backends.base import Embedder, KVStore
 from tiers.codec import decode
 from tiers.errors import CorruptRecordError
 from tiers.models import Message, SessionSummary
-from tiers.session._chunking import session_windows, summary_windows
+from tiers.session._chunking import session_windows
 from tiers.session._transcripts import decode_transcript, header_key, page_key, read_header
 
 __all__ = ["CachedEmbedder", "Plan", "Ref", "read_plans"]
@@ -41,15 +41,14 @@ class Plan:
     texts: list[str]  # every text of the session: [summary windows..., transcript windows...]
     old_count: int  # extra windows the index may hold now (upper bound)
     fingerprint: str = ""  # session_fingerprint of the records read (with a summary)
-    head: int = 1  # how many of ``texts`` are the summary's
-    with_windows: bool = True  # False: this pass embeds the summary's texts only
+    with_windows: bool = True  # False: this pass embeds the base vector's text only
 
     @property
     def indexed(self) -> list[str]:
         """The texts this pass embeds (vector ``n`` of the session is ``indexed[n]``)."""
         if self.summary is None:
             return []
-        return self.texts if self.with_windows else self.texts[: self.head]
+        return self.texts if self.with_windows else self.texts[:1]
 
     @property
     def new_count(self) -> int:
@@ -58,7 +57,7 @@ class Plan:
 
     @property
     def deferred(self) -> bool:
-        """Whether transcript windows of the session are left for the second pass."""
+        """Whether windows of the session are left for the second pass."""
         return self.summary is not None and len(self.indexed) < len(self.texts)
 
 
@@ -77,7 +76,7 @@ def read_plans(
         tenant: The tenant of the sessions.
         refs: The sessions, each once.
         fingerprint: Gives the fingerprint of a stored summary and transcript header.
-        with_windows: Whether the pass embeds transcript windows too.
+        with_windows: Whether the pass embeds every window (or only the base vector's text).
     """
     by_user: dict[str, list[str]] = {}
     for user_id, session_id in refs:
@@ -113,7 +112,6 @@ def read_plans(
                 fingerprint=(
                     fingerprint(data, raw_headers.get(session_id)) if data is not None else ""
                 ),
-                head=len(summary_windows(summary)) if summary is not None else 1,
                 with_windows=with_windows,
             )
     return [plans[ref] for ref in refs]

@@ -21,11 +21,11 @@ base vector only (the summary's first window: recall then finds the session by i
 and by keywords over the full transcript, which come from the KV store), deletes
 any window vectors of an earlier state, and in the commit that clears the outbox
 entry puts an entry in ``session_windows_outbox_space``. The second pass, run
-when no first-pass work is queued, embeds the other windows (summary and
-transcript) and clears that entry
-under the same token check. Both entries are in the KV store, so a crash
-between the passes loses nothing: the next worker replays both outboxes. In
-foreground mode every sync does both passes at once.
+when no first-pass work is queued and saves pause, embeds the other windows
+(summary and transcript) and clears that entry under the same token check.
+Both entries are in the KV store, so a crash between the passes loses nothing:
+the next worker replays both outboxes. In foreground mode every sync does both
+passes at once.
 """
 
 from __future__ import annotations
@@ -50,7 +50,7 @@ from tiers.backends.base import (
     Write,
 )
 from tiers.errors import BackendUnavailableError, ConflictError
-from tiers.session._plans import CachedEmbedder, Plan, Ref, read_plans
+from tiers.session._plans import CachedEmbedder, Plan, Ref, enqueue, read_plans, take
 
 __all__ = [
     "FINGERPRINT_KEY",
@@ -67,8 +67,7 @@ BATCH = 256  # sessions per index batch
 # Sessions per background batch at most: a recall that needs the sync lock waits for at most
 # one such batch of other users' work (see SessionIndexer), so it bounds that wait.
 WORKER_BATCH = 16
-# Sessions per second-pass (transcript windows) batch at most: up to TRANSCRIPT_WINDOWS texts
-# each. One: new first-pass work (sessions not searchable yet) then waits for at most one
+# Sessions per second-pass batch at most: up to TRANSCRIPT_WINDOWS + 1 texts each. One: new first-pass work (sessions not searchable yet) then waits for at most one
 # session's windows (~0.5 CPU s for a LongMemEval-sized one), and so does a recall; batching
 # more sessions saved little (the model's calls are per text-length group anyway) but made
 # sessions saved during a window batch wait for all of it (measured: bench/README.md).
@@ -104,7 +103,7 @@ class _Pass(enum.Enum):
     """What one sync embeds, and which outbox says what needs it."""
 
     BASE = "base"  # first pass: the base vector; the other windows are queued for WINDOWS
-    FULL = "full"  # summary and transcript windows at once
+    FULL = "full"  # every window at once
     WINDOWS = "windows"  # second pass: the other windows of sessions the first pass queued
 
 
@@ -129,8 +128,8 @@ class SessionIndexer:
         embedder: Embeds summaries and transcript windows.
         tenant: The tenant whose sessions this indexes.
         on_indexed: Called with the user ids whose vectors changed.
-        background: Run syncs in a worker thread (see :meth:`submit`), transcript
-            windows in a second pass (see the module docstring).
+        background: Run syncs in a worker thread (see :meth:`submit`), all but
+            the base vector in a second pass (see the module docstring).
     """
 
     def __init__(
@@ -186,7 +185,7 @@ class SessionIndexer:
                 self.postpone(exc)
             return
         with self._cond:
-            _enqueue(self._queue, refs)
+            enqueue(self._queue, refs)
             self._last_submit = time.monotonic()
             self._cond.notify_all()
 
@@ -228,7 +227,7 @@ class SessionIndexer:
         windows = self._scan_refs(self._windows_outbox)
         if self.background:
             with self._cond:
-                _enqueue(self._windows_queue, windows)
+                enqueue(self._windows_queue, windows)
                 self._cond.notify_all()
         else:
             for start in range(0, len(windows), BATCH):
@@ -247,7 +246,7 @@ class SessionIndexer:
         return refs
 
     def queued(self, user_id: str) -> list[Ref]:
-        """The user's sessions with an outbox entry (not yet searchable by their summary)."""
+        """The user's sessions with an outbox entry (not yet searchable by their base vector)."""
         prefix = keys.session_outbox_key(user_id, "")
         return [
             (user_id, key[len(prefix) :]) for key, _ in self._kv.scan(self._outbox, prefix=prefix)
@@ -258,9 +257,9 @@ class SessionIndexer:
 
         Args:
             timeout: Seconds to wait at most; ``None``: no limit.
-            windows: Wait for the second pass too (every transcript window
-                indexed); ``False``: only until every session is searchable by
-                its summary vector (and keywords).
+            windows: Wait for the second pass too (every window indexed);
+                ``False``: only until every session is searchable by its base
+                vector (and keywords).
         """
         if not self.background:
             self.repair_if_needed()
@@ -295,14 +294,8 @@ class SessionIndexer:
         """Seconds until second-pass work may start; ``None``: none queued (``_cond`` held)."""
         if not self._windows_queue:
             return None
-        now = time.monotonic()
-        return max(
-            0.0,
-            min(
-                self._last_submit + _WINDOW_IDLE - now,
-                self._last_windows + _WINDOW_MAX_DELAY - now,
-            ),
-        )
+        due = min(self._last_submit + _WINDOW_IDLE, self._last_windows + _WINDOW_MAX_DELAY)
+        return max(0.0, due - time.monotonic())
 
     def _wait_for_work(self) -> bool:
         """Wait until the worker may start a batch; False when it is stopping (``_cond`` held)."""
@@ -327,9 +320,9 @@ class SessionIndexer:
                 # What queued meanwhile goes in one batch (that is what makes it fast), taken
                 # round-robin over users so that a bulk backlog does not starve the others.
                 repairing = self._needs_repair.is_set()
-                taken = _take(self._queue, WORKER_BATCH)
+                taken = take(self._queue, WORKER_BATCH)
                 # Windows only when nothing makes sessions searchable first: the second pass.
-                windows = [] if taken or repairing else _take(self._windows_queue, WINDOW_BATCH)
+                windows = [] if taken or repairing else take(self._windows_queue, WINDOW_BATCH)
                 if windows:
                     self._last_windows = time.monotonic()
                 self._busy = bool(taken) or repairing
@@ -350,7 +343,7 @@ class SessionIndexer:
                     # needed for that), their windows are retried after the backoff.
                     logger.warning("session window indexing failed, will retry: %r", exc)
                     with self._cond:
-                        _enqueue(self._windows_queue, windows)
+                        enqueue(self._windows_queue, windows)
                 elif isinstance(exc, BackendUnavailableError):
                     self.postpone(exc)
                 else:
@@ -507,7 +500,7 @@ class SessionIndexer:
         deferred = [plan.ref for plan in plans if plan.deferred]
         if deferred:
             with self._cond:
-                _enqueue(self._windows_queue, deferred)
+                enqueue(self._windows_queue, deferred)
                 self._cond.notify_all()
         return requeued
 
@@ -600,26 +593,6 @@ class SessionIndexer:
             except ConflictError:
                 requeued.append(ref)
         return requeued
-
-
-def _enqueue(queue: OrderedDict[str, dict[str, None]], refs: Iterable[Ref]) -> None:
-    """Add ``refs`` to a per-user work queue (call with the indexer's ``_cond`` held)."""
-    for user_id, session_id in refs:
-        queue.setdefault(user_id, {})[session_id] = None
-
-
-def _take(queue: OrderedDict[str, dict[str, None]], limit: int) -> list[Ref]:
-    """Up to ``limit`` queued refs, one per user in turn (call with ``_cond`` held)."""
-    taken: list[Ref] = []
-    while queue and len(taken) < limit:
-        user_id, sessions = next(iter(queue.items()))
-        session_id = next(iter(sessions))
-        del sessions[session_id]
-        taken.append((user_id, session_id))
-        del queue[user_id]
-        if sessions:
-            queue[user_id] = sessions  # to the back of the line
-    return taken
 
 
 def users_of(refs: Iterable[Ref]) -> list[str]:

@@ -4,6 +4,8 @@ A plan holds every text of a session (summary windows first, then transcript
 windows) and says which of them one pass of the indexer embeds: all of them,
 or only the first, the session's base vector (the first pass of incremental
 indexing, which makes the session searchable; the rest follows in a second pass).
+Also here: the embed cache and the per-user work queues the index worker takes
+batches from (callers hold their own lock).
 """
 
 from __future__ import annotations
@@ -12,7 +14,7 @@ import hashlib
 import logging
 import threading
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from tiers import keys
@@ -23,7 +25,7 @@ from tiers.models import Message, SessionSummary
 from tiers.session._chunking import session_windows
 from tiers.session._transcripts import decode_transcript, header_key, page_key, read_header
 
-__all__ = ["CachedEmbedder", "Plan", "Ref", "read_plans"]
+__all__ = ["CachedEmbedder", "Plan", "Ref", "enqueue", "read_plans", "take"]
 
 logger = logging.getLogger(__name__)
 
@@ -183,3 +185,23 @@ class CachedEmbedder:
                 while len(self._embedded) > _EMBED_CACHE:
                     self._embedded.popitem(last=False)
         return [found[digest] for digest in digests]
+
+
+def enqueue(queue: OrderedDict[str, dict[str, None]], refs: Iterable[Ref]) -> None:
+    """Add ``refs`` to a per-user work queue (an ordered set of session ids per user)."""
+    for user_id, session_id in refs:
+        queue.setdefault(user_id, {})[session_id] = None
+
+
+def take(queue: OrderedDict[str, dict[str, None]], limit: int) -> list[Ref]:
+    """Take up to ``limit`` refs from a per-user work queue, one per user in turn."""
+    taken: list[Ref] = []
+    while queue and len(taken) < limit:
+        user_id, sessions = next(iter(queue.items()))
+        session_id = next(iter(sessions))
+        del sessions[session_id]
+        taken.append((user_id, session_id))
+        del queue[user_id]
+        if sessions:
+            queue[user_id] = sessions  # to the back of the line
+    return taken

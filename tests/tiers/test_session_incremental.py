@@ -12,6 +12,7 @@ wrapped only to fail (as an outage would) on transcript windows while told to.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,11 +39,11 @@ class WindowOutage:
         self.name = inner.name
         self.dimension = inner.dimension
         self.down = True
-        self.refused = 0
+        self.refused = threading.Event()
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         if self.down and any(MARKER in text for text in texts):
-            self.refused += 1
+            self.refused.set()
             raise BackendUnavailableError("the embedding model is unavailable")
         return self.inner.embed(texts)
 
@@ -104,9 +105,9 @@ def test_a_crash_between_the_passes_leaves_the_windows_to_the_next_worker(
         report = check_index(kv, index, "default")
         assert report.consistent, report.describe()
         assert (report.vectors, report.windows_pending, report.pending) == (1, 1, 0)
-        # The second pass fails and is retried, never more than its windows.
+        # The second pass fails (and is retried): the windows stay pending.
+        assert outage.refused.wait(timeout=300)
         assert not first.flush(timeout=0.5)
-        assert outage.refused >= 1
     finally:
         first.close(timeout=1)  # the "crash": the worker stops with the windows still pending
     assert windows_outbox(kv) == ["carol/pets"]

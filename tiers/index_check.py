@@ -16,9 +16,10 @@ tenant's KV records with what the index holds:
   session or item, a window past the session's count, an unknown id).
 
 Sessions and items with queued index work are left out: their outbox finishes
-them. A session searchable by its summary whose transcript windows wait for the
+them. A session searchable by its base vector whose other windows wait for the
 indexer's second pass (``session_windows_outbox_space``) is not stale either:
-its summary vector is checked, its windows are the second pass's business. The index is listed *before* the KV store is read and every KV commit
+its base vector is checked, its windows are the second pass's business. The
+index is listed *before* the KV store is read and every KV commit
 precedes its index write, so a save racing the check is never taken for an
 orphan (at worst it is reported missing once and re-indexed, which is harmless).
 
@@ -78,8 +79,8 @@ class IndexReport:
         orphans: Vectors of the tenant in the index with no record behind them.
         pending: Sessions and items with index work queued (not checked: their
             outbox brings them in line).
-        windows_pending: Sessions checked by their summary vector only: their
-            transcript windows are queued for the indexer's second pass.
+        windows_pending: Sessions checked by their base vector only: their
+            other windows are queued for the indexer's second pass.
         unindexable: Session records that do not decode (never indexed; see the log).
         checked_at: When the check started.
         sessions: Sessions whose vectors need re-indexing or deleting, each with
@@ -115,7 +116,7 @@ class IndexReport:
             f"{self.missing} missing, {self.stale} stale, {self.orphans} orphaned, "
             f"{self.pending} queued for indexing"
             + (
-                f", {self.windows_pending} with transcript windows queued"
+                f", {self.windows_pending} with windows queued"
                 if self.windows_pending
                 else ""
             )
@@ -263,7 +264,7 @@ def _read_user_sessions(kv: KVStore, tenant: str, user_id: str, scan: _Scan) -> 
         record = records[session_id]
         rev = session_fingerprint(record, header_of[session_id])
         if session_id in windows_queued:
-            # Searchable by its summary; its windows are the second pass's (present or not).
+            # Searchable by its base vector; the rest is the second pass's (present or not).
             scan.windows_pending += 1
             ids = ids[:1]
         for vector_id in ids:

@@ -140,7 +140,7 @@ def session_outbox_space(tenant: str) -> str:
 
 
 def session_windows_outbox_space(tenant: str) -> str:
-    """Sessions searchable by their summary whose transcript window vectors are still to come.
+    """Sessions searchable by their base vector whose other window vectors are still to come.
 
     Key :func:`session_outbox_key` -> a token; the second, lower-priority pass of
     the session index (:mod:`tiers.session._index`) embeds the windows and removes it.

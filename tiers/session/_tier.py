@@ -405,9 +405,10 @@ class SessionTier:
 
         Args:
             timeout: Seconds to wait at most; ``None``: no limit.
-            windows: Wait until transcript windows are indexed too; ``False``:
-                until every session is searchable by its summary vector and
-                keywords (background indexing does the windows in a second pass).
+            windows: Wait until every window is indexed too; ``False``: until
+                every session is searchable by its base vector (the summary's
+                first window) and keywords (background indexing does the other
+                windows in a second pass).
 
         Returns:
             True when nothing is left queued; False on timeout, or when work is

@@ -115,11 +115,7 @@ class IndexReport:
             f"tenant {self.tenant}: index {state}: {self.vectors} vectors expected, "
             f"{self.missing} missing, {self.stale} stale, {self.orphans} orphaned, "
             f"{self.pending} queued for indexing"
-            + (
-                f", {self.windows_pending} with windows queued"
-                if self.windows_pending
-                else ""
-            )
+            + (f", {self.windows_pending} with windows queued" if self.windows_pending else "")
         )
 
 

@@ -16,7 +16,10 @@ tenant's KV records with what the index holds:
   session or item, a window past the session's count, an unknown id).
 
 Sessions and items with queued index work are left out: their outbox finishes
-them. The index is listed *before* the KV store is read and every KV commit
+them. A session searchable by its base vector whose other windows wait for the
+indexer's second pass (``session_windows_outbox_space``) is not stale either:
+its base vector is checked, its windows are the second pass's business. The
+index is listed *before* the KV store is read and every KV commit
 precedes its index write, so a save racing the check is never taken for an
 orphan (at worst it is reported missing once and re-indexed, which is harmless).
 
@@ -76,6 +79,8 @@ class IndexReport:
         orphans: Vectors of the tenant in the index with no record behind them.
         pending: Sessions and items with index work queued (not checked: their
             outbox brings them in line).
+        windows_pending: Sessions checked by their base vector only: their
+            other windows are queued for the indexer's second pass.
         unindexable: Session records that do not decode (never indexed; see the log).
         checked_at: When the check started.
         sessions: Sessions whose vectors need re-indexing or deleting, each with
@@ -93,6 +98,7 @@ class IndexReport:
     pending: int = 0
     unindexable: int = 0
     checked_at: datetime = field(default_factory=utcnow)
+    windows_pending: int = 0
     sessions: tuple[tuple[Ref, int], ...] = ()
     items: tuple[tuple[str, int], ...] = ()
     strays: tuple[str, ...] = ()
@@ -109,6 +115,7 @@ class IndexReport:
             f"tenant {self.tenant}: index {state}: {self.vectors} vectors expected, "
             f"{self.missing} missing, {self.stale} stale, {self.orphans} orphaned, "
             f"{self.pending} queued for indexing"
+            + (f", {self.windows_pending} with windows queued" if self.windows_pending else "")
         )
 
 
@@ -128,6 +135,7 @@ class _Scan:
     item_missing: int = 0
     item_stale: int = 0
     pending: int = 0
+    windows_pending: int = 0
     unindexable: int = 0
 
 
@@ -207,6 +215,7 @@ def check_index(kv: KVStore, index: VectorIndex, tenant: str) -> IndexReport:
         pending=scan.pending,
         unindexable=unindexable + scan.unindexable,
         checked_at=started,
+        windows_pending=scan.windows_pending,
         sessions=tuple(damaged.items()),
         items=tuple(items.items()),
         strays=tuple(strays),
@@ -223,6 +232,10 @@ def _read_user_sessions(kv: KVStore, tenant: str, user_id: str, scan: _Scan) -> 
     prefix = keys.session_outbox_key(user_id, "")
     queued = {
         key[len(prefix) :] for key, _ in kv.scan(keys.session_outbox_space(tenant), prefix=prefix)
+    }
+    windows_queued = {
+        key[len(prefix) :]
+        for key, _ in kv.scan(keys.session_windows_outbox_space(tenant), prefix=prefix)
     }
     session_ids = [sid for sid in records if sid not in queued]
     headers = (
@@ -246,6 +259,10 @@ def _read_user_sessions(kv: KVStore, tenant: str, user_id: str, scan: _Scan) -> 
             continue
         record = records[session_id]
         rev = session_fingerprint(record, header_of[session_id])
+        if session_id in windows_queued:
+            # Searchable by its base vector; the rest is the second pass's (present or not).
+            scan.windows_pending += 1
+            ids = ids[:1]
         for vector_id in ids:
             scan.sessions[vector_id] = ((user_id, session_id), rev, record)
 

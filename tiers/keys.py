@@ -139,6 +139,15 @@ def session_outbox_space(tenant: str) -> str:
     return f"{tenant}:session-outbox"
 
 
+def session_windows_outbox_space(tenant: str) -> str:
+    """Sessions searchable by their base vector whose other window vectors are still to come.
+
+    Key :func:`session_outbox_key` -> a token; the second, lower-priority pass of
+    the session index (:mod:`tiers.session._index`) embeds the windows and removes it.
+    """
+    return f"{tenant}:session-windows-outbox"
+
+
 def session_outbox_key(user_id: str, session_id: str) -> str:
     """Outbox key of one session (ids cannot contain ``/``, so this is unambiguous)."""
     return f"{user_id}/{session_id}"

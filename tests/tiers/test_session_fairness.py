@@ -4,8 +4,11 @@ The bound, in sessions rather than seconds (the suite asserts no wall-clock time
 while another user's bulk backlog is being indexed, a recall waits for at most the
 batch the background worker has in flight plus, if its own session was taken into
 the next batch, that batch: at most ``1 + WORKER_BATCH`` sessions of the other user
-are indexed before the recall embeds its query, however long the backlog. Another
-tenant's backlog delays it by none (each tenant has its own indexer).
+are indexed before the recall embeds its query, however long the backlog. The
+second pass (transcript windows, after the sessions are searchable) keeps the
+bound: it runs in batches of at most ``WINDOW_BATCH`` sessions, only when no
+first-pass work is queued. Another tenant's backlog delays it by none (each
+tenant has its own indexer).
 
 Real parts: every KV backend, embedded Chroma, the real MiniLM model; the model is
 wrapped only to record which texts each call embedded and to hold the worker at a
@@ -27,18 +30,22 @@ from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.models import Message
 from tiers.session import SessionSummary, SessionTier
-from tiers.session._index import WORKER_BATCH
+from tiers.session._index import WINDOW_BATCH, WORKER_BATCH
 
 GATED_WORKER = "tiermem-session-index-default"
 
 
 class GatedEmbedder:
-    """The real model; the default tenant's index worker waits at a gate before its calls."""
+    """The real model; the default tenant's index worker waits at a gate before its calls.
 
-    def __init__(self, inner: MiniLMEmbedder) -> None:
+    With ``only``, before its calls with a text holding ``only``.
+    """
+
+    def __init__(self, inner: MiniLMEmbedder, *, only: str = "") -> None:
         self.inner = inner
         self.name = inner.name
         self.dimension = inner.dimension
+        self.only = only  # gate only calls with a text holding this
         self.gate = threading.Event()
         self.worker_waiting = threading.Event()
         self.calls: list[tuple[str, list[str]]] = []  # (thread name, texts), in call order
@@ -46,7 +53,8 @@ class GatedEmbedder:
 
     def embed(self, texts: Sequence[str]) -> list[list[float]]:
         thread = threading.current_thread().name
-        if thread == GATED_WORKER and not self.gate.is_set():
+        gated = any(self.only in text for text in texts)
+        if thread == GATED_WORKER and gated and not self.gate.is_set():
             self.worker_waiting.set()
             assert self.gate.wait(timeout=300), "the test never opened the gate"
         with self._lock:
@@ -171,3 +179,42 @@ def test_another_tenants_backlog_does_not_delay_recall(
         gated.gate.set()
         busy.close()
         other.close()
+
+
+def test_a_backlog_of_transcript_windows_delays_a_recall_by_at_most_one_batch(
+    kv: KVStore, index: ChromaVectorIndex, model: MiniLMEmbedder, no_network: None
+) -> None:
+    gated = GatedEmbedder(model, only="alicewindow")
+    tier = SessionTier(kv, index, gated, background=True)
+    backlog = 3 * WINDOW_BATCH
+    try:
+        for n in range(backlog):
+            transcript = [Message(role="user", content=f"alicewindow {n}: the quarterly numbers")]
+            tier.save_transcript("alice", f"s{n:03d}", transcript)
+            tier.save_session(summary("alice", n, f"alice topic {n}"))
+        # Every session is searchable; the worker is held in its first batch of windows.
+        assert tier.flush(timeout=300, windows=False)
+        assert gated.worker_waiting.wait(timeout=300)
+        tier.save_session(summary("bob", 0, "Zanzibar ferry timetable"))
+        found: list[str] = []
+        recall = threading.Thread(
+            target=lambda: found.extend(
+                hit.summary.session_id
+                for hit in tier.recall_relevant("bob", "ferry to Zanzibar", top_k=1)
+            )
+        )
+        recall.start()
+        gated.gate.set()
+        recall.join(timeout=300)
+        assert not recall.is_alive()
+        assert found == ["s000"]
+        before = gated.texts_before("ferry to Zanzibar")
+        windows_indexed = sum(text.startswith("user: alicewindow") for text in before)
+        assert "Zanzibar ferry timetable" in before
+        # The batch in flight, and (if the recall came late) one more: never the backlog.
+        assert windows_indexed <= 2 * WINDOW_BATCH < backlog
+        assert tier.flush(timeout=300)
+        assert kv.scan(keys.session_windows_outbox_space("default")) == []
+    finally:
+        gated.gate.set()
+        tier.close()

@@ -11,7 +11,9 @@ The public face of the package; the modules beside it are private. Where to look
   fusion weights and tie-breaks, all in one file;
 - ``_retention.py``: sessions and transcripts expiring after a cutoff;
 - ``_reindex.py``: rebuilding the vector index from the KV store;
-- ``_index.py``: the vector index kept in line with the KV store (outbox, fingerprints, repair);
+- ``_index.py``: the vector index kept in line with the KV store (outboxes, fingerprints,
+  repair, the background worker's two passes);
+- ``_plans.py``: what the index should hold for a session, read from the KV store; the embed cache;
 - ``_view.py``: the per-user cache of what recall and listing read;
 - ``_keyword.py``: the tokenizer keyword search matches on;
 - ``_chunking.py``, ``_transcripts.py``: transcript windows and stored transcripts;

@@ -14,16 +14,29 @@ where, every vector a session ever had can be found again: no orphans.
 Every vector carries ``rev``, the :func:`session_fingerprint` of the records it
 was made from, so a consistency check (:mod:`tiers.index_check`) tells a vector
 of a replaced summary from a current one without re-embedding anything.
+
+Incremental indexing (background mode): embedding transcript windows is most of
+the cost of a session, so the worker indexes in two passes. The first embeds the
+base vector only (the summary's first window: recall then finds the session by it
+and by keywords over the full transcript, which come from the KV store), deletes
+any window vectors of an earlier state, and in the commit that clears the outbox
+entry puts an entry in ``session_windows_outbox_space``. The second pass, run
+when no first-pass work is queued and saves pause, embeds the other windows
+(summary and transcript) and clears that entry under the same token check.
+Both entries are in the KV store, so a crash between the passes loses nothing:
+the next worker replays both outboxes. In foreground mode every sync does both
+passes at once.
 """
 
 from __future__ import annotations
 
+import enum
 import hashlib
 import logging
 import threading
-from collections import OrderedDict, deque
+import time
+from collections import OrderedDict
 from collections.abc import Callable, Iterable, Sequence
-from dataclasses import dataclass
 
 from tiers import keys
 from tiers.backends.base import (
@@ -36,24 +49,34 @@ from tiers.backends.base import (
     VectorItem,
     Write,
 )
-from tiers.codec import decode
-from tiers.errors import BackendUnavailableError, ConflictError, CorruptRecordError
-from tiers.models import Message, SessionSummary
-from tiers.session._chunking import session_windows
-from tiers.session._transcripts import decode_transcript, header_key, page_key, read_header
+from tiers.errors import BackendUnavailableError, ConflictError
+from tiers.session._plans import CachedEmbedder, Plan, Ref, enqueue, read_plans, take
 
-__all__ = ["FINGERPRINT_KEY", "WORKER_BATCH", "Ref", "SessionIndexer", "session_fingerprint"]
+__all__ = [
+    "FINGERPRINT_KEY",
+    "WINDOW_BATCH",
+    "WORKER_BATCH",
+    "Ref",
+    "SessionIndexer",
+    "session_fingerprint",
+]
 
 logger = logging.getLogger(__name__)
-
-Ref = tuple[str, str]  # (user_id, session_id)
 
 BATCH = 256  # sessions per index batch
 # Sessions per background batch at most: a recall that needs the sync lock waits for at most
 # one such batch of other users' work (see SessionIndexer), so it bounds that wait.
 WORKER_BATCH = 16
+# Sessions per second-pass batch at most: up to TRANSCRIPT_WINDOWS + 1 texts each. One: new first-pass work (sessions not searchable yet) then waits for at most one
+# session's windows (~0.5 CPU s for a LongMemEval-sized one), and so does a recall; batching
+# more sessions saved little (the model's calls are per text-length group anyway) but made
+# sessions saved during a window batch wait for all of it (measured: bench/README.md).
+WINDOW_BATCH = 1
+# A second-pass batch starts once no session was submitted for this long (a burst of saves is
+# made searchable first), or at the latest this long after the last one (windows never starve).
+_WINDOW_IDLE = 0.25
+_WINDOW_MAX_DELAY = 5.0
 _SYNC_ATTEMPTS = 5
-_EMBED_CACHE = 4096  # recently embedded texts kept, so re-indexing unchanged windows is free
 _MAX_BACKOFF = 30.0
 # Part of every fingerprint: change it when the texts embedded for a session change
 # (windowing, what a summary's text holds), and every vector counts as stale.
@@ -76,19 +99,12 @@ def session_fingerprint(record: bytes, transcript_header: bytes | None) -> str:
     return digest.hexdigest()
 
 
-@dataclass(slots=True)
-class _Plan:
-    """What the index should hold for one session after a sync."""
+class _Pass(enum.Enum):
+    """What one sync embeds, and which outbox says what needs it."""
 
-    ref: Ref
-    summary: SessionSummary | None  # None: the session is gone (or unreadable): remove it
-    texts: list[str]  # texts to embed: [summary window, *extra windows]
-    old_count: int  # extra windows the index may hold now (upper bound)
-    fingerprint: str = ""  # session_fingerprint of the records read (with a summary)
-
-    @property
-    def new_count(self) -> int:
-        return max(0, len(self.texts) - 1) if self.summary is not None else 0
+    BASE = "base"  # first pass: the base vector; the other windows are queued for WINDOWS
+    FULL = "full"  # every window at once
+    WINDOWS = "windows"  # second pass: the other windows of sessions the first pass queued
 
 
 class SessionIndexer:
@@ -98,11 +114,13 @@ class SessionIndexer:
     a slower writer never overwrites a newer vector with an older one.
 
     Fairness: the background worker queues work per user and takes batches
-    round-robin over users (at most ``WORKER_BATCH`` sessions), so one user's
-    bulk backlog does not hold back another user's sessions; and it starts no
-    new batch while a foreground sync (a recall settling its user's queued
-    work) waits for the lock. So a recall waits for at most the one batch in
-    flight, whatever the backlog of other users or tenants.
+    round-robin over users (at most ``WORKER_BATCH`` sessions, or
+    ``WINDOW_BATCH`` of second-pass work), so one user's bulk backlog does not
+    hold back another user's sessions; second-pass batches are taken only when
+    no first-pass work is queued; and it starts no new batch while a foreground
+    sync (a recall settling its user's queued work) waits for the lock. So a
+    recall waits for at most the one batch in flight, whatever the backlog of
+    other users or tenants.
 
     Args:
         kv: The authoritative store.
@@ -110,7 +128,8 @@ class SessionIndexer:
         embedder: Embeds summaries and transcript windows.
         tenant: The tenant whose sessions this indexes.
         on_indexed: Called with the user ids whose vectors changed.
-        background: Run syncs in a worker thread (see :meth:`submit`).
+        background: Run syncs in a worker thread (see :meth:`submit`), all but
+            the base vector in a second pass (see the module docstring).
     """
 
     def __init__(
@@ -129,19 +148,23 @@ class SessionIndexer:
         self._tenant = tenant
         self._on_indexed = on_indexed
         self._outbox = keys.session_outbox_space(tenant)
+        self._windows_outbox = keys.session_windows_outbox_space(tenant)
         self._sync_lock = threading.Lock()
         self._needs_repair = threading.Event()
-        self._embed_lock = threading.Lock()
-        self._embedded: OrderedDict[str, list[float]] = OrderedDict()
+        self._embed = CachedEmbedder(embedder)
         self.background = background
-        self._queue: OrderedDict[str, deque[str]] = OrderedDict()  # user -> session ids
+        # user -> session ids (an ordered set): first-pass work, and second-pass work.
+        self._queue: OrderedDict[str, dict[str, None]] = OrderedDict()
+        self._windows_queue: OrderedDict[str, dict[str, None]] = OrderedDict()
         self._foreground = 0  # foreground syncs waiting for or holding the sync lock
+        self._last_submit = self._last_windows = time.monotonic()
         self._cond = threading.Condition()
-        self._busy = False
+        self._busy = False  # the worker runs first-pass work (or a repair)
+        self._busy_windows = False  # the worker runs second-pass work
         self._stopping = False
         self._worker: threading.Thread | None = None
         if background:
-            self._needs_repair.set()  # the worker replays the outbox first
+            self._needs_repair.set()  # the worker replays the outboxes first
             self._worker = threading.Thread(
                 target=self._work, name=f"tiermem-session-index-{tenant}", daemon=True
             )
@@ -162,8 +185,8 @@ class SessionIndexer:
                 self.postpone(exc)
             return
         with self._cond:
-            for user_id, session_id in refs:
-                self._queue.setdefault(user_id, deque()).append(session_id)
+            enqueue(self._queue, refs)
+            self._last_submit = time.monotonic()
             self._cond.notify_all()
 
     def postpone(self, exc: BaseException) -> None:
@@ -185,14 +208,14 @@ class SessionIndexer:
     def repair(self) -> int:
         """Sync every session with an outbox entry; returns how many were processed.
 
+        Sessions whose transcript windows are still to be indexed (a second
+        pass a crash or an outage cut short) are indexed too: at once in
+        foreground mode, by the worker's second pass in background mode.
+
         Raises:
             BackendUnavailableError: A store failed; the work stays queued.
         """
-        refs: list[Ref] = []
-        for key, _ in self._kv.scan(self._outbox):
-            user_id, _, session_id = key.partition("/")
-            if user_id and session_id:
-                refs.append((user_id, session_id))
+        refs = self._scan_refs(self._outbox)
         in_worker = threading.current_thread() is self._worker
         # In the worker, repair keeps the fairness bound: small batches, recalls first.
         step = WORKER_BATCH if in_worker else BATCH
@@ -201,31 +224,62 @@ class SessionIndexer:
                 with self._cond:
                     self._cond.wait_for(lambda: self._stopping or not self._foreground)
             self.sync(refs[start : start + step])
+        windows = self._scan_refs(self._windows_outbox)
+        if self.background:
+            with self._cond:
+                enqueue(self._windows_queue, windows)
+                self._cond.notify_all()
+        else:
+            for start in range(0, len(windows), BATCH):
+                self.sync_windows(windows[start : start + BATCH])
         self._needs_repair.clear()
         if refs:
             logger.info("session index repair processed %d queued session(s)", len(refs))
         return len(refs)
 
+    def _scan_refs(self, space: str) -> list[Ref]:
+        refs: list[Ref] = []
+        for key, _ in self._kv.scan(space):
+            user_id, _, session_id = key.partition("/")
+            if user_id and session_id:
+                refs.append((user_id, session_id))
+        return refs
+
     def queued(self, user_id: str) -> list[Ref]:
-        """The user's sessions with an outbox entry."""
+        """The user's sessions with an outbox entry (not yet searchable by their base vector)."""
         prefix = keys.session_outbox_key(user_id, "")
         return [
             (user_id, key[len(prefix) :]) for key, _ in self._kv.scan(self._outbox, prefix=prefix)
         ]
 
-    def flush(self, timeout: float | None = None) -> bool:
-        """Wait until all queued work is done; False on timeout or if work is left for repair."""
+    def flush(self, timeout: float | None = None, *, windows: bool = True) -> bool:
+        """Wait until all queued work is done; False on timeout or if work is left for repair.
+
+        Args:
+            timeout: Seconds to wait at most; ``None``: no limit.
+            windows: Wait for the second pass too (every window indexed);
+                ``False``: only until every session is searchable by its base
+                vector (and keywords).
+        """
         if not self.background:
             self.repair_if_needed()
             return not self._needs_repair.is_set()
         with self._cond:
             return self._cond.wait_for(
-                lambda: not self._queue and not self._busy and not self._needs_repair.is_set(),
+                lambda: (
+                    not self._queue
+                    and not self._busy
+                    and not self._needs_repair.is_set()
+                    and not (windows and (self._windows_queue or self._busy_windows))
+                ),
                 timeout,
             )
 
     def close(self, timeout: float | None = 10.0) -> None:
-        """Stop the worker after it finishes the queue (up to ``timeout``). Idempotent."""
+        """Stop the worker after it finishes the queue (up to ``timeout``). Idempotent.
+
+        Second-pass work not done by then stays in the KV store for the next worker.
+        """
         worker = self._worker
         if worker is None:
             return
@@ -236,72 +290,110 @@ class SessionIndexer:
         worker.join(timeout)
         self._worker = None
 
+    def _windows_wait(self) -> float | None:
+        """Seconds until second-pass work may start; ``None``: none queued (``_cond`` held)."""
+        if not self._windows_queue:
+            return None
+        due = min(self._last_submit + _WINDOW_IDLE, self._last_windows + _WINDOW_MAX_DELAY)
+        return max(0.0, due - time.monotonic())
+
+    def _wait_for_work(self) -> bool:
+        """Wait until the worker may start a batch; False when it is stopping (``_cond`` held)."""
+        while not self._stopping:
+            if not self._foreground:
+                if self._queue or self._needs_repair.is_set():
+                    return True
+                wait = self._windows_wait()
+                if wait is not None and wait <= 0:
+                    return True
+            else:
+                wait = None
+            self._cond.wait(wait)
+        return False
+
     def _work(self) -> None:
         backoff = 0.5
         while True:
             with self._cond:
-                self._cond.wait_for(
-                    lambda: (
-                        self._stopping
-                        or (
-                            (bool(self._queue) or self._needs_repair.is_set())
-                            and not self._foreground
-                        )
-                    )
-                )
-                if self._stopping:
+                if not self._wait_for_work():
                     return
                 # What queued meanwhile goes in one batch (that is what makes it fast), taken
                 # round-robin over users so that a bulk backlog does not starve the others.
-                taken = self._take(WORKER_BATCH)
-                self._busy = True
+                repairing = self._needs_repair.is_set()
+                taken = take(self._queue, WORKER_BATCH)
+                # Windows only when nothing makes sessions searchable first: the second pass.
+                windows = [] if taken or repairing else take(self._windows_queue, WINDOW_BATCH)
+                if windows:
+                    self._last_windows = time.monotonic()
+                self._busy = bool(taken) or repairing
+                self._busy_windows = bool(windows)
+            failed = False
             try:
-                if self._needs_repair.is_set():
+                if repairing:
                     self.repair()
                 if taken:
                     self.sync(taken)
+                if windows:
+                    self.sync_windows(windows)
                 backoff = 0.5
-            except BackendUnavailableError as exc:
-                self.postpone(exc)
-            except Exception:  # the worker must survive anything: the outbox keeps the work
-                logger.exception("session index worker failed; the work stays queued")
-                self._needs_repair.set()
+            except Exception as exc:  # the worker must survive anything: the outboxes keep the work
+                failed = True
+                if windows:
+                    # Only second-pass work failed: the sessions stay searchable (no repair
+                    # needed for that), their windows are retried after the backoff.
+                    logger.warning("session window indexing failed, will retry: %r", exc)
+                    with self._cond:
+                        enqueue(self._windows_queue, windows)
+                elif isinstance(exc, BackendUnavailableError):
+                    self.postpone(exc)
+                else:
+                    logger.exception("session index worker failed; the work stays queued")
+                    self._needs_repair.set()
             finally:
                 with self._cond:
-                    self._busy = False
+                    self._busy = self._busy_windows = False
                     self._cond.notify_all()
-            if self._needs_repair.is_set():
+            if failed or self._needs_repair.is_set():
                 with self._cond:
                     self._cond.wait_for(lambda: self._stopping, backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF)
-
-    def _take(self, limit: int) -> list[Ref]:
-        """Up to ``limit`` queued refs, one per user in turn (call with ``_cond`` held)."""
-        taken: list[Ref] = []
-        while self._queue and len(taken) < limit:
-            user_id, sessions = next(iter(self._queue.items()))
-            taken.append((user_id, sessions.popleft()))
-            del self._queue[user_id]
-            if sessions:
-                self._queue[user_id] = sessions  # to the back of the line
-        return taken
 
     def queued_in_worker(self) -> int:
         """Sessions handed to the background worker and not yet taken into a batch."""
         with self._cond:
             return sum(len(sessions) for sessions in self._queue.values())
 
+    def windows_queued_in_worker(self) -> int:
+        """Sessions searchable by their summary whose transcript windows wait for the worker."""
+        with self._cond:
+            return sum(len(sessions) for sessions in self._windows_queue.values())
+
     # -- syncing ------------------------------------------------------------------------------
 
     def sync(self, refs: Sequence[Ref]) -> None:
         """Make the index match the KV store for ``refs`` with queued work, then clear it.
 
-        Called from any thread but the worker's, it goes before the worker's next
-        batch (see the class docstring).
+        In background mode this is the first pass: the sessions become
+        searchable, their transcript windows are queued for the second
+        (:meth:`sync_windows`). Called from any thread but the worker's, it
+        goes before the worker's next batch (see the class docstring).
 
         Raises:
             BackendUnavailableError: A store or the embedder failed; the work stays queued.
         """
+        self._run(refs, _Pass.BASE if self.background else _Pass.FULL)
+
+    def sync_windows(self, refs: Sequence[Ref]) -> None:
+        """The second pass: index the transcript windows the first pass left for ``refs``.
+
+        Sessions with first-pass work queued are skipped: that pass redoes them.
+
+        Raises:
+            BackendUnavailableError: A store or the embedder failed; the work stays queued.
+        """
+        self._run(refs, _Pass.WINDOWS)
+
+    def _run(self, refs: Sequence[Ref], kind: _Pass) -> None:
         pending = list(dict.fromkeys(refs))
         foreground = threading.current_thread() is not self._worker
         if foreground:
@@ -312,7 +404,7 @@ class SessionIndexer:
                 for _ in range(_SYNC_ATTEMPTS):
                     if not pending:
                         return
-                    pending = self._sync_once(pending, force=False)
+                    pending = self._sync_once(pending, force=False, kind=kind)
         finally:
             if foreground:
                 with self._cond:
@@ -329,7 +421,7 @@ class SessionIndexer:
             BackendUnavailableError: A store or the embedder failed.
         """
         with self._sync_lock:
-            self._sync_once(list(dict.fromkeys(refs)), force=True)
+            self._sync_once(list(dict.fromkeys(refs)), force=True, kind=_Pass.FULL)
 
     def drop_strays(self, user_id: str) -> int:
         """Delete the user's vectors whose session has no KV record (found by metadata: slow).
@@ -365,19 +457,32 @@ class SessionIndexer:
             self._on_indexed([user_id])
         return len(doomed)
 
-    def _sync_once(self, refs: list[Ref], *, force: bool) -> list[Ref]:
+    def _sync_once(self, refs: list[Ref], *, force: bool, kind: _Pass) -> list[Ref]:
         """One pass; returns the refs re-queued meanwhile. ``force``: also refs with no entry."""
-        outbox_keys = [keys.session_outbox_key(user, sid) for user, sid in refs]
+        source = self._windows_outbox if kind is _Pass.WINDOWS else self._outbox
+        entry_keys = [keys.session_outbox_key(user, sid) for user, sid in refs]
         # Tokens are read before records: a record read later is at least as new as its token.
-        tokens = self._kv.get_many(self._outbox, outbox_keys)
+        tokens = self._kv.get_many(source, entry_keys)
+        if kind is _Pass.WINDOWS:
+            # A session with first-pass work queued is redone by it, windows queued again.
+            ahead = self._kv.get_many(self._outbox, entry_keys)
+            tokens = [
+                token if first is None else None for token, first in zip(tokens, ahead, strict=True)
+            ]
         work = [
             (ref, key, token)
-            for ref, key, token in zip(refs, outbox_keys, tokens, strict=True)
+            for ref, key, token in zip(refs, entry_keys, tokens, strict=True)
             if token is not None or force
         ]
         if not work:
             return []  # whoever cleared the entries indexed a state at least this new
-        plans = self._plan([ref for ref, _, _ in work])
+        plans = read_plans(
+            self._kv,
+            self._tenant,
+            [ref for ref, _, _ in work],
+            fingerprint=session_fingerprint,
+            with_windows=kind is not _Pass.BASE,
+        )
         grown = [
             Put(self._counts(plan.ref[0]), plan.ref[1], str(plan.new_count).encode())
             for plan in plans
@@ -387,85 +492,24 @@ class SessionIndexer:
             # Before any vector is added, so a crash can never leave one unaccounted for.
             self._kv.commit(grown)
         try:
-            self._write_vectors(plans)
+            # The second pass adds the windows: the first one wrote the base vector.
+            self._write_vectors(plans, windows_only=kind is _Pass.WINDOWS)
         finally:
             self._on_indexed(users_of(refs))
-        return self._clear(work, plans)
+        requeued = self._clear(work, plans, source)
+        deferred = [plan.ref for plan in plans if plan.deferred]
+        if deferred:
+            with self._cond:
+                enqueue(self._windows_queue, deferred)
+                self._cond.notify_all()
+        return requeued
 
     def _counts(self, user_id: str) -> str:
         return keys.session_vectors_space(self._tenant, user_id)
 
-    def _plan(self, refs: list[Ref]) -> list[_Plan]:
-        by_user: dict[str, list[str]] = {}
-        for user_id, session_id in refs:
-            by_user.setdefault(user_id, []).append(session_id)
-        plans: dict[Ref, _Plan] = {}
-        for user_id, session_ids in by_user.items():
-            space = keys.sessions_space(self._tenant, user_id)
-            records = self._kv.get_many(space, session_ids)
-            counts = self._kv.get_many(self._counts(user_id), session_ids)
-            transcripts, raw_headers = self._read_transcripts(
-                user_id, [sid for sid, data in zip(session_ids, records, strict=True) if data]
-            )
-            for session_id, data, count in zip(session_ids, records, counts, strict=True):
-                summary = None
-                if data is not None:
-                    try:
-                        summary = decode(SessionSummary, data, where=f"{space}/{session_id}")
-                    except CorruptRecordError as exc:
-                        # Unindexable; reading it still raises. A re-save indexes it again.
-                        logger.error("not indexing a corrupt session record: %s", exc)
-                texts = (
-                    session_windows(summary, transcripts.get(session_id))
-                    if summary is not None
-                    else []
-                )
-                plans[(user_id, session_id)] = _Plan(
-                    ref=(user_id, session_id),
-                    summary=summary,
-                    texts=texts,
-                    old_count=int(count) if count is not None and count.isdigit() else 0,
-                    fingerprint=(
-                        session_fingerprint(data, raw_headers.get(session_id))
-                        if data is not None
-                        else ""
-                    ),
-                )
-        return [plans[ref] for ref in refs]
-
-    def _read_transcripts(
-        self, user_id: str, session_ids: list[str]
-    ) -> tuple[dict[str, list[Message]], dict[str, bytes]]:
-        """The sessions' transcripts (those readable) and their raw stored headers."""
-        if not session_ids:
-            return {}, {}
-        space = keys.transcripts_space(self._tenant, user_id)
-        raw_headers = self._kv.get_many(space, [header_key(sid) for sid in session_ids])
-        raw_of = {
-            sid: raw for sid, raw in zip(session_ids, raw_headers, strict=True) if raw is not None
-        }
-        headers = {
-            sid: header
-            for sid, raw in zip(session_ids, raw_headers, strict=True)
-            if (header := read_header(raw, where=f"{space}/{sid}")) is not None
-        }
-        page_keys = [page_key(sid, n) for sid, h in headers.items() for n in range(h.pages)]
-        pages = dict(zip(page_keys, self._kv.get_many(space, page_keys), strict=True))
-        out: dict[str, list[Message]] = {}
-        for session_id, header in headers.items():
-            try:
-                out[session_id] = decode_transcript(
-                    header,
-                    [pages[page_key(session_id, n)] for n in range(header.pages)],
-                    where=f"{space}/{session_id}",
-                )
-            except CorruptRecordError as exc:
-                # The summary is still indexed; the transcript's windows wait for a re-save.
-                logger.error("not indexing a damaged transcript: %s", exc)
-        return out, raw_of
-
-    def _write_vectors(self, plans: list[_Plan]) -> None:
-        vectors = iter(self._embed([text for plan in plans for text in plan.texts]))
+    def _write_vectors(self, plans: list[Plan], *, windows_only: bool) -> None:
+        first = 1 if windows_only else 0
+        vectors = iter(self._embed.embed([text for plan in plans for text in plan.indexed[first:]]))
         items: list[VectorItem] = []
         removals: list[str] = []
         for plan in plans:
@@ -482,7 +526,7 @@ class SessionIndexer:
                     "created_at_iso": plan.summary.created_at.isoformat(),
                     FINGERPRINT_KEY: plan.fingerprint,
                 }
-                for n in range(len(plan.texts)):
+                for n in range(first, len(plan.indexed)):
                     chunk_id = keys.session_chunk_vector_id(self._tenant, user_id, session_id, n)
                     items.append(
                         VectorItem(
@@ -504,44 +548,33 @@ class SessionIndexer:
         if removals:
             self._index.delete(removals)
 
-    def _embed(self, texts: list[str]) -> list[list[float]]:
-        """Embed with a small cache: re-indexing an unchanged transcript costs nothing."""
-        digests = [hashlib.blake2b(text.encode(), digest_size=16).hexdigest() for text in texts]
-        found: dict[str, list[float]] = {}
-        with self._embed_lock:
-            for digest in digests:
-                cached = self._embedded.get(digest)
-                if cached is not None:
-                    found[digest] = cached
-        missing = list(dict.fromkeys(d for d in digests if d not in found))
-        if missing:
-            text_of = dict(zip(digests, texts, strict=True))
-            fresh = self._embedder.embed([text_of[digest] for digest in missing])
-            with self._embed_lock:
-                for digest, vector in zip(missing, fresh, strict=True):
-                    found[digest] = vector
-                    self._embedded[digest] = vector
-                while len(self._embedded) > _EMBED_CACHE:
-                    self._embedded.popitem(last=False)
-        return [found[digest] for digest in digests]
-
-    def _clear(self, work: list[tuple[Ref, str, bytes | None]], plans: list[_Plan]) -> list[Ref]:
-        """Remove the outbox entries still holding the tokens read; return refs re-queued since.
+    def _clear(
+        self, work: list[tuple[Ref, str, bytes | None]], plans: list[Plan], source: str
+    ) -> list[Ref]:
+        """Remove the ``source`` entries still holding the tokens read; return refs re-queued since.
 
         Each removal also lowers the session's vector count to what is now
         indexed, in the same commit as its token check, so a newer writer's
-        higher count is never lowered.
+        higher count is never lowered. Clearing a first-pass entry queues the
+        session's windows for the second pass in that commit (or drops such an
+        entry when nothing is left for it).
         """
         held: list[tuple[Ref, list[Write], Check]] = []
         for (ref, key, token), plan in zip(work, plans, strict=True):
             if token is None:
                 continue
-            writes: list[Write] = [Delete(self._outbox, key)]
+            writes: list[Write] = [Delete(source, key)]
             if plan.summary is None or plan.new_count == 0 < plan.old_count:
                 writes.append(Delete(self._counts(ref[0]), ref[1]))
             elif plan.new_count < plan.old_count:
                 writes.append(Put(self._counts(ref[0]), ref[1], str(plan.new_count).encode()))
-            held.append((ref, writes, Check(self._outbox, key, token)))
+            if source == self._outbox:
+                writes.append(
+                    Put(self._windows_outbox, key, token)
+                    if plan.deferred
+                    else Delete(self._windows_outbox, key)
+                )
+            held.append((ref, writes, Check(source, key, token)))
         if not held:
             return []
         try:

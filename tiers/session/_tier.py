@@ -400,14 +400,21 @@ class SessionTier:
         """
         return self._reindexer.reindex(user_ids, progress=progress, batch_size=batch_size)
 
-    def flush(self, timeout: float | None = None) -> bool:
+    def flush(self, timeout: float | None = None, *, windows: bool = True) -> bool:
         """Wait until every index update queued so far is done.
+
+        Args:
+            timeout: Seconds to wait at most; ``None``: no limit.
+            windows: Wait until every window is indexed too; ``False``: until
+                every session is searchable by its base vector (the summary's
+                first window) and keywords (background indexing does the other
+                windows in a second pass).
 
         Returns:
             True when nothing is left queued; False on timeout, or when work is
             left for a later repair (e.g. the index is down).
         """
-        return self._store.indexer.flush(timeout)
+        return self._store.indexer.flush(timeout, windows=windows)
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Stop the background worker after it finishes what is queued (up to ``timeout``).

@@ -1,0 +1,207 @@
+"""What the vector index should hold for sessions: read from the KV store (see :mod:`._index`).
+
+A plan holds every text of a session (summary windows first, then transcript
+windows) and says which of them one pass of the indexer embeds: all of them,
+or only the first, the session's base vector (the first pass of incremental
+indexing, which makes the session searchable; the rest follows in a second pass).
+Also here: the embed cache and the per-user work queues the index worker takes
+batches from (callers hold their own lock).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import logging
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+from tiers import keys
+from tiers.backends.base import Embedder, KVStore
+from tiers.codec import decode
+from tiers.errors import CorruptRecordError
+from tiers.models import Message, SessionSummary
+from tiers.session._chunking import session_windows
+from tiers.session._transcripts import decode_transcript, header_key, page_key, read_header
+
+__all__ = ["CachedEmbedder", "Plan", "Ref", "enqueue", "read_plans", "take"]
+
+logger = logging.getLogger(__name__)
+
+Ref = tuple[str, str]  # (user_id, session_id)
+
+_EMBED_CACHE = 4096  # recently embedded texts kept, so re-indexing unchanged windows is free
+
+
+@dataclass(slots=True)
+class Plan:
+    """What the index should hold for one session after one pass of the indexer."""
+
+    ref: Ref
+    summary: SessionSummary | None  # None: the session is gone (or unreadable): remove it
+    texts: list[str]  # every text of the session: [summary windows..., transcript windows...]
+    old_count: int  # extra windows the index may hold now (upper bound)
+    fingerprint: str = ""  # session_fingerprint of the records read (with a summary)
+    with_windows: bool = True  # False: this pass embeds the base vector's text only
+
+    @property
+    def indexed(self) -> list[str]:
+        """The texts this pass embeds (vector ``n`` of the session is ``indexed[n]``)."""
+        if self.summary is None:
+            return []
+        return self.texts if self.with_windows else self.texts[:1]
+
+    @property
+    def new_count(self) -> int:
+        """Extra windows (past the base vector) the index holds of the session after this pass."""
+        return max(0, len(self.indexed) - 1)
+
+    @property
+    def deferred(self) -> bool:
+        """Whether windows of the session are left for the second pass."""
+        return self.summary is not None and len(self.indexed) < len(self.texts)
+
+
+def read_plans(
+    kv: KVStore,
+    tenant: str,
+    refs: list[Ref],
+    *,
+    fingerprint: Callable[[bytes, bytes | None], str],
+    with_windows: bool,
+) -> list[Plan]:
+    """Plans for ``refs`` (in their order) from the KV store's summaries, transcripts and counts.
+
+    Args:
+        kv: The authoritative store.
+        tenant: The tenant of the sessions.
+        refs: The sessions, each once.
+        fingerprint: Gives the fingerprint of a stored summary and transcript header.
+        with_windows: Whether the pass embeds every window (or only the base vector's text).
+    """
+    by_user: dict[str, list[str]] = {}
+    for user_id, session_id in refs:
+        by_user.setdefault(user_id, []).append(session_id)
+    plans: dict[Ref, Plan] = {}
+    for user_id, session_ids in by_user.items():
+        space = keys.sessions_space(tenant, user_id)
+        records = kv.get_many(space, session_ids)
+        counts = kv.get_many(keys.session_vectors_space(tenant, user_id), session_ids)
+        transcripts, raw_headers = _read_transcripts(
+            kv,
+            tenant,
+            user_id,
+            [sid for sid, data in zip(session_ids, records, strict=True) if data],
+        )
+        for session_id, data, count in zip(session_ids, records, counts, strict=True):
+            summary = None
+            if data is not None:
+                try:
+                    summary = decode(SessionSummary, data, where=f"{space}/{session_id}")
+                except CorruptRecordError as exc:
+                    # Unindexable; reading it still raises. A re-save indexes it again.
+                    logger.error("not indexing a corrupt session record: %s", exc)
+            plans[(user_id, session_id)] = Plan(
+                ref=(user_id, session_id),
+                summary=summary,
+                texts=(
+                    session_windows(summary, transcripts.get(session_id))
+                    if summary is not None
+                    else []
+                ),
+                old_count=int(count) if count is not None and count.isdigit() else 0,
+                fingerprint=(
+                    fingerprint(data, raw_headers.get(session_id)) if data is not None else ""
+                ),
+                with_windows=with_windows,
+            )
+    return [plans[ref] for ref in refs]
+
+
+def _read_transcripts(
+    kv: KVStore, tenant: str, user_id: str, session_ids: list[str]
+) -> tuple[dict[str, list[Message]], dict[str, bytes]]:
+    """The sessions' transcripts (those readable) and their raw stored headers."""
+    if not session_ids:
+        return {}, {}
+    space = keys.transcripts_space(tenant, user_id)
+    raw_headers = kv.get_many(space, [header_key(sid) for sid in session_ids])
+    raw_of = {
+        sid: raw for sid, raw in zip(session_ids, raw_headers, strict=True) if raw is not None
+    }
+    headers = {
+        sid: header
+        for sid, raw in zip(session_ids, raw_headers, strict=True)
+        if (header := read_header(raw, where=f"{space}/{sid}")) is not None
+    }
+    page_keys = [page_key(sid, n) for sid, h in headers.items() for n in range(h.pages)]
+    pages = dict(zip(page_keys, kv.get_many(space, page_keys), strict=True))
+    out: dict[str, list[Message]] = {}
+    for session_id, header in headers.items():
+        try:
+            out[session_id] = decode_transcript(
+                header,
+                [pages[page_key(session_id, n)] for n in range(header.pages)],
+                where=f"{space}/{session_id}",
+            )
+        except CorruptRecordError as exc:
+            # The summary is still indexed; the transcript's windows wait for a re-save.
+            logger.error("not indexing a damaged transcript: %s", exc)
+    return out, raw_of
+
+
+class CachedEmbedder:
+    """An embedder with a small cache: re-indexing an unchanged transcript costs nothing.
+
+    Thread-safe (the embedder is called outside the cache's lock).
+
+    Args:
+        embedder: Makes the vectors the cache does not hold.
+    """
+
+    def __init__(self, embedder: Embedder) -> None:
+        self._embedder = embedder
+        self._lock = threading.Lock()
+        self._embedded: OrderedDict[str, list[float]] = OrderedDict()
+
+    def embed(self, texts: list[str]) -> list[list[float]]:
+        """The vectors of ``texts``, in order; only texts not cached reach the embedder."""
+        digests = [hashlib.blake2b(text.encode(), digest_size=16).hexdigest() for text in texts]
+        found: dict[str, list[float]] = {}
+        with self._lock:
+            for digest in digests:
+                cached = self._embedded.get(digest)
+                if cached is not None:
+                    found[digest] = cached
+        missing = list(dict.fromkeys(d for d in digests if d not in found))
+        if missing:
+            text_of = dict(zip(digests, texts, strict=True))
+            fresh = self._embedder.embed([text_of[digest] for digest in missing])
+            with self._lock:
+                for digest, vector in zip(missing, fresh, strict=True):
+                    found[digest] = vector
+                    self._embedded[digest] = vector
+                while len(self._embedded) > _EMBED_CACHE:
+                    self._embedded.popitem(last=False)
+        return [found[digest] for digest in digests]
+
+
+def enqueue(queue: OrderedDict[str, dict[str, None]], refs: Iterable[Ref]) -> None:
+    """Add ``refs`` to a per-user work queue (an ordered set of session ids per user)."""
+    for user_id, session_id in refs:
+        queue.setdefault(user_id, {})[session_id] = None
+
+
+def take(queue: OrderedDict[str, dict[str, None]], limit: int) -> list[Ref]:
+    """Take up to ``limit`` refs from a per-user work queue, one per user in turn."""
+    taken: list[Ref] = []
+    while queue and len(taken) < limit:
+        user_id, sessions = next(iter(queue.items()))
+        session_id = next(iter(sessions))
+        del sessions[session_id]
+        taken.append((user_id, session_id))
+        del queue[user_id]
+        if sessions:
+            queue[user_id] = sessions  # to the back of the line
+    return taken

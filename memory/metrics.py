@@ -206,6 +206,26 @@ class TiermemMetrics:
         for observer in self.forward_to:
             observer.take_refused(run_id)
 
+    def step_committed(
+        self,
+        run_id: str,
+        step: str,
+        seq: int,
+        checkpoint_id: str,
+        idempotency_key: str,
+        seconds: float,
+    ) -> None:
+        """Pass an executed step on (its commit is counted by :meth:`committed`)."""
+        for observer in self.forward_to:
+            observer.step_committed(run_id, step, seq, checkpoint_id, idempotency_key, seconds)
+
+    def effect_recorded(
+        self, run_id: str, key: str, name: str, kind: str, source: str, seconds: float
+    ) -> None:
+        """Pass a recorded effect on (its commits are counted by :meth:`committed`)."""
+        for observer in self.forward_to:
+            observer.effect_recorded(run_id, key, name, kind, source, seconds)
+
     def replayed(self, run_id: str, kind: str, idempotency_key: str) -> None:
         """Count one replayed checkpoint."""
         self.replays.labels(kind=kind).inc()

@@ -10,9 +10,10 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
-from opentelemetry.sdk.trace import TracerProvider
+from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
 from typer.testing import CliRunner
@@ -22,6 +23,7 @@ from memory.cli import app as cli
 from memory.metrics import TiermemMetrics
 from memory.settings import Settings
 from memory.telemetry import TracingObserver, run_trace
+from tests.memory import traced_worker
 from tests.tiers.crash_worker import USER, open_store, run_to_end
 from tiers.errors import ApprovalPendingError
 from tiers.task import TaskTier
@@ -90,6 +92,109 @@ def test_a_crash_and_resume_shows_as_run_step_and_effect_spans(tmp_path: Path) -
     assert "receipt" not in dumped
     assert "R-" not in dumped
     assert outputs
+
+
+def _span_record(span: ReadableSpan) -> dict[str, Any]:
+    """A finished span as the traced worker writes it (``ReadableSpan.to_json``)."""
+    record: dict[str, Any] = json.loads(span.to_json(None))
+    return record
+
+
+def test_live_steps_and_effects_of_a_crashed_and_resumed_run_form_one_trace(
+    tmp_path: Path,
+) -> None:
+    data = tmp_path / "data"
+    store, spans_file, run_id = str(data / "tiermem.sqlite3"), tmp_path / "spans.jsonl", "shop"
+    Memory.from_settings(Settings(data_dir=data)).close()  # the store file, in the data dir
+    worker = subprocess.Popen(
+        [sys.executable, "-m", "tests.memory.traced_worker", store, run_id, str(spans_file)],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
+    try:
+        _wait_for("the worker to stop after two units", lambda: _stopped(worker.pid))
+    finally:
+        os.kill(worker.pid, signal.SIGKILL)  # a real crash, its lease still live
+        worker.wait(30)
+    first = [json.loads(line) for line in spans_file.read_text().splitlines()]
+
+    exporter = InMemorySpanExporter()
+    provider = TracerProvider()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    tracing = TracingObserver(tenant="default", tracer_provider=provider)
+    metrics = TiermemMetrics(forward_to=[tracing])
+    with Memory.from_settings(Settings(data_dir=data), metrics=metrics) as memory:
+        run = memory.tasks.start_run(traced_worker.USER, run_id, worker_id="taker", steal=True)
+        outputs = traced_worker.run_units(run)
+        run.complete(result=None)
+        exported = run_trace(memory, run_id)
+    second = [_span_record(s) for s in exporter.get_finished_spans()]
+    assert outputs[0] == {"plan": "secret plan"}
+
+    def named(spans: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+        return [s for s in spans if s["name"] == name]
+
+    # The crashed worker: its take, the step and the effect it executed.
+    (take,) = named(first, "tiermem.run")
+    assert take["attributes"]["tiermem.resumed"] is False
+    (plan,) = named(first, "tiermem.step")
+    assert plan["attributes"] == {
+        "tiermem.run_id": run_id,
+        "tiermem.tenant": "default",
+        "tiermem.replayed": False,
+        "tiermem.checkpoint.kind": "step",
+        "tiermem.step": "plan",
+        "tiermem.seq": 1,
+        "tiermem.checkpoint_id": plan["attributes"]["tiermem.checkpoint_id"],
+        "tiermem.idempotency_key": f"{run_id}/plan/0",
+    }
+    (pay,) = named(first, "tiermem.effect")
+    assert pay["attributes"]["tiermem.effect.name"] == "pay"
+    assert pay["attributes"]["gen_ai.tool.name"] == "pay"
+    assert pay["attributes"]["tiermem.effect.source"] == "fn"
+    assert pay["attributes"]["tiermem.replayed"] is False
+    assert pay["attributes"]["tiermem.idempotency_key"] == f"{run_id}/effect:pay/0"
+
+    # The worker that resumed it: a takeover, the two replays, then the rest live.
+    (retake,) = named(second, "tiermem.run")
+    assert retake["attributes"]["tiermem.resumed"] is True
+    assert retake["attributes"]["tiermem.takeover"] is True
+    replays = [s for s in second if s["attributes"].get("tiermem.replayed") is True]
+    assert sorted((s["name"], s["attributes"]["tiermem.idempotency_key"]) for s in replays) == [
+        ("tiermem.effect", f"{run_id}/effect:pay/0"),
+        ("tiermem.step", f"{run_id}/plan/0"),
+    ]
+    (label,) = [s for s in named(second, "tiermem.effect") if s not in replays]
+    assert label["attributes"]["tiermem.idempotency_key"] == f"{run_id}/ship/0/effect:label/0"
+    (ship,) = [s for s in named(second, "tiermem.step") if s not in replays]
+    assert ship["attributes"]["tiermem.step"] == "ship"
+    assert ship["attributes"]["tiermem.seq"] == 3
+
+    # One trace across both processes, the exported DAG's: the takes hang under the
+    # run's derived span, everything else under the take of its own process.
+    (otlp_run,) = [
+        s
+        for s in exported["resourceSpans"][0]["scopeSpans"][0]["spans"]
+        if s["name"] == "tiermem.run"
+    ]
+    assert {s["context"]["trace_id"] for s in first + second} == {f"0x{otlp_run['traceId']}"}
+    assert take["parent_id"] == retake["parent_id"] == f"0x{otlp_run['spanId']}"
+    for spans, parent in ((first, take), (second, retake)):
+        for span in spans:
+            if span is not parent:
+                assert span["parent_id"] == parent["context"]["span_id"], span["name"]
+    assert plan["attributes"]["tiermem.checkpoint_id"] in json.dumps(exported)
+
+    # The recovery metrics of the same resume.
+    assert (
+        metrics.registry.get_sample_value("tiermem_recovery_attempts_total", {"action": "replay"})
+        == 1
+    )
+    assert metrics.registry.get_sample_value("tiermem_lease_takeovers_total") == 1
+    assert metrics.registry.get_sample_value("tiermem_step_replays_total", {"kind": "step"}) == 1
+    assert metrics.registry.get_sample_value("tiermem_step_replays_total", {"kind": "effect"}) == 1
+    # Ids and names only: no output of any step or effect is in any span of either process.
+    assert "secret" not in json.dumps(first + second)
 
 
 def test_a_run_exports_as_a_deterministic_otlp_trace_with_its_forks(tmp_path: Path) -> None:

@@ -138,7 +138,7 @@ class Memory:
         # The data dir's lock (from_settings, when an embedded store lives there).
         self._dir_lock: DataDirLock | None = None
         self._sessions_ops = SessionOperations(
-            tiers, summarizer=lambda: self.summarizer, context_max_tokens=context_max_tokens
+            tiers, lambda: self.summarizer, context_max_tokens=context_max_tokens, metrics=metrics
         )
         self._users_ops = UserOperations(tiers)
         self._runs = RunOperations(self.tasks)

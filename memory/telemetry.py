@@ -1,6 +1,6 @@
 """OpenTelemetry for tiermem: live spans of the task tier, and a run's checkpoint DAG as a trace.
 
-Two parts:
+Three parts:
 
 - :class:`TracingObserver`, a :class:`~tiers.task.TaskObserver` that turns what the
   task tier reports into spans: ``tiermem.run`` when a worker takes a run (start or
@@ -17,17 +17,24 @@ Two parts:
   forked from it) as an OTLP JSON trace (``resourceSpans`` / ``scopeSpans`` /
   ``spans``), with ids derived deterministically from the run and checkpoint ids,
   so exporting twice gives the same trace. It needs no extra.
+- :func:`operation_span`, the spans of the session operations (``tiermem.session.*``:
+  save, end, summarize, recall, context), sent to the global tracer provider. Without
+  the extra, or before the app configures a provider, it does nothing at all.
 
-Spans carry ids only: run id, step name, checkpoint id, idempotency key, tenant,
-lease epoch. Never content: no transcript, state value or step output.
+Spans carry ids, names and counts only: run id, step name, checkpoint id, idempotency
+key, tenant, user and session ids, lease epoch, result and token counts. Never content:
+no transcript, summary, query, state value or step output.
 """
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import time
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import datetime
+from types import ModuleType
 from typing import TYPE_CHECKING, Any
 
 from tiers.models import Checkpoint, RunInfo
@@ -38,7 +45,15 @@ if TYPE_CHECKING:
 
     from memory.core import Memory
 
-__all__ = ["TracingObserver", "run_context", "run_span_id", "run_trace", "run_trace_id"]
+__all__ = [
+    "SpanAttributes",
+    "TracingObserver",
+    "operation_span",
+    "run_context",
+    "run_span_id",
+    "run_trace",
+    "run_trace_id",
+]
 
 SCOPE = "tiermem"
 _RUNS_KEPT = 4096
@@ -231,6 +246,59 @@ class TracingObserver:
         """A ``tiermem.approval`` span: a gate requested, granted or rejected."""
         attrs = {"tiermem.approval.key": key, "tiermem.approval.status": status}
         self._span("tiermem.approval", run_id, attrs)
+
+
+# -- spans of the session operations ----------------------------------------------------------
+
+SpanAttributes = dict[str, str | int | float | bool]
+"""A span's attributes: ids, names and counts (OpenTelemetry's scalar attribute types)."""
+
+
+@functools.cache
+def _trace_api() -> ModuleType | None:
+    try:
+        from opentelemetry import trace
+    except ImportError:  # no otel extra: the session operations are not traced
+        return None
+    return trace
+
+
+@functools.lru_cache(maxsize=8)
+def _provider_tracer(provider: TracerProvider) -> Tracer:
+    return provider.get_tracer(SCOPE)
+
+
+def _global_tracer() -> Tracer | None:
+    """The tracer of the app's global provider; ``None`` without the extra or a provider."""
+    trace = _trace_api()
+    if trace is None:
+        return None
+    provider = trace.get_tracer_provider()
+    if isinstance(provider, trace.ProxyTracerProvider | trace.NoOpTracerProvider):
+        return None  # none configured yet: not even a no-op span is made
+    return _provider_tracer(provider)
+
+
+@contextmanager
+def operation_span(name: str, attributes: SpanAttributes) -> Iterator[SpanAttributes]:
+    """Trace the operation in the ``with`` block as span ``name`` of the global provider.
+
+    Yields ``attributes`` itself: what the block adds to it (result and token
+    counts) is set on the span when the block ends. An exception is recorded
+    on the span and raised unchanged. Without the ``otel`` extra, or without a
+    configured tracer provider, nothing is traced.
+
+    Args:
+        name: The span's name (``tiermem.session.recall``, ...).
+        attributes: Its attributes so far: ids and numbers only, never content.
+    """
+    tracer = _global_tracer()
+    if tracer is None:
+        yield attributes
+        return
+    with tracer.start_as_current_span(name, attributes=attributes) as span:
+        yield attributes
+        span.set_attributes(attributes)
 
 
 # -- export of a run's checkpoint DAG ---------------------------------------------------------

@@ -8,14 +8,16 @@ import signal
 import subprocess
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
+from opentelemetry import trace
 from opentelemetry.sdk.trace import ReadableSpan, TracerProvider
 from opentelemetry.sdk.trace.export import SimpleSpanProcessor
 from opentelemetry.sdk.trace.export.in_memory_span_exporter import InMemorySpanExporter
+from opentelemetry.trace import StatusCode
 from typer.testing import CliRunner
 
 from memory import Memory
@@ -25,7 +27,7 @@ from memory.settings import Settings
 from memory.telemetry import TracingObserver, run_trace
 from tests.memory import traced_worker
 from tests.tiers.crash_worker import USER, open_store, run_to_end
-from tiers.errors import ApprovalPendingError
+from tiers.errors import ApprovalPendingError, InvalidInputError
 from tiers.task import TaskTier
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -262,4 +264,115 @@ def test_memory_metrics_forward_to_tracing_approvals_included(tmp_path: Path) ->
     assert metrics.registry.get_sample_value("tiermem_approvals_total", {"status": "granted"}) == 1
     assert "secret" not in json.dumps(
         [dict(s.attributes or {}) for s in exporter.get_finished_spans()]
+    )
+
+
+@pytest.fixture
+def global_spans() -> Iterator[InMemorySpanExporter]:
+    """Spans of the global tracer provider (set once per process: an SDK one), for this test."""
+    provider = trace.get_tracer_provider()
+    if not isinstance(provider, TracerProvider):
+        provider = TracerProvider()
+        trace.set_tracer_provider(provider)
+    exporter = InMemorySpanExporter()
+    provider.add_span_processor(SimpleSpanProcessor(exporter))
+    yield exporter
+    exporter.shutdown()  # a provider's processors stay: later spans are dropped here
+
+
+TRANSCRIPT = [
+    {
+        "role": "user",
+        "content": "Secret-topic: migrate the billing cluster. I prefer terse answers.",
+    },
+    {"role": "assistant", "content": "Done: the secret-topic migration plan is written."},
+]
+
+
+def test_session_operations_are_traced_and_timed_with_ids_and_counts_only(
+    tmp_path: Path, global_spans: InMemorySpanExporter
+) -> None:
+    metrics = TiermemMetrics()
+    with Memory.from_settings(Settings(data_dir=tmp_path / "data"), metrics=metrics) as memory:
+        memory.save_session(
+            {"user_id": "alice", "session_id": "s0", "task_description": "secret-topic draft"}
+        )
+        memory.end_session("alice", "s1", TRANSCRIPT)
+        hits = memory.recall_relevant("alice", "secret-topic billing", top_k=3)
+        text = memory.build_continuation_context("alice", "secret-topic billing", max_tokens=500)
+        with pytest.raises(InvalidInputError):
+            memory.recall_relevant("alice", "secret-topic", top_k=0)
+    assert hits
+    assert "secret-topic" in text.lower()  # the content is there, in the result only
+    spans = {s.name: s for s in global_spans.get_finished_spans()}
+    by_name = [s.name for s in global_spans.get_finished_spans()]
+    assert by_name.count("tiermem.session.recall") == 2
+
+    def attributes(name: str) -> dict[str, Any]:
+        return dict(spans[name].attributes or {})
+
+    assert attributes("tiermem.session.save") == {
+        "tiermem.tenant": "default",
+        "tiermem.user_id": "alice",
+        "tiermem.session_id": "s0",
+    }
+    end, summarize = spans["tiermem.session.end"], spans["tiermem.session.summarize"]
+    assert summarize.parent is not None
+    assert summarize.parent.span_id == end.context.span_id
+    assert attributes("tiermem.session.end")["tiermem.session_id"] == "s1"
+    assert attributes("tiermem.session.summarize")["tiermem.messages"] == 2
+    assert "tiermem.facts" in attributes("tiermem.session.summarize")
+    (recalled, refused) = [
+        s for s in global_spans.get_finished_spans() if s.name == "tiermem.session.recall"
+    ]
+    assert dict(recalled.attributes or {}) == {
+        "tiermem.tenant": "default",
+        "tiermem.user_id": "alice",
+        "tiermem.top_k": 3,
+        "tiermem.results": len(hits),
+    }
+    assert refused.status.status_code is StatusCode.ERROR  # the typed error is on its span
+    context = attributes("tiermem.session.context")
+    assert context["tiermem.max_tokens"] == 500
+    assert context["tiermem.top_k"] == 5
+    assert 0 < context["tiermem.tokens"] <= 500
+    assert context["tiermem.context.sessions"] == 2
+    # The query, the transcript and the summaries are in no span.
+    dumped = json.dumps(
+        [dict(s.attributes or {}) for s in global_spans.get_finished_spans()]
+    ).lower()
+    assert "secret" not in dumped
+    assert "billing" not in dumped
+    # The same calls fed the library's latency histograms (no service involved).
+    for family, count in (
+        ("tiermem_recall_duration_seconds_count", 1),
+        ("tiermem_context_duration_seconds_count", 1),
+        ("tiermem_summarizer_duration_seconds_count", 1),
+    ):
+        assert metrics.registry.get_sample_value(family) == count, family
+
+
+NO_PROVIDER = """
+from opentelemetry import trace
+from opentelemetry.sdk.trace import TracerProvider
+
+from memory.telemetry import _global_tracer, operation_span
+
+assert _global_tracer() is None  # no provider configured: no tracer, not even a no-op one
+with operation_span("tiermem.session.recall", {"tiermem.top_k": 3}) as span:
+    span["tiermem.results"] = 0
+assert span == {"tiermem.top_k": 3, "tiermem.results": 0}
+trace.set_tracer_provider(TracerProvider())
+assert _global_tracer() is not None  # configured later: traced from then on
+"""
+
+
+def test_session_spans_are_made_only_once_a_tracer_provider_is_configured() -> None:
+    # A fresh process: the global provider can be set once per process.
+    subprocess.run(
+        [sys.executable, "-c", NO_PROVIDER],
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+        check=True,
+        timeout=120,
     )

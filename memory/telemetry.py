@@ -284,9 +284,11 @@ def operation_span(name: str, attributes: SpanAttributes) -> Iterator[SpanAttrib
     """Trace the operation in the ``with`` block as span ``name`` of the global provider.
 
     Yields ``attributes`` itself: what the block adds to it (result and token
-    counts) is set on the span when the block ends. An exception is recorded
-    on the span and raised unchanged. Without the ``otel`` extra, or without a
-    configured tracer provider, nothing is traced.
+    counts) is set on the span when the block ends. An exception raised in the
+    block sets the span's status to ERROR and ``error.type`` to its class name
+    (not its message, which might quote input) and is raised unchanged.
+    Without the ``otel`` extra, or without a configured tracer provider,
+    nothing is traced.
 
     Args:
         name: The span's name (``tiermem.session.recall``, ...).
@@ -296,8 +298,17 @@ def operation_span(name: str, attributes: SpanAttributes) -> Iterator[SpanAttrib
     if tracer is None:
         yield attributes
         return
-    with tracer.start_as_current_span(name, attributes=attributes) as span:
-        yield attributes
+    from opentelemetry.trace import Status, StatusCode  # there: a tracer was found
+
+    with tracer.start_as_current_span(
+        name, attributes=attributes, record_exception=False, set_status_on_exception=False
+    ) as span:
+        try:
+            yield attributes
+        except BaseException as exc:
+            span.set_attribute("error.type", type(exc).__qualname__)
+            span.set_status(Status(StatusCode.ERROR, type(exc).__qualname__))
+            raise
         span.set_attributes(attributes)
 
 

@@ -332,6 +332,8 @@ def test_session_operations_are_traced_and_timed_with_ids_and_counts_only(
         "tiermem.results": len(hits),
     }
     assert refused.status.status_code is StatusCode.ERROR  # the typed error is on its span
+    assert dict(refused.attributes or {})["error.type"] == "InvalidInputError"
+    assert not refused.events  # no exception event: its message might quote the input
     context = attributes("tiermem.session.context")
     assert context["tiermem.max_tokens"] == 500
     assert context["tiermem.top_k"] == 5

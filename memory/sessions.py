@@ -25,7 +25,7 @@ from memory.tenant import TenantTiers, session_source
 from summarizer import Summarizer, parse_transcript
 from tiers.erasure import scrub
 from tiers.errors import InvalidInputError
-from tiers.ids import check_id
+from tiers.ids import ID_PATTERN, check_id
 from tiers.models import Message, SessionSummary, utcnow
 from tiers.session import RecalledSession, check_top_k
 from tiers.values import check_datetime
@@ -62,11 +62,15 @@ class SessionOperations:
         self._context_max_tokens = context_max_tokens
         self._metrics = metrics
 
-    def _span_of(self, user_id: object, **numbers: object) -> SpanAttributes:
-        """A session span's first attributes: tenant, user and the numbers of the call that are numbers."""
+    def _span_of(
+        self, user_id: object, session_id: object = None, **numbers: object
+    ) -> SpanAttributes:
+        """A session span's first attributes: the tenant, and of the call's arguments the
+        ids that are valid ids (anything else may be content) and the numbers that are ints."""
         attributes: SpanAttributes = {"tiermem.tenant": self._tenant}
-        if isinstance(user_id, str):
-            attributes["tiermem.user_id"] = user_id
+        for name, value in (("user_id", user_id), ("session_id", session_id)):
+            if isinstance(value, str) and ID_PATTERN.fullmatch(value):
+                attributes[f"tiermem.{name}"] = value
         for name, value in numbers.items():
             if isinstance(value, int) and not isinstance(value, bool):
                 attributes[f"tiermem.{name}"] = value
@@ -94,9 +98,7 @@ class SessionOperations:
                         field="summary",
                     )
                 summary = _validate_summary(summary)
-            span.update(
-                {"tiermem.user_id": summary.user_id, "tiermem.session_id": summary.session_id}
-            )
+            span.update(self._span_of(summary.user_id, summary.session_id))
             return self._sessions.save_session(summary)
 
     def end_session(
@@ -134,10 +136,7 @@ class SessionOperations:
             InvalidInputError: A bad id or ``created_at``; nothing was written.
             SummarizerError: Summarizing failed; the transcript is stored.
         """
-        attributes = self._span_of(user_id)
-        if isinstance(session_id, str):
-            attributes["tiermem.session_id"] = session_id
-        with operation_span("tiermem.session.end", attributes):
+        with operation_span("tiermem.session.end", self._span_of(user_id, session_id)):
             self.save_transcript(user_id, session_id, transcript, created_at=created_at)
             return self.resummarize(user_id, session_id)
 
@@ -189,9 +188,7 @@ class SessionOperations:
             SummarizerError: Summarizing failed; nothing changed.
             ConflictError: The transcript was replaced while it was summarized.
         """
-        attributes = self._span_of(user_id)
-        if isinstance(session_id, str):
-            attributes["tiermem.session_id"] = session_id
+        attributes = self._span_of(user_id, session_id)
         with operation_span("tiermem.session.summarize", attributes) as span:
             return self._summarize(user_id, session_id, span)
 

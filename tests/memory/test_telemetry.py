@@ -302,11 +302,13 @@ def test_session_operations_are_traced_and_timed_with_ids_and_counts_only(
         text = memory.build_continuation_context("alice", "secret-topic billing", max_tokens=500)
         with pytest.raises(InvalidInputError):
             memory.recall_relevant("alice", "secret-topic", top_k=0)
+        with pytest.raises(InvalidInputError):  # not an id: it could be anything, left out
+            memory.recall_relevant("secret user text", "billing")
     assert hits
     assert "secret-topic" in text.lower()  # the content is there, in the result only
     spans = {s.name: s for s in global_spans.get_finished_spans()}
     by_name = [s.name for s in global_spans.get_finished_spans()]
-    assert by_name.count("tiermem.session.recall") == 2
+    assert by_name.count("tiermem.session.recall") == 3
 
     def attributes(name: str) -> dict[str, Any]:
         return dict(spans[name].attributes or {})
@@ -322,9 +324,10 @@ def test_session_operations_are_traced_and_timed_with_ids_and_counts_only(
     assert attributes("tiermem.session.end")["tiermem.session_id"] == "s1"
     assert attributes("tiermem.session.summarize")["tiermem.messages"] == 2
     assert "tiermem.facts" in attributes("tiermem.session.summarize")
-    (recalled, refused) = [
+    (recalled, refused, not_an_id) = [
         s for s in global_spans.get_finished_spans() if s.name == "tiermem.session.recall"
     ]
+    assert "tiermem.user_id" not in dict(not_an_id.attributes or {})
     assert dict(recalled.attributes or {}) == {
         "tiermem.tenant": "default",
         "tiermem.user_id": "alice",

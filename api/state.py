@@ -8,6 +8,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from contextlib import nullcontext
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -213,7 +214,11 @@ class ServiceState:
     def resummarize(self, memory: Memory, user_id: str, session_id: str) -> SessionSummary:
         """Summarize a stored transcript and save the summary, counting the outcome and tokens."""
         try:
-            with self.metrics.library.summarizer.time():
+            # A memory with metrics (these: the service shares them) times its summarizer itself.
+            timer = (
+                self.metrics.library.summarizer.time() if memory.metrics is None else nullcontext()
+            )
+            with timer:
                 saved = memory.resummarize(user_id, session_id)
         except Exception as exc:
             self.metrics.summarizer_failed(exc)

@@ -136,7 +136,7 @@ class Memory:
         self.allow_volatile = False
         self._dir_lock: DataDirLock | None = None
         self._sessions_ops = SessionOperations(
-            tiers, summarizer=lambda: self.summarizer, context_max_tokens=context_max_tokens
+            tiers, lambda: self.summarizer, context_max_tokens=context_max_tokens, metrics=metrics
         )
         self._users_ops = UserOperations(tiers)
         self._runs = RunOperations(self.tasks)

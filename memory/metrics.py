@@ -51,7 +51,8 @@ class TiermemMetrics:
         compensations_pending: Compensations still to run in the compensation under way.
         swept_runs: Finished or idle runs deleted by retention sweeps.
         approvals: Approval gates requested, granted and rejected, by status.
-        scope_violations: Memory scope violations reported by the app (:meth:`scope_violation`).
+        scope_violations: Memory scope refusals, by kind (:meth:`scope_violation`): what a
+            :class:`~memory.scope.ScopeManager` given ``metrics=`` refused, or what the app reports.
         recall: Latency of session recall.
         context: Latency of continuation-context assembly.
         summarizer: Latency of one summarization.
@@ -138,7 +139,9 @@ class TiermemMetrics:
         )
         self.scope_violations = Counter(
             "tiermem_memory_scope_violations",
-            "Memory scope violations reported by the app.",
+            "Memory scope refusals by kind: read_only, token_budget, prompt_budget, "
+            "invalid_input, invalid_snapshot (a ScopeManager's), or app (reported by the app).",
+            ["kind"],
             registry=r,
         )
         self.recall = Histogram(
@@ -213,9 +216,14 @@ class TiermemMetrics:
 
         return stop
 
-    def scope_violation(self) -> None:
-        """Count one memory scope violation (a read or write outside the scope granted)."""
-        self.scope_violations.inc()
+    def scope_violation(self, kind: str = "app") -> None:
+        """Count one memory scope violation of ``kind``.
+
+        A :class:`~memory.scope.ScopeManager` given ``metrics=`` calls it for each
+        refusal (``read_only``, ``token_budget``, ...); an app may call it for a read
+        or write outside the scope it granted (default kind ``app``).
+        """
+        self.scope_violations.labels(kind=kind).inc()
 
     # -- TaskObserver ---------------------------------------------------------------------------
 
@@ -258,6 +266,26 @@ class TiermemMetrics:
         self.recovery_attempts.labels(action="fail").inc()
         for observer in self.forward_to:
             observer.take_refused(run_id)
+
+    def step_committed(
+        self,
+        run_id: str,
+        step: str,
+        seq: int,
+        checkpoint_id: str,
+        idempotency_key: str,
+        seconds: float,
+    ) -> None:
+        """Pass an executed step on (its commit is counted by :meth:`committed`)."""
+        for observer in self.forward_to:
+            observer.step_committed(run_id, step, seq, checkpoint_id, idempotency_key, seconds)
+
+    def effect_recorded(
+        self, run_id: str, key: str, name: str, kind: str, source: str, seconds: float
+    ) -> None:
+        """Pass a recorded effect on (its commits are counted by :meth:`committed`)."""
+        for observer in self.forward_to:
+            observer.effect_recorded(run_id, key, name, kind, source, seconds)
 
     def replayed(self, run_id: str, kind: str, idempotency_key: str) -> None:
         """Count one replayed checkpoint."""

@@ -3,10 +3,15 @@
 :class:`SessionOperations` is composed into ``Memory`` around its session tier;
 every ``Memory`` session method delegates to the method of the same name here,
 which holds its contract.
+
+Each operation is traced (``tiermem.session.*`` spans, :func:`memory.telemetry.operation_span`:
+ids and counts, never the query, transcript or summary), and recall, context assembly and
+summarizing are timed in the memory's :class:`~memory.metrics.TiermemMetrics`, if it has any.
 """
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
@@ -14,11 +19,13 @@ from typing import Any
 from pydantic import ValidationError
 
 from memory.context import ContinuationContext, assemble_context, check_budget
+from memory.metrics import TiermemMetrics
+from memory.telemetry import SpanAttributes, operation_span
 from memory.tenant import TenantTiers, session_source
 from summarizer import Summarizer, parse_transcript
 from tiers.erasure import scrub
 from tiers.errors import InvalidInputError
-from tiers.ids import check_id
+from tiers.ids import ID_PATTERN, check_id
 from tiers.models import Message, SessionSummary, utcnow
 from tiers.session import RecalledSession, check_top_k
 from tiers.values import check_datetime
@@ -33,15 +40,18 @@ class SessionOperations:
         tiers: The tenant's tiers.
         summarizer: The summarizer to use now (``Memory.summarizer``, which may be replaced).
         context_max_tokens: Default budget of :meth:`build_continuation_context`.
+        metrics: Where recall, context and summarizer latencies go; default: nowhere.
     """
 
     def __init__(
         self,
         tiers: TenantTiers,
-        *,
         summarizer: Callable[[], Summarizer],
+        *,
         context_max_tokens: int,
+        metrics: TiermemMetrics | None = None,
     ) -> None:
+        self._tenant = tiers.tenant
         self._kv = tiers.kv
         self._sessions = tiers.sessions
         self._users = tiers.users
@@ -50,6 +60,21 @@ class SessionOperations:
         self._scrub_deleted = tiers.scrub_deleted
         self._summarizer = summarizer
         self._context_max_tokens = context_max_tokens
+        self._metrics = metrics
+
+    def _span_of(
+        self, user_id: object, session_id: object = None, **numbers: object
+    ) -> SpanAttributes:
+        """A session span's first attributes: the tenant, and of the call's arguments the
+        ids that are valid ids (anything else may be content) and the numbers that are ints."""
+        attributes: SpanAttributes = {"tiermem.tenant": self._tenant}
+        for name, value in (("user_id", user_id), ("session_id", session_id)):
+            if isinstance(value, str) and ID_PATTERN.fullmatch(value):
+                attributes[f"tiermem.{name}"] = value
+        for name, value in numbers.items():
+            if isinstance(value, int) and not isinstance(value, bool):
+                attributes[f"tiermem.{name}"] = value
+        return attributes
 
     def save_session(self, summary: SessionSummary | Mapping[str, Any]) -> SessionSummary:
         """Store a structured session summary (KV record + vector document).
@@ -64,15 +89,17 @@ class SessionOperations:
             InvalidInputError: ``summary`` is not a summary or a mapping, or
                 it is malformed (``field`` names the field); nothing was written.
         """
-        if not isinstance(summary, SessionSummary):
-            if not isinstance(summary, Mapping):
-                raise InvalidInputError(
-                    "summary must be a SessionSummary or a mapping of its fields, got "
-                    f"{type(summary).__name__}",
-                    field="summary",
-                )
-            summary = _validate_summary(summary)
-        return self._sessions.save_session(summary)
+        with operation_span("tiermem.session.save", self._span_of(None)) as span:
+            if not isinstance(summary, SessionSummary):
+                if not isinstance(summary, Mapping):
+                    raise InvalidInputError(
+                        "summary must be a SessionSummary or a mapping of its fields, got "
+                        f"{type(summary).__name__}",
+                        field="summary",
+                    )
+                summary = _validate_summary(summary)
+            span.update(self._span_of(summary.user_id, summary.session_id))
+            return self._sessions.save_session(summary)
 
     def end_session(
         self,
@@ -109,8 +136,9 @@ class SessionOperations:
             InvalidInputError: A bad id or ``created_at``; nothing was written.
             SummarizerError: Summarizing failed; the transcript is stored.
         """
-        self.save_transcript(user_id, session_id, transcript, created_at=created_at)
-        return self.resummarize(user_id, session_id)
+        with operation_span("tiermem.session.end", self._span_of(user_id, session_id)):
+            self.save_transcript(user_id, session_id, transcript, created_at=created_at)
+            return self.resummarize(user_id, session_id)
 
     def save_transcript(
         self,
@@ -160,14 +188,31 @@ class SessionOperations:
             SummarizerError: Summarizing failed; nothing changed.
             ConflictError: The transcript was replaced while it was summarized.
         """
+        attributes = self._span_of(user_id, session_id)
+        with operation_span("tiermem.session.summarize", attributes) as span:
+            return self._summarize(user_id, session_id, span)
+
+    def _summarize(self, user_id: str, session_id: str, span: SpanAttributes) -> SessionSummary:
+        """:meth:`resummarize`'s work, noting counts (never content) on its span."""
         header = self._sessions.transcript_header(user_id, session_id)
         messages = self._sessions.get_transcript(user_id, session_id)
-        result = self._summarizer().summarize(
-            messages, user_id=user_id, session_id=session_id, created_at=header.created_at
-        )
+        span["tiermem.messages"] = len(messages)
+        started = time.perf_counter()
+        try:
+            result = self._summarizer().summarize(
+                messages, user_id=user_id, session_id=session_id, created_at=header.created_at
+            )
+        finally:  # a failed summarization took its time too
+            if self._metrics is not None:
+                self._metrics.summarizer.observe(time.perf_counter() - started)
         summary = result.summary
         if summary.usage is None and result.usage is not None:
             summary = summary.model_copy(update={"usage": result.usage})
+        span["tiermem.facts"] = len(result.facts)
+        if summary.usage is not None:  # the GenAI conventions' names for what a model used
+            span["gen_ai.request.model"] = summary.usage.model
+            span["gen_ai.usage.input_tokens"] = summary.usage.prompt_tokens
+            span["gen_ai.usage.output_tokens"] = summary.usage.completion_tokens
         # Written only while the transcript is still the one summarized, checked in the
         # facts' own commit: a delete or replacement meanwhile (forget_user, delete_session,
         # end_session again) wins, and nothing of the old content comes back.
@@ -220,7 +265,13 @@ class SessionOperations:
         self, user_id: str, query: str, top_k: int = DEFAULT_TOP_K
     ) -> list[RecalledSession]:
         """The user's earlier sessions most relevant to ``query``, best first."""
-        return self._sessions.recall_relevant(user_id, query, top_k=top_k)
+        with operation_span("tiermem.session.recall", self._span_of(user_id, top_k=top_k)) as span:
+            started = time.perf_counter()
+            hits = self._sessions.recall_relevant(user_id, query, top_k=top_k)
+            if self._metrics is not None:
+                self._metrics.recall.observe(time.perf_counter() - started)
+            span["tiermem.results"] = len(hits)
+            return hits
 
     def continuation_context(
         self,
@@ -243,6 +294,24 @@ class SessionOperations:
             InvalidInputError: A bad id, query, ``max_tokens`` or ``top_k``
                 (``field`` names it).
         """
+        attributes = self._span_of(user_id, top_k=top_k, max_tokens=max_tokens)
+        with operation_span("tiermem.session.context", attributes) as span:
+            started = time.perf_counter()
+            context = self._context(user_id, query, max_tokens, top_k)
+            if self._metrics is not None:
+                self._metrics.context.observe(time.perf_counter() - started)
+            span["tiermem.tokens"] = context.tokens
+            span["tiermem.max_tokens"] = context.max_tokens
+            for section in context.sections:
+                span[f"tiermem.context.{section.name}"] = len(section.items)
+            span["tiermem.omitted_sessions"] = len(context.omitted_session_ids)
+            span["tiermem.omitted_facts"] = len(context.omitted_fact_keys)
+            return context
+
+    def _context(
+        self, user_id: str, query: str, max_tokens: int | None, top_k: int
+    ) -> ContinuationContext:
+        """:meth:`continuation_context`'s work: check the arguments, rank, assemble."""
         check_id(user_id, "user_id")
         if not isinstance(query, str):
             raise InvalidInputError(

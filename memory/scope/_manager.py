@@ -13,6 +13,7 @@ from memory.errors import (
     InvalidScopeSnapshotError,
     PromptBudgetTooSmallError,
     ReadOnlyScopeError,
+    ScopeError,
     TokenBudgetExceededError,
 )
 from memory.scope._base import (
@@ -34,8 +35,9 @@ from memory.scope._base import (
 )
 from memory.scope._prompt import PromptContext, _fit_newest
 from memory.scope._snapshot import _parse_timestamp, _ScopeSnapshot
-from memory.scope._system import SystemContext
+from memory.scope._system import SystemContext, reporting_to
 from memory.scope._trace import Trace, TraceEntry
+from memory.scope._violations import ScopeViolations, report, reported
 from memory.scope._working import WorkingMemory
 from summarizer.tokens import count_tokens
 from tiers.redaction import OFF, Redactor
@@ -61,11 +63,17 @@ class ScopeManager:
             ``Redactor("secrets")``, the :class:`~memory.Memory` default; pass
             ``memory.redactor`` so the scopes and the run's checkpoints agree
             (``Redactor("off")``: keep everything).
+        metrics: Where each refusal of the scopes is counted, by kind
+            (``metrics.scope_violation(kind)``: ``read_only``, ``token_budget``,
+            ``prompt_budget``, ``invalid_input``, ``invalid_snapshot``); e.g. the
+            memory's :class:`~memory.metrics.TiermemMetrics`. The system context is
+            then the manager's own copy, so that its refusals are counted too.
 
     Raises:
         InvalidScopeInputError: A bad argument.
     """
 
+    @reported
     def __init__(
         self,
         system: Mapping[str, str] | str,
@@ -74,7 +82,9 @@ class ScopeManager:
         encoding: str = DEFAULT_ENCODING,
         phase: str = DEFAULT_FIRST_PHASE,
         redactor: Redactor | None = None,
+        metrics: ScopeViolations | None = None,
     ) -> None:
+        self._violations = metrics  # first: a refused argument is counted too
         self._encoding = _check_encoding(encoding)
         if redactor is not None and not isinstance(redactor, Redactor):
             raise InvalidScopeInputError(
@@ -93,6 +103,13 @@ class ScopeManager:
         self._trace = Trace(lock=self._lock, redactor=self._redactor)
         self._phase = _check_name(phase, "phase", MAX_PHASE_CHARS)
         self._phase_index = 1
+        self._report_to(metrics)
+
+    def _report_to(self, metrics: ScopeViolations | None) -> None:
+        """Count the refusals of the manager and of its three scopes in ``metrics``."""
+        self._violations = self._working._violations = self._trace._violations = metrics
+        if metrics is not None:
+            self._system = reporting_to(self._system, metrics)
 
     @property
     def system(self) -> SystemContext:
@@ -100,6 +117,7 @@ class ScopeManager:
         return self._system
 
     @system.setter
+    @reported
     def system(self, value: object) -> NoReturn:
         raise ReadOnlyScopeError(
             "the system context of a ScopeManager cannot be replaced; start a new "
@@ -133,6 +151,7 @@ class ScopeManager:
         """The tiktoken encoding tokens are counted in."""
         return self._encoding
 
+    @reported
     def record(self, kind: str, text: str) -> TraceEntry:
         """Append ``text`` to the trace as an entry of ``kind`` in the current phase.
 
@@ -156,6 +175,7 @@ class ScopeManager:
         with self._lock:
             return self._trace.append(kind, text, phase=self._phase)
 
+    @reported
     def phase_handoff(self, summary: str, next_phase: str | None = None) -> TraceEntry:
         """End the current phase: trace the handoff, clear working memory, start the next phase.
 
@@ -189,6 +209,7 @@ class ScopeManager:
             self._phase = next_phase if next_phase is not None else f"phase-{self._phase_index}"
         return entry
 
+    @reported
     def assemble(self, max_tokens: int) -> PromptContext:
         """Assemble the prompt context within ``max_tokens`` and report what went in.
 
@@ -309,7 +330,13 @@ class ScopeManager:
             }
 
     @classmethod
-    def restore(cls, snapshot: Mapping[str, Any], *, redactor: Redactor | None = None) -> Self:
+    def restore(
+        cls,
+        snapshot: Mapping[str, Any],
+        *,
+        redactor: Redactor | None = None,
+        metrics: ScopeViolations | None = None,
+    ) -> Self:
         """Rebuild a manager from :meth:`snapshot` output, exactly.
 
         The restored manager has an equal snapshot and assembles the same
@@ -319,6 +346,8 @@ class ScopeManager:
             snapshot: A dict from :meth:`snapshot` (possibly after a JSON round trip).
             redactor: Applied to what the restored manager takes in from now on
                 (see :class:`ScopeManager`); the snapshot itself is restored as it is.
+            metrics: Where refusals are counted (see :class:`ScopeManager`), a
+                refused snapshot included (``invalid_snapshot``).
 
         Returns:
             A new manager.
@@ -329,6 +358,17 @@ class ScopeManager:
                 inconsistent content (gaps in trace sequence numbers,
                 duplicate working keys, working memory over its budget, ...).
         """
+        try:
+            manager = cls._restore(snapshot, redactor)
+        except ScopeError as error:
+            report(metrics, error)
+            raise
+        # Only now: a snapshot's inconsistency counts once, as the refused snapshot it is.
+        manager._report_to(metrics)
+        return manager
+
+    @classmethod
+    def _restore(cls, snapshot: Mapping[str, Any], redactor: Redactor | None) -> Self:
         if not isinstance(snapshot, Mapping):
             raise InvalidScopeSnapshotError(
                 "a scope snapshot must be the dict ScopeManager.snapshot() returned, got "

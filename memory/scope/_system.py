@@ -8,6 +8,7 @@ from typing import NoReturn, Self
 
 from memory.errors import InvalidScopeInputError, ReadOnlyScopeError
 from memory.scope._base import SECTION_SEPARATOR
+from memory.scope._violations import ScopeViolations, report
 
 
 def _render_system(sections: Mapping[str, str]) -> str:
@@ -36,10 +37,12 @@ class SystemContext(Mapping[str, str]):
             str, or a section name holds a newline or control character.
     """
 
-    __slots__ = ("_sections", "_text")
+    __slots__ = ("_sections", "_text", "_violations")
 
     _sections: Mapping[str, str]
     _text: str
+    # Set only on a ScopeManager's own copy (reporting_to): where its refusals are counted.
+    _violations: ScopeViolations | None
 
     def __init__(self, source: Mapping[str, str] | str) -> None:
         if isinstance(source, SystemContext):
@@ -113,10 +116,12 @@ class SystemContext(Mapping[str, str]):
         return (SystemContext, (dict(self._sections),))
 
     def _refuse(self, what: str) -> NoReturn:
-        raise ReadOnlyScopeError(
+        error = ReadOnlyScopeError(
             f"the system context is read-only ({what} refused); start a new ScopeManager "
             "with the system context you need, or keep changing state in working memory"
         )
+        report(getattr(self, "_violations", None), error)
+        raise error
 
     def __setitem__(self, name: str, value: str) -> NoReturn:
         self._refuse(f"setting section {name!r}")
@@ -172,3 +177,11 @@ class SystemContext(Mapping[str, str]):
             ReadOnlyScopeError: Always.
         """
         self._refuse("setdefault()")
+
+
+def reporting_to(context: SystemContext, violations: ScopeViolations) -> SystemContext:
+    """A copy of ``context`` whose refused mutations are reported to ``violations``."""
+    copy = SystemContext(context)
+    # object.__setattr__ because SystemContext's own __setattr__ refuses every assignment.
+    object.__setattr__(copy, "_violations", violations)
+    return copy

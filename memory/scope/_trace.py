@@ -8,6 +8,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 from memory.scope._base import MAX_PHASE_CHARS, _check_count, _check_kind, _check_name, _check_str
+from memory.scope._violations import ScopeViolations, reported
 from tiers.redaction import OFF, Redactor
 
 
@@ -51,7 +52,10 @@ class Trace:
         self._lock = lock if lock is not None else threading.RLock()
         self._redactor = redactor if redactor is not None else OFF
         self._entries: list[TraceEntry] = []
+        # Where refusals are counted: set by the owning ScopeManager (its ``metrics``).
+        self._violations: ScopeViolations | None = None
 
+    @reported
     def append(self, kind: str, text: str, *, phase: str) -> TraceEntry:
         """Append an entry stamped with the next sequence number and the current UTC time.
 
@@ -79,6 +83,7 @@ class Trace:
         with self._lock:
             return tuple(self._entries)
 
+    @reported
     def tail(self, n: int) -> tuple[TraceEntry, ...]:
         """The last ``n`` entries, oldest first (fewer if the trace is shorter).
 

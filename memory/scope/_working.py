@@ -17,6 +17,7 @@ from memory.scope._base import (
     _check_encoding,
     _check_name,
 )
+from memory.scope._violations import ScopeViolations, reported
 from summarizer.tokens import count_tokens
 from tiers.redaction import OFF, Redactor
 
@@ -69,6 +70,8 @@ class WorkingMemory:
         self._redactor = redactor if redactor is not None else OFF
         self._entries: dict[str, _WorkingEntry] = {}
         self._used = 0
+        # Where refusals are counted: set by the owning ScopeManager (its ``metrics``).
+        self._violations: ScopeViolations | None = None
 
     @property
     def budget_tokens(self) -> int:
@@ -107,6 +110,7 @@ class WorkingMemory:
         line = _render_working_line(key, text)
         return _WorkingEntry(value_json, line, count_tokens(line, self._encoding))
 
+    @reported
     def put(self, key: str, value: JsonValue) -> int:
         """Set ``key`` to ``value``, replacing (and freeing the tokens of) any old value.
 

@@ -32,6 +32,7 @@ from memory.errors import (
     ScopeError,
     TokenBudgetExceededError,
 )
+from memory.metrics import TiermemMetrics
 from memory.scope import (
     SCOPE_SCHEMA_VERSION,
     SECTION_SEPARATOR,
@@ -865,3 +866,72 @@ def test_snapshot_restore_round_trip(
             restored.assemble(max_tokens)
         return
     assert restored.assemble(max_tokens) == expected
+
+
+def _violations(metrics: TiermemMetrics) -> dict[str, float]:
+    """``tiermem_memory_scope_violations_total`` by kind, as scraped."""
+    return {
+        sample.labels["kind"]: sample.value
+        for family in metrics.registry.collect()
+        if family.name == "tiermem_memory_scope_violations"
+        for sample in family.samples
+        if sample.name.endswith("_total")
+    }
+
+
+def test_a_manager_given_metrics_counts_each_refusal_once_by_kind() -> None:
+    metrics = TiermemMetrics()
+    shared = SystemContext(SYSTEM)
+    manager = ScopeManager(shared, working_budget_tokens=20, metrics=metrics)
+    refusals: list[Callable[[], object]] = [
+        lambda: manager.system.update({"tools": "rm -rf"}),  # the system context is read-only
+        lambda: manager.__setattr__("system", SystemContext("other")),
+        lambda: manager.working.put("notes", "word " * 100),  # over the working budget
+        lambda: manager.record("handoff", "not a handoff"),  # reserved kind
+        lambda: manager.record("bad kind!", "x"),  # refused by the trace, counted once
+        lambda: manager.trace.append("", "x", phase="p"),
+        lambda: manager.phase_handoff("   "),
+        lambda: manager.build_prompt_context(1),  # the system context alone does not fit
+        lambda: ScopeManager.restore({"schema_version": 999}, metrics=metrics),
+        lambda: ScopeManager(SYSTEM, working_budget_tokens=-1, metrics=metrics),
+    ]
+    for refused in refusals:
+        with pytest.raises(ScopeError):
+            refused()
+    assert _violations(metrics) == {
+        "read_only": 2,
+        "token_budget": 1,
+        "invalid_input": 5,
+        "prompt_budget": 1,
+        "invalid_snapshot": 1,
+    }
+    # What is allowed counts nothing, and the context shared with other managers is not
+    # the one that reports: another manager over it counts nowhere.
+    manager.working.put("k", "v")
+    manager.record("step", "ok")
+    assert manager.system == shared
+    with pytest.raises(ReadOnlyScopeError):
+        ScopeManager(shared).system.clear()
+    with pytest.raises(ReadOnlyScopeError):
+        shared.clear()
+    assert sum(_violations(metrics).values()) == 10
+
+
+def test_a_restored_manager_keeps_counting_and_an_inconsistent_snapshot_counts_once() -> None:
+    metrics = TiermemMetrics()
+    manager = ScopeManager(SYSTEM, working_budget_tokens=50)
+    manager.working.put("k", "v")
+    snapshot = manager.snapshot()
+    restored = ScopeManager.restore(snapshot, metrics=metrics)
+    with pytest.raises(TokenBudgetExceededError):
+        restored.working.put("big", "word " * 100)
+    with pytest.raises(InvalidScopeSnapshotError):  # working memory over its budget
+        ScopeManager.restore({**snapshot, "working_budget_tokens": 1}, metrics=metrics)
+    assert _violations(metrics) == {"token_budget": 1, "invalid_snapshot": 1}
+    assert restored.snapshot() == snapshot  # the refused write changed nothing
+
+
+def test_an_app_still_reports_its_own_violations() -> None:
+    metrics = TiermemMetrics()
+    metrics.scope_violation()
+    assert _violations(metrics) == {"app": 1}

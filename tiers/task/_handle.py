@@ -335,6 +335,14 @@ class RunHandle:
             return txn
 
         self._writer.commit(build, step)
+        self._store.observer.step_committed(
+            self._writer.run_id,
+            step,
+            made[0].seq,
+            made[0].checkpoint_id,
+            key,
+            (made[0].created_at - made[0].started_at).total_seconds(),
+        )
         self._writer.occurrences[step] = occurrence + 1
         return made[0].output
 

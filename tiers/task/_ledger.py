@@ -9,8 +9,9 @@ an operator decides an effect of unknown outcome with
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
 
 from pydantic import JsonValue
@@ -58,6 +59,12 @@ class EffectCall:
     step_name: str = ""
     kind: str = "effect"
     on_record: Callable[[Txn], None] | None = None
+    # When this process made the call: an observer hears how long the effect took.
+    started: float = field(default_factory=time.perf_counter)
+
+    def elapsed(self) -> float:
+        """Seconds since this call was made."""
+        return time.perf_counter() - self.started
 
 
 class EffectLedger:
@@ -244,6 +251,9 @@ class EffectLedger:
         # Only the lease is rechecked on a retry: the effect happened, whatever
         # else changed (a cancel, a budget, a paused gate).
         info = self.writer.commit(build, call.name, lambda fresh: None)
+        self.store.observer.effect_recorded(
+            self.writer.run_id, call.key, call.name, call.kind, source, call.elapsed()
+        )
         if info.status.finished and call.kind != "compensation":
             why = (
                 f"run {self.writer.run_id!r} was {info.status.value} while effect {call.name!r} ran: "

@@ -40,6 +40,40 @@ class TaskObserver(Protocol):
     def take_refused(self, run_id: str) -> None:
         """A worker could not take ``run_id``: another worker holds its live lease."""
 
+    def step_committed(
+        self,
+        run_id: str,
+        step: str,
+        seq: int,
+        checkpoint_id: str,
+        idempotency_key: str,
+        seconds: float,
+    ) -> None:
+        """A step of ``run_id`` executed and its checkpoint committed (not a replay).
+
+        Args:
+            run_id: The run.
+            step: The step's name.
+            seq: The checkpoint's sequence number in the run.
+            checkpoint_id: The checkpoint's id.
+            idempotency_key: The step's idempotency key.
+            seconds: From the step's start to its commit (its function and the commit).
+        """
+
+    def effect_recorded(
+        self, run_id: str, key: str, name: str, kind: str, source: str, seconds: float
+    ) -> None:
+        """An effect of ``run_id`` was invoked and its result recorded (not a replay).
+
+        Args:
+            run_id: The run.
+            key: The effect's idempotency key.
+            name: The effect's name.
+            kind: ``effect``, or ``compensation`` for an undo.
+            source: Who gave the result: ``fn`` (the effect returned) or ``reconcile``.
+            seconds: From the call in this process to the commit of its result.
+        """
+
     def replayed(self, run_id: str, kind: str, idempotency_key: str) -> None:
         """A committed checkpoint of ``kind`` (step, effect, ...) was replayed, not re-executed."""
 
@@ -78,6 +112,22 @@ class NullObserver:
 
     def take_refused(self, run_id: str) -> None:
         """Ignore a refused take."""
+
+    def step_committed(
+        self,
+        run_id: str,
+        step: str,
+        seq: int,
+        checkpoint_id: str,
+        idempotency_key: str,
+        seconds: float,
+    ) -> None:
+        """Ignore an executed step."""
+
+    def effect_recorded(
+        self, run_id: str, key: str, name: str, kind: str, source: str, seconds: float
+    ) -> None:
+        """Ignore a recorded effect."""
 
     def replayed(self, run_id: str, kind: str, idempotency_key: str) -> None:
         """Ignore a replay."""

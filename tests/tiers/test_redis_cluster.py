@@ -161,6 +161,30 @@ def test_urls_choose_the_cluster_and_its_settings(redis_cluster_url: str) -> Non
             RedisClusterKVStore(bad)
 
 
+def test_tiermem_info_shows_the_cluster_and_its_durability(
+    redis_cluster_url: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from typer.testing import CliRunner
+
+    from memory.cli import app
+
+    shown = {}
+    for url in (redis_cluster_url, redis_cluster_url + "?wait=1"):
+        monkeypatch.setenv("TIERMEM_KV_URL", url)
+        result = CliRunner().invoke(app, ["info"])
+        assert result.exit_code == 0, result.stdout
+        lines = dict(line.split(" = ", 1) for line in result.stdout.splitlines())
+        assert lines["kv_backend"] == f"Redis Cluster at {url}"
+        shown[url] = lines["kv_cluster"]
+    assert shown[redis_cluster_url].startswith(
+        "Redis Cluster: 3 primaries, 3 replicas; commits do not wait for replicas; volatile: "
+    )
+    assert shown[redis_cluster_url + "?wait=1"] == (
+        "Redis Cluster: 3 primaries, 3 replicas; each commit waits for 1 replica(s) "
+        "(WAIT, 1000 ms); durable"
+    )
+
+
 def test_an_unreachable_cluster_is_unavailable() -> None:
     from tests.conftest import free_port
 

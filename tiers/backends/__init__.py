@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
 from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, KVStore
-from tiers.errors import InvalidInputError, VolatileStoreError
+from tiers.errors import InvalidInputError, TierError, VolatileStoreError
 
 if TYPE_CHECKING:
     from tiers.backends.encrypted_kv import MasterKey
@@ -122,6 +122,35 @@ def kv_backend_name(url: str) -> str:
             field="kv_url",
         )
     return _KV_BACKENDS[scheme]
+
+
+@runtime_checkable
+class DescribesItself(Protocol):
+    """A store that can say what it runs on (a cluster's shape, its commit acknowledgement)."""
+
+    def describe(self) -> str:
+        """One line for an operator."""
+        ...
+
+
+def describe_kv_store(url: str) -> str:
+    """What the store at ``url`` runs on and how durable its commits are (for ``tiermem info``).
+
+    Opens the store for the question; an error comes back as the description.
+    """
+    try:
+        kv = open_kv_backend(url)
+    except TierError as exc:
+        return f"unavailable ({exc})"
+    try:
+        shape = kv.describe() if isinstance(kv, DescribesItself) else kv_backend_name(url)
+        reason = kv_volatility(kv)
+    except TierError as exc:
+        return f"unavailable ({exc})"
+    finally:
+        kv.close()
+    durability = "durable" if reason is None else f"volatile: {reason}"
+    return f"{shape}; {durability}"
 
 
 def open_kv_store(

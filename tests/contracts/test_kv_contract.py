@@ -4,7 +4,7 @@ One suite, run unchanged against every backend through the ``kv`` fixture
 (SQLite file, real redis-server, PostgreSQL, a real Redis Cluster) and the
 ``backend`` fixture below (for tests that open a second store on the same
 storage). Backend-specific tests (schema migrations, an unreachable server) are
-at the end; the Redis Cluster's own are in ``test_redis_cluster_kv.py``.
+at the end; the Redis Cluster's own are in ``tests/tiers/test_redis_cluster.py``.
 
 A commit's spaces share a placement (:func:`tiers.keys.placement`: the part
 before the first ``:``), as the contract requires on a store that shards: the
@@ -274,7 +274,7 @@ def test_spaces_are_isolated(kv: KVStore) -> None:
     if isinstance(kv, RedisClusterKVStore):
         pytest.skip(
             "commits spaces of several placements together, which a sharded store refuses; "
-            "test_spaces_of_one_placement_are_isolated and test_redis_cluster_kv.py cover it"
+            "test_spaces_of_one_placement_are_isolated and tests/tiers/test_redis_cluster.py cover it"
         )
     spaces = ["a", "a:b", "ab", "a:", "b", "A", "a}", "{a}", "a b"]
     kv.commit([Put(space, "k", space.encode()) for space in spaces])

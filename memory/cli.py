@@ -28,7 +28,7 @@ from memory.cli_support import (
 )
 from memory.settings import Settings
 from summarizer.errors import SummarizerError
-from tiers.backends import kv_backend_name, redact_url
+from tiers.backends import describe_kv_store, kv_backend_name, redact_url
 from tiers.errors import TierError
 
 if TYPE_CHECKING:
@@ -62,6 +62,8 @@ def info() -> None:
     except TierError as exc:
         backend = f"none ({exc})"
     typer.echo(f"kv_backend = {backend} at {redact_url(location)}")
+    if backend == "Redis Cluster":
+        typer.echo(f"kv_cluster = {describe_kv_store(location)}")
 
 
 def keys_create(

@@ -35,7 +35,8 @@ class Settings(BaseSettings):
     kv_url: str | None = Field(
         default=None,
         description=(
-            "KV store: 'sqlite:///path', 'redis://host:port/db' or "
+            "KV store: 'sqlite:///path', 'redis://host:port/db', "
+            "'redis+cluster://host:port,host:port/?wait=1' (Redis Cluster) or "
             "'postgresql://user:password@host:port/db' (the postgres extra); "
             "default: SQLite in data_dir."
         ),

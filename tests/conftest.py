@@ -12,6 +12,7 @@ import tempfile
 import time
 from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import psycopg
 import pytest
@@ -20,8 +21,13 @@ from psycopg import sql
 
 from tiers.backends.base import KVStore
 from tiers.backends.postgres_kv import PostgresKVStore
+from tiers.backends.redis_cluster_kv import RedisClusterKVStore
 from tiers.backends.redis_kv import RedisKVStore
 from tiers.backends.sqlite_kv import SqliteKVStore
+
+if TYPE_CHECKING:
+    # Imported where used: tests/servers.py imports this module.
+    from tests.servers import RedisClusterNodes
 
 # Offline: never let litellm fetch its price list during tests.
 os.environ.setdefault("LITELLM_LOCAL_MODEL_COST_MAP", "True")
@@ -308,10 +314,37 @@ def postgres_kv(postgres_url: str) -> Iterator[PostgresKVStore]:
     store.close()
 
 
+# ----------------------------------------------------------------------------- Redis Cluster
+
+
+@pytest.fixture(scope="session")
+def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
+    """A 3-primary, 3-replica Redis Cluster for the whole session (tests/servers.py)."""
+    from tests.servers import RedisClusterNodes
+
+    nodes = RedisClusterNodes(tmp_path_factory.mktemp("redis-cluster"))
+    yield nodes
+    nodes.stop()
+
+
+@pytest.fixture
+def redis_cluster_url(redis_cluster: RedisClusterNodes) -> str:
+    """URL of the shared test cluster, every primary flushed before each test."""
+    redis_cluster.flush()
+    return redis_cluster.url
+
+
+@pytest.fixture
+def redis_cluster_kv(redis_cluster_url: str) -> Iterator[RedisClusterKVStore]:
+    store = RedisClusterKVStore(redis_cluster_url, max_value_bytes=64 * 1024)
+    yield store
+    store.close()
+
+
 # ----------------------------------------------------------------------------- every KV backend
 
 
-@pytest.fixture(params=["sqlite_kv", "redis_kv", "postgres_kv"])
+@pytest.fixture(params=["sqlite_kv", "redis_kv", "postgres_kv", "redis_cluster_kv"])
 def kv(request: pytest.FixtureRequest) -> KVStore:
     """Every KV backend, one after the other."""
     store: KVStore = request.getfixturevalue(request.param)
@@ -349,7 +382,13 @@ HEAVY_TESTS = Path(__file__).with_name("heavy_tests.txt")
 
 
 # Backends the fast loop leaves to `./run test`: the same tests run on SQLite and Redis there.
-HEAVY_BACKENDS = {"postgres_kv", "postgres_url"}
+HEAVY_BACKENDS = {
+    "postgres_kv",
+    "postgres_url",
+    "redis_cluster",
+    "redis_cluster_kv",
+    "redis_cluster_url",
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -1,4 +1,5 @@
-"""Real servers the tests start on loopback and stop by pid (redis-server is in conftest.py)."""
+"""Real servers the tests start on loopback and stop by pid (a single redis-server is in
+conftest.py; a Redis Cluster and `chroma run` are here)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ from pathlib import Path
 
 import chromadb
 import pytest
+import redis
 from chromadb.config import Settings
 
 from tests.conftest import free_port
@@ -63,3 +65,178 @@ def chroma_binary() -> str:
     if binary is None:
         pytest.skip("the `chroma` CLI is not installed in this environment (pip install chromadb)")
     return binary
+
+
+class RedisClusterNodes:
+    """A real Redis Cluster on loopback: ``primaries`` primaries with ``replicas`` replicas each.
+
+    Every node is a ``redis-server --cluster-enabled yes`` on free ports (client and bus
+    port both chosen, since ``port + 10000`` may be past 65535), durable like
+    :class:`~tests.conftest.RedisServer` (AOF, fsync always), created with ``redis-cli
+    --cluster create`` and waited for until every node reports ``cluster_state:ok`` and
+    every replica is in sync. ``node_timeout_ms`` is how long a silent primary has until
+    its replica takes over. Nodes are stopped by pid.
+    """
+
+    def __init__(
+        self, workdir: Path, *, primaries: int = 3, replicas: int = 1, node_timeout_ms: int = 1000
+    ) -> None:
+        self.binary = shutil.which("redis-server")
+        cli = shutil.which("redis-cli")
+        if self.binary is None or cli is None:
+            pytest.fail("redis-server is not installed: run the README's test command")
+        self.workdir = workdir
+        self.node_timeout_ms = node_timeout_ms
+        self.ports = [free_port() for _ in range(primaries * (1 + replicas))]
+        self.processes: dict[int, subprocess.Popen[bytes]] = {}
+        self._bus_ports: dict[int, int] = {}
+        for port in self.ports:
+            self.start(port)
+        created = subprocess.run(
+            [
+                cli,
+                "--cluster",
+                "create",
+                *(f"127.0.0.1:{port}" for port in self.ports),
+                "--cluster-replicas",
+                str(replicas),
+                "--cluster-yes",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        if created.returncode != 0:
+            self.stop()
+            pytest.fail(f"redis-cli --cluster create failed: {created.stdout}{created.stderr}")
+        self.wait_healthy(self.ports)
+        self.url = "redis+cluster://" + ",".join(f"127.0.0.1:{p}" for p in self.ports[:3]) + "/"
+
+    def start(self, port: int) -> None:
+        """Start (or restart, keeping its files) the node on ``port``; wait until it answers."""
+        assert self.binary is not None
+        folder = self.workdir / str(port)
+        folder.mkdir(parents=True, exist_ok=True)
+        bus = self._bus_ports.setdefault(port, free_port())
+        self.processes[port] = subprocess.Popen(
+            [
+                self.binary,
+                "--port",
+                str(port),
+                "--cluster-port",
+                str(bus),
+                "--bind",
+                "127.0.0.1",
+                "--dir",
+                str(folder),
+                "--cluster-enabled",
+                "yes",
+                "--cluster-config-file",
+                "nodes.conf",
+                "--cluster-node-timeout",
+                str(self.node_timeout_ms),
+                "--save",
+                "",
+                "--appendonly",
+                "yes",
+                "--appendfsync",
+                "always",
+                "--protected-mode",
+                "no",
+            ],
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+        )
+        client = redis.Redis(port=port)
+        deadline = time.monotonic() + 10
+        try:
+            while True:
+                try:
+                    client.ping()
+                    return
+                except redis.ConnectionError:
+                    if time.monotonic() > deadline or self.processes[port].poll() is not None:
+                        self.stop()
+                        pytest.fail(f"redis-server (cluster node {port}) did not start")
+                    time.sleep(0.05)
+        finally:
+            client.close()
+
+    def wait_healthy(self, ports: list[int], timeout: float = 60) -> None:
+        """Wait until each node on ``ports`` reports ``cluster_state:ok`` and in-sync replicas."""
+        deadline = time.monotonic() + timeout
+        pending = list(ports)
+        while pending:
+            port = pending[0]
+            client = redis.Redis(port=port, decode_responses=True)
+            try:
+                state = client.cluster("info")["cluster_state"]
+                replication = client.info("replication")
+                linked = replication["role"] == "master" or (
+                    replication.get("master_link_status") == "up"
+                    and replication.get("master_sync_in_progress") == 0
+                )
+                if state == "ok" and linked:
+                    pending.pop(0)
+                    continue
+            except redis.RedisError:
+                pass
+            finally:
+                client.close()
+            if time.monotonic() > deadline:
+                pytest.fail(f"Redis Cluster node {port} did not become healthy")
+            time.sleep(0.1)
+
+    def primary_of(self, key: str) -> int:
+        """The port of the primary that holds the slot of Redis key ``key`` now."""
+        client = redis.Redis(port=self.live_ports()[0])
+        try:
+            slot = int(client.cluster("keyslot", key))
+            for low, high, primary, *_ in client.cluster("slots"):
+                if low <= slot <= high:
+                    return int(primary[1])
+        finally:
+            client.close()
+        raise AssertionError(f"no primary holds slot {slot}")
+
+    def replicas_of(self, primary: int) -> list[int]:
+        """The ports of the replicas of the primary on port ``primary``."""
+        client = redis.Redis(port=primary, decode_responses=True)
+        try:
+            info = client.info("replication")
+        finally:
+            client.close()
+        count = int(info.get("connected_slaves", 0))
+        return [int(info[f"slave{n}"]["port"]) for n in range(count)]
+
+    def live_ports(self) -> list[int]:
+        """Ports of the nodes whose process runs."""
+        return [port for port, process in self.processes.items() if process.poll() is None]
+
+    def kill(self, port: int) -> None:
+        """Crash the node on ``port``: SIGKILL, no shutdown."""
+        process = self.processes[port]
+        process.kill()
+        process.wait()
+
+    def flush(self) -> None:
+        """Empty every primary (replicas follow)."""
+        for port in self.live_ports():
+            client = redis.Redis(port=port, decode_responses=True)
+            try:
+                if client.info("replication")["role"] == "master":
+                    client.flushall()
+            finally:
+                client.close()
+
+    def stop(self) -> None:
+        """Stop every node by pid."""
+        for process in self.processes.values():
+            if process.poll() is None:
+                process.terminate()
+        for process in self.processes.values():
+            try:
+                process.wait(5)
+            except subprocess.TimeoutExpired:
+                process.kill()
+                process.wait()

@@ -453,3 +453,23 @@ def job_tenants_space() -> str:
     :func:`api_keys_space`, ``_system`` can never be a tenant's space.
     """
     return "_system:job-tenants"
+
+
+# -- placement: which spaces a sharded store must keep together ---------------------------------
+
+SYSTEM_PREFIX = "_system:"
+
+
+def placement(space: str) -> str:
+    """The slot group of ``space``: spaces with one placement are kept on one shard.
+
+    Every space of a tenant starts with the tenant and a ``:``, so its placement is the
+    tenant: a run, a user's facts, sessions and outboxes, and the tenant-wide indexes
+    share one, and no operation of a tenant spans shards. A space outside every tenant
+    (``_system:...``, or one without a tenant part) is its own placement. A store that
+    shards (Redis Cluster) refuses a commit whose spaces have different placements.
+    """
+    tenant, colon, _ = space.partition(":")
+    if not colon or not tenant or space.startswith(SYSTEM_PREFIX):
+        return space
+    return tenant

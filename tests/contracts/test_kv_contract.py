@@ -1,9 +1,14 @@
 """The KV store contract: every promise of :class:`tiers.backends.base.KVStore`.
 
 One suite, run unchanged against every backend through the ``kv`` fixture
-(SQLite file, real redis-server) and the ``backend`` fixture below (for tests
-that open a second store on the same storage). Backend-specific tests
-(schema migrations, an unreachable server) are at the end.
+(SQLite file, real redis-server, PostgreSQL, a real Redis Cluster) and the
+``backend`` fixture below (for tests that open a second store on the same
+storage). Backend-specific tests (schema migrations, an unreachable server) are
+at the end; the Redis Cluster's own are in ``tests/tiers/test_redis_cluster.py``.
+
+A commit's spaces share a placement (:func:`tiers.keys.placement`: the part
+before the first ``:``), as the contract requires on a store that shards: the
+spaces ``s``, ``s:t`` and ``s:u`` are written together, never ``s`` and ``t``.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from tests.conftest import PostgresServer, RedisServer, free_port
 from tiers.backends import sqlite_kv
 from tiers.backends.base import Check, Delete, DeleteSpace, KVStore, Put, Write
 from tiers.backends.postgres_kv import PostgresKVStore
+from tiers.backends.redis_cluster_kv import RedisClusterKVStore
 from tiers.backends.redis_kv import RedisKVStore
 from tiers.backends.sqlite_kv import MIGRATIONS, SqliteKVStore
 from tiers.errors import (
@@ -265,6 +271,11 @@ def test_scan_of_a_large_space(kv: KVStore) -> None:
 
 
 def test_spaces_are_isolated(kv: KVStore) -> None:
+    if isinstance(kv, RedisClusterKVStore):
+        pytest.skip(
+            "commits spaces of several placements together, which a sharded store refuses; "
+            "test_spaces_of_one_placement_are_isolated and tests/tiers/test_redis_cluster.py cover it"
+        )
     spaces = ["a", "a:b", "ab", "a:", "b", "A", "a}", "{a}", "a b"]
     kv.commit([Put(space, "k", space.encode()) for space in spaces])
     kv.commit([Put(space, f"only-{space}", b"1") for space in spaces])
@@ -278,6 +289,18 @@ def test_spaces_are_isolated(kv: KVStore) -> None:
     kv.commit([Delete("ab", "k")])
     assert kv.get_many("a:b", ["k"]) == [b"a:b"]
     assert kv.get_many("ab", ["k"]) == [None]
+
+
+def test_spaces_of_one_placement_are_isolated(kv: KVStore) -> None:
+    spaces = ["t", "t:a", "t:a:b", "t:ab", "t:a:", "t:b", "t:A", "t:a}", "t:{a}", "t:a b"]
+    kv.commit([Put(space, "k", space.encode()) for space in spaces])
+    kv.commit([Put(space, f"only-{space}", b"1") for space in spaces])
+    for space in spaces:
+        assert kv.scan(space) == [("k", space.encode()), (f"only-{space}", b"1")]
+    kv.commit([DeleteSpace("t:a")])
+    assert kv.scan("t:a") == []
+    for space in [s for s in spaces if s != "t:a"]:
+        assert kv.get_many(space, ["k"]) == [space.encode()]
 
 
 # ----------------------------------------------------------------------------- commit
@@ -300,29 +323,29 @@ def test_empty_commit_is_a_no_op(kv: KVStore) -> None:
 
 
 def _seed(kv: KVStore) -> dict[str, list[tuple[str, bytes]]]:
-    kv.commit([Put("s", "a", b"1"), Put("s", "b", b"2"), Put("t", "x", b"9")])
-    return {"s": kv.scan("s"), "t": kv.scan("t"), "u": kv.scan("u")}
+    kv.commit([Put("s", "a", b"1"), Put("s", "b", b"2"), Put("s:t", "x", b"9")])
+    return {"s": kv.scan("s"), "t": kv.scan("s:t"), "u": kv.scan("s:u")}
 
 
 def _state(kv: KVStore) -> dict[str, list[tuple[str, bytes]]]:
-    return {"s": kv.scan("s"), "t": kv.scan("t"), "u": kv.scan("u")}
+    return {"s": kv.scan("s"), "t": kv.scan("s:t"), "u": kv.scan("s:u")}
 
 
 BIG_BATCH: list[Write] = [
     Put("s", "a", b"changed"),
     Put("s", "new", b"n"),
     Delete("s", "b"),
-    Put("u", "fresh", b"f"),
-    DeleteSpace("t"),
-    Put("t", "y", b"y"),
+    Put("s:u", "fresh", b"f"),
+    DeleteSpace("s:t"),
+    Put("s:t", "y", b"y"),
 ]
 
 
 @pytest.mark.parametrize("failing", [0, 1, 2])
 def test_a_failed_check_writes_nothing(kv: KVStore, failing: int) -> None:
     before = _seed(kv)
-    checks = [Check("s", "a", b"1"), Check("t", "x", b"9"), Check("s", "zz", None)]
-    wrong = [Check("s", "a", b"2"), Check("t", "x", None), Check("s", "b", None)][failing]
+    checks = [Check("s", "a", b"1"), Check("s:t", "x", b"9"), Check("s", "zz", None)]
+    wrong = [Check("s", "a", b"2"), Check("s:t", "x", None), Check("s", "b", None)][failing]
     checks[failing] = wrong
     with pytest.raises(ConflictError) as info:
         kv.commit(BIG_BATCH, checks)
@@ -373,7 +396,7 @@ def test_invalid_writes_are_refused_and_write_nothing(
 ) -> None:
     before = _seed(kv)
     with pytest.raises(InvalidInputError) as info:
-        kv.commit([Put("s", "a", b"overwritten"), bad, Put("u", "k", b"v")])
+        kv.commit([Put("s", "a", b"overwritten"), bad, Put("s:u", "k", b"v")])
     assert type(info.value) is InvalidInputError
     assert info.value.field == field_name
     assert _state(kv) == before
@@ -448,14 +471,15 @@ def test_check_compares_exact_bytes(kv: KVStore) -> None:
 
 
 def test_checks_across_two_spaces(kv: KVStore) -> None:
-    kv.commit([Put("left", "v", b"1"), Put("right", "v", b"1")])
-    both = [Check("left", "v", b"1"), Check("right", "v", b"1")]
-    kv.commit([Put("left", "v", b"2"), Put("right", "v", b"2")], both)
-    assert kv.get_many("left", ["v"]) == kv.get_many("right", ["v"]) == [b"2"]
-    stale = [Check("left", "v", b"2"), Check("right", "v", b"1")]
+    left, right = "pair:left", "pair:right"  # one placement (see the module docstring)
+    kv.commit([Put(left, "v", b"1"), Put(right, "v", b"1")])
+    both = [Check(left, "v", b"1"), Check(right, "v", b"1")]
+    kv.commit([Put(left, "v", b"2"), Put(right, "v", b"2")], both)
+    assert kv.get_many(left, ["v"]) == kv.get_many(right, ["v"]) == [b"2"]
+    stale = [Check(left, "v", b"2"), Check(right, "v", b"1")]
     with pytest.raises(ConflictError):
-        kv.commit([Put("left", "v", b"3"), Put("right", "v", b"3")], stale)
-    assert kv.get_many("left", ["v"]) == kv.get_many("right", ["v"]) == [b"2"]
+        kv.commit([Put(left, "v", b"3"), Put(right, "v", b"3")], stale)
+    assert kv.get_many(left, ["v"]) == kv.get_many(right, ["v"]) == [b"2"]
 
 
 def test_checks_without_writes(kv: KVStore) -> None:
@@ -468,7 +492,7 @@ def test_checks_without_writes(kv: KVStore) -> None:
 
 def test_delete_of_a_missing_key_or_space_is_not_an_error(kv: KVStore) -> None:
     kv.commit([Put("s", "k", b"v")])
-    kv.commit([Delete("s", "missing"), Delete("nowhere", "k"), DeleteSpace("empty")])
+    kv.commit([Delete("s", "missing"), Delete("s:nowhere", "k"), DeleteSpace("s:empty")])
     assert kv.scan("s") == [("k", b"v")]
     kv.commit([Delete("s", "k"), Delete("s", "k")])
     assert kv.get_many("s", ["k"]) == [None]
@@ -477,7 +501,8 @@ def test_delete_of_a_missing_key_or_space_is_not_an_error(kv: KVStore) -> None:
 
 def test_delete_space_removes_every_key_of_that_space_only(kv: KVStore) -> None:
     put_all(kv, "doomed", [f"k{i}" for i in range(50)], lambda k: k.encode())
-    kv.commit([Put("doomed:child", "k", b"c"), Put("doomed2", "k", b"d")])
+    kv.commit([Put("doomed:child", "k", b"c")])
+    kv.commit([Put("doomed2", "k", b"d")])  # another placement: a commit of its own
     kv.commit([DeleteSpace("doomed")])
     assert kv.scan("doomed") == []
     assert kv.get_many("doomed", ["k0", "k49"]) == [None, None]
@@ -679,7 +704,7 @@ class Backend:
         return store
 
 
-@pytest.fixture(params=["sqlite", "redis", "postgres"])
+@pytest.fixture(params=["sqlite", "redis", "postgres", "redis_cluster"])
 def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]:
     """A way to open several stores on the same storage, for every backend."""
     if request.param == "sqlite":
@@ -688,6 +713,11 @@ def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Backend]
     elif request.param == "redis":
         url: str = request.getfixturevalue("redis_url")
         spec = Backend("redis", lambda: RedisKVStore(url, max_value_bytes=LIMIT), url)
+    elif request.param == "redis_cluster":
+        nodes: str = request.getfixturevalue("redis_cluster_url")
+        spec = Backend(
+            "redis_cluster", lambda: RedisClusterKVStore(nodes, max_value_bytes=LIMIT), nodes
+        )
     else:
         pg_url: str = request.getfixturevalue("postgres_url")
         spec = Backend("postgres", lambda: PostgresKVStore(pg_url, max_value_bytes=LIMIT), pg_url)
@@ -708,14 +738,14 @@ def test_a_second_store_on_the_same_storage_sees_commits(backend: Backend) -> No
 
 def test_data_survives_close_and_reopen(backend: Backend) -> None:
     store = backend.open()
-    store.commit([Put("s", f"k{i}", bytes([i])) for i in range(200)] + [Put("t", "x", b"")])
+    store.commit([Put("s", f"k{i}", bytes([i])) for i in range(200)] + [Put("s:t", "x", b"")])
     store.commit([Delete("s", "k7")])
     store.close()
     again = backend.open()
     assert again.scan("s") == [
         (f"k{i}", bytes([i])) for i in sorted(set(range(200)) - {7}, key=str)
     ]
-    assert again.get_many("t", ["x"]) == [b""]
+    assert again.get_many("s:t", ["x"]) == [b""]
 
 
 _CRASH_CHILD = """
@@ -728,6 +758,9 @@ if kind.startswith("sqlite"):
 elif kind == "postgres":
     from tiers.backends.postgres_kv import PostgresKVStore
     store = PostgresKVStore(where)
+elif kind == "redis_cluster":
+    from tiers.backends.redis_cluster_kv import RedisClusterKVStore
+    store = RedisClusterKVStore(where)
 else:
     from tiers.backends.redis_kv import RedisKVStore
     store = RedisKVStore(where)

@@ -51,9 +51,14 @@ TRANSCRIPT = [
 ]
 
 
-@pytest.fixture(params=["embedded", "redis"])
+@pytest.fixture(params=["embedded", "redis", "redis_cluster"])
 def memory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Memory]:
-    kv_url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    kv_url = None
+    if request.param == "redis":
+        kv_url = request.getfixturevalue("redis_url")
+    elif request.param == "redis_cluster":
+        # Durable on a cluster only when each commit waits for a replica (see the README).
+        kv_url = request.getfixturevalue("redis_cluster_url") + "?wait=1"
     mem = Memory.from_settings(Settings(data_dir=tmp_path / "data", kv_url=kv_url))
     yield mem
     mem.close()

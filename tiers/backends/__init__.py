@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Protocol, runtime_checkable
 from urllib.parse import urlsplit, urlunsplit
 
 from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, KVStore
-from tiers.errors import InvalidInputError, VolatileStoreError
+from tiers.errors import InvalidInputError, TierError, VolatileStoreError
 
 if TYPE_CHECKING:
     from tiers.backends.encrypted_kv import MasterKey
@@ -99,13 +99,16 @@ _KV_BACKENDS = {
     "redis": "Redis",
     "rediss": "Redis",
     "unix": "Redis",
+    "redis+cluster": "Redis Cluster",
+    "rediss+cluster": "Redis Cluster",
     "postgresql": "PostgreSQL",
     "postgres": "PostgreSQL",
 }
 
 
 def kv_backend_name(url: str) -> str:
-    """The KV backend a URL names (``SQLite``, ``Redis``, ``PostgreSQL``), without opening it.
+    """The KV backend a URL names (``SQLite``, ``Redis``, ``Redis Cluster``, ``PostgreSQL``),
+    without opening it.
 
     Raises:
         InvalidInputError: The URL's scheme is not supported.
@@ -114,10 +117,40 @@ def kv_backend_name(url: str) -> str:
     if scheme not in _KV_BACKENDS:
         raise InvalidInputError(
             f"unsupported KV store URL scheme {scheme!r}: use sqlite:///path, "
-            "redis://host:port/db or postgresql://user:password@host:port/db",
+            "redis://host:port/db, redis+cluster://host:port,host:port/ or "
+            "postgresql://user:password@host:port/db",
             field="kv_url",
         )
     return _KV_BACKENDS[scheme]
+
+
+@runtime_checkable
+class DescribesItself(Protocol):
+    """A store that can say what it runs on (a cluster's shape, its commit acknowledgement)."""
+
+    def describe(self) -> str:
+        """One line for an operator."""
+        ...
+
+
+def describe_kv_store(url: str) -> str:
+    """What the store at ``url`` runs on and how durable its commits are (for ``tiermem info``).
+
+    Opens the store for the question; an error comes back as the description.
+    """
+    try:
+        kv = open_kv_backend(url)
+    except TierError as exc:
+        return f"unavailable ({exc})"
+    try:
+        shape = kv.describe() if isinstance(kv, DescribesItself) else kv_backend_name(url)
+        reason = kv_volatility(kv)
+    except TierError as exc:
+        return f"unavailable ({exc})"
+    finally:
+        kv.close()
+    durability = "durable" if reason is None else f"volatile: {reason}"
+    return f"{shape}; {durability}"
 
 
 def open_kv_store(
@@ -138,7 +171,8 @@ def open_kv_store(
     Args:
         url: ``sqlite:///relative/or/absolute/path.sqlite3`` (``sqlite:////abs`` for an
             absolute path, as in SQLAlchemy), a bare file path, ``redis://`` /
-            ``rediss://``, or ``postgresql://`` / ``postgres://`` (needs the
+            ``rediss://``, ``redis+cluster://host:port[,host:port...]/[?wait=1]`` /
+            ``rediss+cluster://`` (a Redis Cluster: see ``redis_cluster_kv``), or ``postgresql://`` / ``postgres://`` (needs the
             ``postgres`` extra).
         max_value_bytes: Largest value the store accepts.
         durable: SQLite only: fsync every commit.
@@ -197,6 +231,10 @@ def open_kv_backend(
         MissingExtraError: A ``postgresql://`` URL without ``tiermem[postgres]`` installed.
     """
     backend = kv_backend_name(url)
+    if backend == "Redis Cluster":
+        from tiers.backends.redis_cluster_kv import RedisClusterKVStore
+
+        return RedisClusterKVStore(url, max_value_bytes=max_value_bytes)
     if backend == "Redis":
         from tiers.backends.redis_kv import RedisKVStore
 

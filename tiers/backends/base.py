@@ -5,6 +5,12 @@ every tier builds its logic once on top of them. Keys live in *spaces*: a
 space groups the keys that are read in order or written together (one run,
 one user's sessions, ...), and a backend may keep a space on one node.
 
+A commit's spaces must share a placement (:func:`tiers.keys.placement`: a
+space's tenant) on a store that shards: a Redis Cluster keeps each placement
+on one primary and refuses, with :class:`~tiers.errors.InvalidInputError`
+before anything is sent, a commit that spans placements. Stores on one node
+accept any commit.
+
 A :class:`VectorIndex` stores embeddings with a document and flat metadata and
 answers filtered nearest-neighbour queries. An :class:`Embedder` turns texts
 into unit-length vectors. The contract suite in ``tests/contracts/`` runs
@@ -125,8 +131,9 @@ class KVStore(Protocol):
             ConflictError: A check did not hold; nothing was written.
             ValueTooLargeError: A value exceeds ``max_value_bytes``; nothing was written.
             InvalidInputError: An empty or non-text space or key, a value that is not
-                ``bytes``, or a check whose ``expected`` is neither bytes nor ``None``;
-                nothing was written.
+                ``bytes``, a check whose ``expected`` is neither bytes nor ``None``, or
+                (on a store that shards) spaces of different placements; nothing was
+                written.
             BackendUnavailableError: The store failed or is closed; nothing was
                 acknowledged (the commit may or may not have been applied).
         """

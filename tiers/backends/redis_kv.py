@@ -26,6 +26,8 @@ from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
+from redis.cluster import RedisCluster
+from redis.exceptions import RedisClusterException
 from redis.retry import Retry
 
 from tiers.backends import redact_url
@@ -134,22 +136,25 @@ class RedisKVStore:
         self._closed = False
         self._owns_client = client is None
         try:
-            # No automatic retry (see the module docstring). A connection the
-            # server dropped while idle is still replaced before use: the pool
-            # checks each connection it hands out.
-            self._client: redis.Redis = client or redis.Redis.from_url(
-                url,
-                socket_timeout=10,
-                socket_connect_timeout=5,
-                health_check_interval=30,
-                retry=Retry(NoBackoff(), 0),
-            )
+            self._client: redis.Redis | RedisCluster = client or self._connect(url)
         except ValueError as exc:
             raise InvalidInputError(
                 f"invalid Redis URL {redact_url(url)!r}: {exc}", field="url"
             ) from exc
         self._commit_script = self._client.register_script(_COMMIT)
         self._scan_script = self._client.register_script(_SCAN)
+
+    def _connect(self, url: str) -> redis.Redis | RedisCluster:
+        # No automatic retry (see the module docstring). A connection the
+        # server dropped while idle is still replaced before use: the pool
+        # checks each connection it hands out.
+        return redis.Redis.from_url(
+            url,
+            socket_timeout=10,
+            socket_connect_timeout=5,
+            health_check_interval=30,
+            retry=Retry(NoBackoff(), 0),
+        )
 
     def _keys(self, space: str) -> tuple[str, str]:
         # All Redis key formats of this store live here.
@@ -164,7 +169,7 @@ class RedisKVStore:
         self._ensure_open()
         try:
             yield
-        except redis.RedisError as exc:
+        except (redis.RedisError, RedisClusterException) as exc:
             if self._closed:
                 raise BackendUnavailableError(
                     f"the Redis store was closed during a {what}; open a new RedisKVStore"
@@ -225,6 +230,7 @@ class RedisKVStore:
         spaces: dict[str, int] = {}
         for item in (*checks, *writes):
             spaces.setdefault(item.space, len(spaces) + 1)
+        self._check_spaces(list(spaces))
         keys: list[str] = []
         for space in spaces:
             keys.extend(self._keys(space))
@@ -244,7 +250,7 @@ class RedisKVStore:
             else:
                 args += ["X", spaces[write.space], "", b""]
         with self._translate("commit"):
-            ok, space_no, key = self._commit_script(keys=keys, args=args)
+            ok, space_no, key = self._run_commit(keys, args)
         if int(ok) != 1:
             space = list(spaces)[int(space_no) - 1]
             raise ConflictError(
@@ -252,69 +258,76 @@ class RedisKVStore:
                 "re-read and retry"
             )
 
+    def _check_spaces(self, spaces: list[str]) -> None:
+        """Refuse, before anything is sent, a commit this store cannot apply atomically.
+
+        One server applies any commit; a sharded store overrides this.
+        """
+
+    def _run_commit(self, keys: list[str], args: list[bytes | str | int]) -> list[Any]:
+        reply: list[Any] = self._commit_script(keys=keys, args=args)
+        return reply
+
+    def _servers(self, *, primaries_only: bool = False) -> list[redis.Redis]:
+        """The servers that hold this store's data (one, or every node of a cluster)."""
+        if isinstance(self._client, redis.Redis):
+            return [self._client]
+        nodes = self._client.nodes_manager.nodes_cache.values()
+        return [
+            self._client.get_redis_connection(node)
+            for node in nodes
+            if node.server_type == "primary" or not primaries_only
+        ]
+
+    def _space_of_key(self, name: str) -> str | None:
+        # The inverse of _keys for a key index: the space, or None for another key.
+        head, tail = f"{self._prefix}:{{", "}:k"
+        if name.startswith(head) and name.endswith(tail):
+            return name[len(head) : -len(tail)]
+        return None
+
     def spaces(self, *, limit: int | None = None) -> list[str]:
         """See :meth:`~tiers.backends.base.ListsSpaces.spaces`.
 
-        Walks the server's keys with ``SCAN`` (every space has its key index):
-        for maintenance commands, not for a request path.
+        Walks the keys of the server (of every primary of a cluster) with
+        ``SCAN`` (every space has its key index): for maintenance commands,
+        not for a request path.
         """
-        head, tail = f"{self._prefix}:{{", "}:k"
-        pattern = "".join(f"\\{c}" if c in "\\*?[]^" else c for c in head) + "*" + tail
+        head = f"{self._prefix}:{{"
+        pattern = "".join(f"\\{c}" if c in "\\*?[]^" else c for c in head) + "*:k"
         found: set[str] = set()
         with self._translate("space listing"):
-            for name in self._client.scan_iter(match=pattern, count=1000):
-                raw = bytes(name).decode()
-                if raw.startswith(head) and raw.endswith(tail):
-                    found.add(raw[len(head) : -len(tail)])
-                    if limit is not None and len(found) >= limit:
-                        break
+            for server in self._servers(primaries_only=True):
+                for name in server.scan_iter(match=pattern, count=1000):
+                    space = self._space_of_key(bytes(name).decode())
+                    if space is not None:
+                        found.add(space)
+                        if limit is not None and len(found) >= limit:
+                            return sorted(found)[: max(limit, 0)]
         return sorted(found)[: None if limit is None else max(limit, 0)]
 
     def volatility(self) -> str | None:
         """Why an acknowledged commit could be lost, or ``None`` if Redis fsyncs each one.
 
-        Reads ``appendonly`` and ``appendfsync`` with ``CONFIG GET``. A server
-        that refuses ``CONFIG`` (renamed, disabled, or not allowed to this
-        user, as on many managed services) cannot be verified: that is
-        reported as volatile too, so the operator has to opt in knowingly.
+        Reads ``appendonly`` and ``appendfsync`` with ``CONFIG GET`` (on every
+        node of a cluster). A server that refuses ``CONFIG`` (renamed,
+        disabled, or not allowed to this user, as on many managed services)
+        cannot be verified: that is reported as volatile too, so the operator
+        has to opt in knowingly.
 
         Raises:
             BackendUnavailableError: Redis cannot be reached.
         """
         self._ensure_open()
-        try:
-            appendonly = self._config_value("appendonly")
-            appendfsync = self._config_value("appendfsync")
-        except redis.ResponseError as exc:
-            refusal = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
-            return (
-                "the Redis server refused CONFIG GET (renamed, disabled or not allowed: "
-                f"{refusal}), so its durability cannot be verified; it is durable only with "
-                "appendonly yes and appendfsync always"
-            )
-        except redis.RedisError as exc:
-            raise BackendUnavailableError(f"Redis durability check failed: {exc}") from exc
-        if appendonly != "yes":
-            return (
-                f"Redis runs with appendonly {appendonly or '?'}: every write acknowledged "
-                "since its last snapshot is lost when Redis crashes (durable needs appendonly "
-                "yes and appendfsync always)"
-            )
-        if appendfsync != "always":
-            return (
-                f"Redis runs with appendfsync {appendfsync or '?'}: a write is acknowledged "
-                "before it is fsync'd, so a crash of the Redis host loses the last ones "
-                "(durable needs appendfsync always)"
-            )
+        servers = self._servers()
+        for server in servers:
+            try:
+                reason = _server_volatility(server)
+            except redis.RedisError as exc:
+                raise BackendUnavailableError(f"Redis durability check failed: {exc}") from exc
+            if reason is not None:
+                return reason if len(servers) == 1 else f"node {_node_name(server)}: {reason}"
         return None
-
-    def _config_value(self, name: str) -> str:
-        reply: Any = self._client.config_get(name)
-        for key, value in dict(reply).items():
-            key = key.decode() if isinstance(key, bytes) else str(key)
-            if key == name:
-                return value.decode() if isinstance(value, bytes) else str(value)
-        return ""
 
     def ping(self) -> None:
         """See :meth:`KVStore.ping`."""
@@ -330,38 +343,23 @@ class RedisKVStore:
         on) or, with AOF off and RDB snapshots configured, ``BGSAVE``; both
         write the data as of now, after every delete acknowledged so far. A
         rewrite already running began before those deletes: it is waited for
-        (up to ``wait`` seconds) and a new one started. Replicas and backups
-        are the operator's.
+        (up to ``wait`` seconds) and a new one started. On a cluster every
+        node (replicas too) is told. Other replicas and backups are the
+        operator's.
 
         Returns:
-            True when a rewrite was started or scheduled; False when the
-            server refused (command renamed or not allowed, as on many
-            managed services), stayed busy, or keeps no files to rewrite.
+            True when a rewrite was started or scheduled (on every node);
+            False when a server refused (command renamed or not allowed, as on
+            many managed services), stayed busy, or keeps no files to rewrite.
 
         Raises:
             BackendUnavailableError: Redis cannot be reached.
         """
         deadline = time.monotonic() + wait
         with self._translate("scrub"):
-            aof = bool(self._client.info("persistence").get("aof_enabled"))
-            if not aof:
-                try:
-                    schedule: Any = self._client.config_get("save")
-                except redis.ResponseError:
-                    return False
-                if not any(value for value in dict(schedule).values()):
-                    return False  # no snapshots: no file to rewrite (nor one to create)
-            while True:
-                try:
-                    if aof:
-                        self._client.bgrewriteaof()
-                    else:
-                        self._client.bgsave(schedule=True)
-                    return True
-                except redis.ResponseError as exc:
-                    if "in progress" not in str(exc) or time.monotonic() >= deadline:
-                        return False
-                time.sleep(0.05)
+            # Every node is told, even after one refused: each rewrite drops deleted data.
+            started = [_scrub_server(server, deadline) for server in self._servers()]
+        return all(started)
 
     def close(self) -> None:
         """See :meth:`KVStore.close`.
@@ -389,3 +387,75 @@ def _tighter_high(high: str, start_after: str) -> str:
     if high == "+":
         return candidate
     return candidate if start_after < high[1:] else high
+
+
+def _node_name(server: redis.Redis) -> str:
+    kwargs = server.get_connection_kwargs()
+    return f"{kwargs.get('host', '?')}:{kwargs.get('port', '?')}"
+
+
+def _config_value(server: redis.Redis, name: str) -> str:
+    reply: Any = server.config_get(name)
+    for key, value in dict(reply).items():
+        key = key.decode() if isinstance(key, bytes) else str(key)
+        if key == name:
+            return value.decode() if isinstance(value, bytes) else str(value)
+    return ""
+
+
+def _server_volatility(server: redis.Redis) -> str | None:
+    """Why ``server`` could lose an acknowledged write, or ``None`` (see ``volatility``).
+
+    Raises:
+        redis.RedisError: The server cannot be reached.
+    """
+    try:
+        appendonly = _config_value(server, "appendonly")
+        appendfsync = _config_value(server, "appendfsync")
+    except redis.ResponseError as exc:
+        refusal = str(exc).splitlines()[0][:200] if str(exc) else type(exc).__name__
+        return (
+            "the Redis server refused CONFIG GET (renamed, disabled or not allowed: "
+            f"{refusal}), so its durability cannot be verified; it is durable only with "
+            "appendonly yes and appendfsync always"
+        )
+    if appendonly != "yes":
+        return (
+            f"Redis runs with appendonly {appendonly or '?'}: every write acknowledged "
+            "since its last snapshot is lost when Redis crashes (durable needs appendonly "
+            "yes and appendfsync always)"
+        )
+    if appendfsync != "always":
+        return (
+            f"Redis runs with appendfsync {appendfsync or '?'}: a write is acknowledged "
+            "before it is fsync'd, so a crash of the Redis host loses the last ones "
+            "(durable needs appendfsync always)"
+        )
+    return None
+
+
+def _scrub_server(server: redis.Redis, deadline: float) -> bool:
+    """Start a rewrite of ``server``'s files (see ``scrub``); whether it was started.
+
+    Raises:
+        redis.RedisError: The server cannot be reached.
+    """
+    aof = bool(server.info("persistence").get("aof_enabled"))
+    if not aof:
+        try:
+            schedule: Any = server.config_get("save")
+        except redis.ResponseError:
+            return False
+        if not any(value for value in dict(schedule).values()):
+            return False  # no snapshots: no file to rewrite (nor one to create)
+    while True:
+        try:
+            if aof:
+                server.bgrewriteaof()
+            else:
+                server.bgsave(schedule=True)
+            return True
+        except redis.ResponseError as exc:
+            if "in progress" not in str(exc) or time.monotonic() >= deadline:
+                return False
+        time.sleep(0.05)

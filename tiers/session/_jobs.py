@@ -230,13 +230,15 @@ class SummaryJobs:
             Put(self._jobs, job.job_id, encode(job)),
             Put(keys.user_jobs_space(self._tenant, user_id), job.job_id, b""),
             Put(self._queue, job.queue_key, str(_micros(now)).encode()),
-            # A new token: a worker retiring this tenant from the list meanwhile fails its check.
-            Put(keys.job_tenants_space(), self._tenant, secrets.token_hex(8).encode()),
         ]
+        # Listed apart (another placement): before (a crash then leaves a listed tenant with no
+        # jobs, retired) and after (a retirement that saw no job meanwhile fails its check).
+        _list_tenant(self._kv, self._tenant)
         if messages is not None:
             self._sessions.save_transcript(
                 user_id, session_id, messages, created_at=created_at, also=writes
             )
+            _list_tenant(self._kv, self._tenant)
             return job
         transcripts = keys.transcripts_space(self._tenant, user_id)
         for attempt in range(cas.ATTEMPTS):
@@ -250,6 +252,7 @@ class SummaryJobs:
             except ConflictError:
                 cas.backoff(attempt)
                 continue
+            _list_tenant(self._kv, self._tenant)
             return job
         raise ConflictError(f"session {session_id!r} of user {user_id!r} kept changing: retry")
 
@@ -571,6 +574,10 @@ class SummaryJobs:
 def job_tenants(kv: KVStore) -> list[tuple[str, bytes]]:
     """Tenants that may have unfinished jobs, with their current tokens, sorted."""
     return kv.scan(keys.job_tenants_space())
+
+
+def _list_tenant(kv: KVStore, tenant: str) -> None:
+    kv.commit([Put(keys.job_tenants_space(), tenant, secrets.token_hex(8).encode())])
 
 
 def retire_tenant(kv: KVStore, tenant: str, token: bytes) -> bool:

@@ -9,8 +9,9 @@ from __future__ import annotations
 
 import functools
 import re
+from collections import Counter
 
-__all__ = ["tokenize"]
+__all__ = ["term_counts", "tokenize"]
 
 # Words of letters and digits; an inner apostrophe keeps "don't" whole (it is a stopword).
 _WORD = re.compile(r"[^\W_]+(?:'[^\W_]+)*")
@@ -57,3 +58,17 @@ def tokenize(text: str) -> list[str]:
     """Lower-cased, stemmed content words of ``text``, in order (stopwords dropped)."""
     words = _WORD.findall(text.lower().replace("’", "'"))
     return [_stem(word) for word in words if word not in STOPWORDS]
+
+
+def term_counts(text: str) -> Counter[str]:
+    """How often each token of :func:`tokenize` occurs in ``text`` (the same counts, faster).
+
+    Long transcripts repeat their words many times: counting the raw words
+    first and stemming each distinct word once makes this several times
+    cheaper than counting the token list.
+    """
+    counts: Counter[str] = Counter()
+    for word, n in Counter(_WORD.findall(text.lower().replace("’", "'"))).items():
+        if word not in STOPWORDS:
+            counts[_stem(word)] += n
+    return counts

@@ -89,7 +89,7 @@ class SessionStore:
             index,
             embedder,
             tenant=self.tenant,
-            on_indexed=self.views.invalidate,
+            on_indexed=self.views.outdate,
             background=background,
         )
 
@@ -131,8 +131,8 @@ class SessionStore:
         return writes
 
     def index_later(self, refs: list[Ref]) -> None:
-        """After a commit: forget the users' views and bring the sessions' vectors in line."""
-        self.views.invalidate(users_of(refs))
+        """After a commit: outdate the users' views and bring the sessions' vectors in line."""
+        self.views.outdate(users_of(refs))
         self.indexer.submit(refs)
 
     def transcript_removed(self, user_id: str, session_id: str) -> None:
@@ -150,9 +150,12 @@ class SessionStore:
                 self.indexer.sync(queued)
                 if self.indexer.queued(user_id):
                     # Not settled (an outage or a busy writer): answer from a fresh, uncached view.
-                    return build_view(self.kv, self.tenant, user_id, revision)
+                    basis = self.views.basis(user_id)
+                    return build_view(self.kv, self.tenant, user_id, revision, basis)
         view, generation = self.views.get(user_id, revision)
         if view is None:
-            view = build_view(self.kv, self.tenant, user_id, revision)
+            # Incremental: what the previous view counted for unchanged sessions is reused.
+            basis = self.views.basis(user_id)
+            view = build_view(self.kv, self.tenant, user_id, revision, basis)
             self.views.put(user_id, view, generation)
         return view

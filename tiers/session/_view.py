@@ -11,10 +11,20 @@ the session tier replaces in the same KV commit as any change of the user's
 sessions or transcripts. A view whose stamp differs from the stored token is
 rebuilt, so every process (also one that did not make the change) sees new
 data on its next call. Parts are built lazily: listing needs no vectors.
+
+A rebuild is incremental: the term counts of a session whose summary record
+and transcript header are byte for byte those the previous view of the user
+read (the header holds the transcript's checksum) are taken over from it;
+only new or changed sessions are read and tokenised again. That keeps the
+first query after a save cheap. Vectors are always fetched again (one call by
+id), so vectors that arrived since, in one pass or two, are never missed. A
+deleted session is never taken over: the new view lists only sessions the KV
+store holds now, and a user with a session gone is rebuilt from scratch.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import threading
@@ -31,9 +41,9 @@ from tiers.backends.base import KVStore, VectorIndex
 from tiers.errors import CorruptRecordError
 from tiers.models import Message
 from tiers.session._chunking import keyword_text
-from tiers.session._keyword import tokenize
+from tiers.session._keyword import term_counts
 from tiers.session._recall import BM25Index
-from tiers.session._transcripts import TranscriptHeader, is_header_key
+from tiers.session._transcripts import TranscriptHeader, page_key
 
 __all__ = ["SessionVectors", "UserView", "ViewCache", "build_view"]
 
@@ -67,29 +77,57 @@ def _summary_fields(data: bytes) -> tuple[str, float] | None:
     return "\n".join(part for part in parts if isinstance(part, str) and part), created
 
 
-def _transcripts(pairs: Sequence[tuple[str, bytes]], where: str) -> dict[str, list[Message]]:
-    """Group a scanned transcripts space into messages per session; skip unreadable ones."""
-    headers: dict[str, TranscriptHeader] = {}
-    pages: dict[str, list[bytes]] = {}
-    for key, data in pairs:
-        if is_header_key(key):
-            try:
-                headers[key] = TranscriptHeader.model_validate_json(data)
-            except ValueError:
-                logger.error("skipping an unreadable transcript header at %s/%s", where, key)
-        else:
-            pages.setdefault(key.partition("/")[0], []).append(data)
-    out: dict[str, list[Message]] = {}
-    for session_id, header in headers.items():
-        blob = b"".join(pages.get(session_id, []))
+def _digest(data: bytes) -> bytes:
+    """A short fingerprint of a stored record (to tell whether it changed)."""
+    return hashlib.blake2b(data, digest_size=16).digest()
+
+
+def _transcripts(
+    kv: KVStore, space: str, headers: dict[str, bytes]
+) -> dict[str, list[Message] | None]:
+    """The messages of the sessions whose raw transcript headers are given; None: unreadable."""
+    parsed: dict[str, TranscriptHeader] = {}
+    out: dict[str, list[Message] | None] = {}
+    for session_id, raw in headers.items():
         try:
-            if len(pages.get(session_id, [])) != header.pages or len(blob) != header.size:
+            parsed[session_id] = TranscriptHeader.model_validate_json(raw)
+        except ValueError:
+            logger.error("skipping an unreadable transcript header at %s/%s", space, session_id)
+            out[session_id] = None
+    wanted = [
+        (session_id, page_key(session_id, n))
+        for session_id, header in parsed.items()
+        for n in range(header.pages)
+    ]
+    pages: dict[str, list[bytes | None]] = {session_id: [] for session_id in parsed}
+    values = kv.get_many(space, [key for _, key in wanted]) if wanted else []
+    for (session_id, _), value in zip(wanted, values, strict=True):
+        pages[session_id].append(value)
+    for session_id, header in parsed.items():
+        found = [page for page in pages[session_id] if page is not None]
+        blob = b"".join(found)
+        try:
+            if len(found) != header.pages or len(blob) != header.size:
                 raise CorruptRecordError("page count or size differs from the header")
             # The checksum was verified when it was indexed; trust the header here (read path).
             out[session_id] = [Message.model_construct(**item) for item in json.loads(blob)]
         except (ValueError, TypeError, CorruptRecordError) as exc:
-            logger.error("skipping an unreadable transcript %s/%s: %s", where, session_id, exc)
+            logger.error("skipping an unreadable transcript %s/%s: %s", space, session_id, exc)
+            out[session_id] = None
     return out
+
+
+@dataclass(frozen=True, slots=True)
+class _Terms:
+    """One session's keyword term counts and the stored bytes they were made from.
+
+    Attributes:
+        fingerprint: Digest of the summary record, then the raw transcript header.
+        counts: Token counts of the summary text and transcript.
+    """
+
+    fingerprint: bytes
+    counts: Counter[str]
 
 
 @dataclass
@@ -116,6 +154,9 @@ class UserView:
         created_at: POSIX creation time per session (0 when unreadable).
         texts: Summary content text per session ("" when unreadable).
         nbytes: Rough memory held, grown as lazy parts are built (for the cache's bound).
+        digests: Per session, a digest of its stored summary record (empty when unknown).
+        basis: An earlier view of the same user whose term counts may be taken
+            over (see the module docstring); dropped once the keywords are built.
     """
 
     revision: bytes | None
@@ -123,8 +164,11 @@ class UserView:
     created_at: npt.NDArray[np.float64]
     texts: list[str]
     nbytes: int = 0
+    digests: list[bytes] = field(default_factory=list, repr=False)
+    basis: UserView | None = field(default=None, repr=False)
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
     _bm25: BM25Index | None = field(default=None, repr=False)
+    _terms: dict[str, _Terms] = field(default_factory=dict, repr=False)
     _vectors: SessionVectors | None = field(default=None, repr=False)
 
     def newest_first(self) -> list[str]:
@@ -140,14 +184,41 @@ class UserView:
         """BM25 over each session's summary and transcript text (built on first use)."""
         with self._lock:
             if self._bm25 is None:
-                space = keys.transcripts_space(tenant, user_id)
-                transcripts = _transcripts(kv.scan(space), space)
+                self._terms = self._term_counts(kv, keys.transcripts_space(tenant, user_id))
+                self.basis = None
                 self._bm25 = BM25Index.from_counts(
-                    (sid, Counter(tokenize(keyword_text(text, transcripts.get(sid)))))
-                    for sid, text in zip(self.session_ids, self.texts, strict=True)
+                    (sid, self._terms[sid].counts) for sid in self.session_ids
                 )
                 self.nbytes += _ENTRY_BYTES * self._bm25.entries()
             return self._bm25
+
+    def _term_counts(self, kv: KVStore, space: str) -> dict[str, _Terms]:
+        """Term counts per session: taken over from the basis where unchanged, else counted."""
+        # Without digests (a view made by hand) nothing can be compared: count everything.
+        basis = self.basis._terms if self.basis is not None and self.digests else {}
+        raw_headers = kv.get_many(space, self.session_ids)
+        digests = self.digests or [b""] * len(self.session_ids)
+        fingerprints = {
+            sid: digest + b"\0" + (raw or b"")
+            for sid, digest, raw in zip(self.session_ids, digests, raw_headers, strict=True)
+        }
+        terms: dict[str, _Terms] = {}
+        changed: dict[str, bytes] = {}
+        for sid, raw in zip(self.session_ids, raw_headers, strict=True):
+            known = basis.get(sid)
+            if known is not None and known.fingerprint == fingerprints[sid]:
+                terms[sid] = known
+            elif raw is not None:
+                changed[sid] = raw
+        transcripts = _transcripts(kv, space, changed)
+        for sid, text in zip(self.session_ids, self.texts, strict=True):
+            if sid not in terms:
+                messages = transcripts.get(sid)
+                counts = term_counts(keyword_text(text, messages))
+                # An unreadable transcript is counted without it, and never taken over.
+                readable = sid not in transcripts or messages is not None
+                terms[sid] = _Terms(fingerprints[sid] if readable else b"", counts)
+        return terms
 
     def vectors(self, kv: KVStore, index: VectorIndex, tenant: str, user_id: str) -> SessionVectors:
         """Every indexed vector of the user's sessions (fetched on first use)."""
@@ -173,37 +244,63 @@ class UserView:
         return SessionVectors(matrix=np.ascontiguousarray(matrix, dtype=np.float32), owner=owner)
 
 
-def build_view(kv: KVStore, tenant: str, user_id: str, revision: bytes | None) -> UserView:
-    """Read the user's summaries into a new view stamped with ``revision``."""
+def build_view(
+    kv: KVStore,
+    tenant: str,
+    user_id: str,
+    revision: bytes | None,
+    basis: UserView | None = None,
+) -> UserView:
+    """Read the user's summaries into a new view stamped with ``revision``.
+
+    Args:
+        kv: The KV store.
+        tenant: The tenant.
+        user_id: The user.
+        revision: The user's revision token, read before the summaries.
+        basis: An earlier view of the user whose unchanged sessions' term counts
+            are taken over; ignored when a session of it is no longer stored.
+    """
     ids: list[str] = []
     created: list[float] = []
     texts: list[str] = []
+    digests: list[bytes] = []
     for session_id, data in kv.scan(keys.sessions_space(tenant, user_id)):
         fields = _summary_fields(data)
         ids.append(session_id)
         texts.append(fields[0] if fields else "")
         created.append(fields[1] if fields else 0.0)
+        digests.append(_digest(data))
+    while basis is not None and not basis._terms:
+        basis = basis.basis  # it never counted terms: take its own basis (no chains are kept)
+    if basis is not None and not set(basis.session_ids) <= set(ids):
+        basis = None  # a session was deleted: rebuild from scratch, nothing of it is kept
     return UserView(
         revision=revision,
         session_ids=ids,
         created_at=np.asarray(created, dtype=np.float64),
         texts=texts,
         nbytes=sum(len(text) + _ENTRY_BYTES for text in texts),
+        digests=digests,
+        basis=basis,
     )
 
 
 class ViewCache:
     """Least-recently-used views of at most ``max_users`` users and about ``max_bytes``. Thread-safe.
 
-    ``invalidate`` bumps a per-user generation, so a view built while the
-    index was changing underneath it is never stored. Views grow as their
-    lazy parts are built: call :meth:`trim` afterwards to keep the bound.
+    ``invalidate`` and ``outdate`` bump a per-user generation, so a view built
+    while the index was changing underneath it is never stored. An outdated
+    view is no longer served but kept as the basis of the user's next view
+    (see the module docstring); an invalidated one is forgotten. Views grow
+    as their lazy parts are built: call :meth:`trim` afterwards to keep the bound.
     """
 
     def __init__(self, max_users: int, max_bytes: int) -> None:
         self._max_users = max(0, max_users)
         self._max_bytes = max(0, max_bytes)
         self._views: OrderedDict[str, UserView] = OrderedDict()
+        self._outdated: set[str] = set()
         self._generations: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -212,10 +309,15 @@ class ViewCache:
         with self._lock:
             generation = self._generations.get(user_id, 0)
             view = self._views.get(user_id)
-            if view is None or view.revision != revision:
+            if view is None or view.revision != revision or user_id in self._outdated:
                 return None, generation
             self._views.move_to_end(user_id)
             return view, generation
+
+    def basis(self, user_id: str) -> UserView | None:
+        """The user's cached view, current or not: what a rebuild may take over."""
+        with self._lock:
+            return self._views.get(user_id)
 
     def put(self, user_id: str, view: UserView, generation: int) -> None:
         """Cache ``view`` unless the user was invalidated since ``generation`` was read."""
@@ -224,6 +326,7 @@ class ViewCache:
                 return
             self._views[user_id] = view
             self._views.move_to_end(user_id)
+            self._outdated.discard(user_id)
             self._evict()
 
     def trim(self) -> None:
@@ -237,14 +340,24 @@ class ViewCache:
         while len(self._views) > 1 and (
             len(self._views) > self._max_users or total > self._max_bytes
         ):
-            _, view = self._views.popitem(last=False)
+            user_id, view = self._views.popitem(last=False)
+            self._outdated.discard(user_id)
             total -= view.nbytes
+
+    def outdate(self, user_ids: Sequence[str]) -> None:
+        """Stop serving these users' views; keep them as the basis of their next ones."""
+        with self._lock:
+            for user_id in user_ids:
+                if user_id in self._views:
+                    self._outdated.add(user_id)
+                self._generations[user_id] = self._generations.get(user_id, 0) + 1
 
     def invalidate(self, user_ids: Sequence[str]) -> None:
         """Forget the views of these users."""
         with self._lock:
             for user_id in user_ids:
                 self._views.pop(user_id, None)
+                self._outdated.discard(user_id)
                 self._generations[user_id] = self._generations.get(user_id, 0) + 1
 
     def clear(self) -> None:
@@ -253,3 +366,4 @@ class ViewCache:
             for user_id in list(self._views):
                 self._generations[user_id] = self._generations.get(user_id, 0) + 1
             self._views.clear()
+            self._outdated.clear()

@@ -1,0 +1,63 @@
+"""The per-user view's incremental rebuild: unchanged sessions are taken over, deletes are exact."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta
+from pathlib import Path
+
+from tiers.backends.chroma_index import ChromaVectorIndex
+from tiers.backends.embedders import MiniLMEmbedder
+from tiers.backends.sqlite_kv import SqliteKVStore
+from tiers.models import Message
+from tiers.session import SessionSummary, SessionTier
+
+
+def _save(tier: SessionTier, session_id: str, words: str, day: int) -> None:
+    created = datetime(2025, 3, 1, tzinfo=UTC) + timedelta(days=day)
+    tier.save_transcript("ann", session_id, [Message(role="user", content=words)])
+    tier.save_session(
+        SessionSummary(
+            session_id=session_id,
+            user_id="ann",
+            task_description=f"Talk about {words}",
+            created_at=created,
+        )
+    )
+
+
+def test_a_save_reuses_unchanged_term_counts_and_a_delete_is_never_recalled(
+    tmp_path: Path, no_network: None
+) -> None:
+    embedder = MiniLMEmbedder()
+    embedder.load()
+    index = ChromaVectorIndex(tmp_path / "chroma", embedder=embedder)
+    kv = SqliteKVStore(tmp_path / "kv.sqlite3")
+    try:
+        tier = SessionTier(kv, index, embedder)
+        _save(tier, "s1", "the zucchini harvest in the garden", 0)
+        _save(tier, "s2", "booking a flight to Lisbon", 1)
+        assert tier.recall_relevant("ann", "zucchini", top_k=1)[0].summary.session_id == "s1"
+        store = tier._store
+        before = store.views.basis("ann")
+        assert before is not None
+
+        _save(tier, "s3", "a quokka seen on the trip", 2)
+        assert tier.recall_relevant("ann", "quokka", top_k=1)[0].summary.session_id == "s3"
+        after = store.views.basis("ann")
+        assert after is not None
+        assert after is not before
+        # Incremental: the unchanged sessions' counts are the very objects counted before.
+        assert after._terms["s1"] is before._terms["s1"]
+        assert after._terms["s2"] is before._terms["s2"]
+
+        assert tier.delete_session("ann", "s1")
+        hits = tier.recall_relevant("ann", "zucchini harvest garden", top_k=5)
+        assert "s1" not in {hit.summary.session_id for hit in hits}
+        rebuilt = store.views.basis("ann")
+        assert rebuilt is not None
+        assert "s1" not in rebuilt._terms
+        assert rebuilt._terms["s2"] is not before._terms["s2"]  # after a delete: from scratch
+    finally:
+        tier.close()
+        index.close()
+        kv.close()

@@ -367,7 +367,18 @@ class Fleet:
             for i, p in enumerate(self.processes)
         )
 
+    def serving(self, index: int) -> bool:
+        """Worker ``index`` has installed its SIGTERM handler (it says so as it starts serving)."""
+        log = (self.workdir / f"worker-{index}.log").read_text(errors="replace")
+        return ": serving " in log
+
     def stop_all(self) -> None:
+        # As a deploy would once the pod is ready: a SIGTERM during interpreter start-up, before
+        # the handler exists, ends a worker that holds nothing with -15, which is not a drain.
+        deadline = time.monotonic() + 60
+        while any(p.poll() is None and not self.serving(i) for i, p in enumerate(self.processes)):
+            assert time.monotonic() < deadline, f"a worker never started serving\n{self.logs()}"
+            time.sleep(0.05)
         for process in self.alive():
             process.send_signal(signal.SIGTERM)
         for process in self.processes:

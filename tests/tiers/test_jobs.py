@@ -2,9 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 
@@ -26,20 +24,6 @@ from tiers.session import (
 LEASE = timedelta(seconds=30)
 SAID = [{"role": "user", "content": "We moved the billing database to Postgres."}]
 ERROR = {"type": "urn:tiermem:problem:summarizer-unavailable", "title": "x", "status": 503}
-
-
-@pytest.fixture(scope="module")
-def embedder() -> MiniLMEmbedder:
-    model = MiniLMEmbedder()
-    model.load()
-    return model
-
-
-@pytest.fixture
-def index(tmp_path: Path, embedder: MiniLMEmbedder) -> Iterator[ChromaVectorIndex]:
-    ix = ChromaVectorIndex(tmp_path / "chroma", embedder=embedder)
-    yield ix
-    ix.close()
 
 
 def jobs_of(

@@ -10,7 +10,6 @@ import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -31,20 +30,6 @@ from tiers.errors import (
     ValueTooLargeError,
 )
 from tiers.session import RecalledSession, SessionSummary, SessionTier, session_windows
-
-
-@pytest.fixture(scope="module")
-def embedder() -> MiniLMEmbedder:
-    model = MiniLMEmbedder()
-    model.load()
-    return model
-
-
-@pytest.fixture
-def index(tmp_path: Path, embedder: MiniLMEmbedder) -> Iterator[ChromaVectorIndex]:
-    ix = ChromaVectorIndex(tmp_path / "chroma", embedder=embedder)
-    yield ix
-    ix.close()
 
 
 @pytest.fixture

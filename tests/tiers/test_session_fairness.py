@@ -18,11 +18,8 @@ gate, which makes the interleaving deterministic.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
-from pathlib import Path
-
-import pytest
 
 from tiers import keys
 from tiers.backends.base import KVStore
@@ -72,20 +69,6 @@ class GatedEmbedder:
         raise AssertionError(f"{marker!r} was never embedded")
 
 
-@pytest.fixture(scope="module")
-def model() -> MiniLMEmbedder:
-    embedder = MiniLMEmbedder()
-    embedder.load()
-    return embedder
-
-
-@pytest.fixture
-def index(tmp_path: Path, model: MiniLMEmbedder) -> Iterator[ChromaVectorIndex]:
-    ix = ChromaVectorIndex(tmp_path / "chroma", embedder=model)
-    yield ix
-    ix.close()
-
-
 def at(n: int) -> datetime:
     return datetime(2025, 3, 1, tzinfo=UTC) + timedelta(hours=n)
 
@@ -97,9 +80,9 @@ def summary(user: str, n: int, text: str) -> SessionSummary:
 
 
 def test_a_session_is_recallable_once_its_indexing_finishes(
-    kv: KVStore, index: ChromaVectorIndex, model: MiniLMEmbedder, no_network: None
+    kv: KVStore, index: ChromaVectorIndex, embedder: MiniLMEmbedder, no_network: None
 ) -> None:
-    tier = SessionTier(kv, index, model, background=True)
+    tier = SessionTier(kv, index, embedder, background=True)
     try:
         transcript = [
             Message(role="user", content="Our cat Marzipan needs a vet appointment on Tuesday."),
@@ -121,9 +104,9 @@ def test_a_session_is_recallable_once_its_indexing_finishes(
 
 
 def test_one_users_backlog_delays_another_users_recall_by_at_most_one_batch(
-    kv: KVStore, index: ChromaVectorIndex, model: MiniLMEmbedder, no_network: None
+    kv: KVStore, index: ChromaVectorIndex, embedder: MiniLMEmbedder, no_network: None
 ) -> None:
-    gated = GatedEmbedder(model)
+    gated = GatedEmbedder(embedder)
     tier = SessionTier(kv, index, gated, background=True)
     backlog = 4 * WORKER_BATCH + 1
     try:
@@ -158,9 +141,9 @@ def test_one_users_backlog_delays_another_users_recall_by_at_most_one_batch(
 
 
 def test_another_tenants_backlog_does_not_delay_recall(
-    kv: KVStore, index: ChromaVectorIndex, model: MiniLMEmbedder, no_network: None
+    kv: KVStore, index: ChromaVectorIndex, embedder: MiniLMEmbedder, no_network: None
 ) -> None:
-    gated = GatedEmbedder(model)
+    gated = GatedEmbedder(embedder)
     busy = SessionTier(kv, index, gated, background=True)
     other = SessionTier(kv, index, gated, tenant="acme", background=True)
     try:
@@ -182,9 +165,9 @@ def test_another_tenants_backlog_does_not_delay_recall(
 
 
 def test_a_backlog_of_transcript_windows_delays_a_recall_by_at_most_one_batch(
-    kv: KVStore, index: ChromaVectorIndex, model: MiniLMEmbedder, no_network: None
+    kv: KVStore, index: ChromaVectorIndex, embedder: MiniLMEmbedder, no_network: None
 ) -> None:
-    gated = GatedEmbedder(model, only="alicewindow")
+    gated = GatedEmbedder(embedder, only="alicewindow")
     tier = SessionTier(kv, index, gated, background=True)
     backlog = 3 * WINDOW_BATCH
     try:

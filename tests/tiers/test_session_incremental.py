@@ -13,11 +13,8 @@ wrapped only to fail (as an outage would) on transcript windows while told to.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from datetime import UTC, datetime
-from pathlib import Path
-
-import pytest
 
 from tiers import keys
 from tiers.backends.base import KVStore
@@ -48,20 +45,6 @@ class WindowOutage:
         return self.inner.embed(texts)
 
 
-@pytest.fixture(scope="module")
-def model() -> MiniLMEmbedder:
-    embedder = MiniLMEmbedder()
-    embedder.load()
-    return embedder
-
-
-@pytest.fixture
-def index(tmp_path: Path, model: MiniLMEmbedder) -> Iterator[ChromaVectorIndex]:
-    ix = ChromaVectorIndex(tmp_path / "chroma", embedder=model)
-    yield ix
-    ix.close()
-
-
 TRANSCRIPT = [
     Message(
         role="user" if n % 2 == 0 else "assistant",
@@ -84,11 +67,11 @@ def windows_outbox(kv: KVStore) -> list[str]:
 
 
 def test_a_crash_between_the_passes_leaves_the_windows_to_the_next_worker(
-    kv: KVStore, index: ChromaVectorIndex, model: MiniLMEmbedder, no_network: None
+    kv: KVStore, index: ChromaVectorIndex, embedder: MiniLMEmbedder, no_network: None
 ) -> None:
     texts = session_windows(SUMMARY, TRANSCRIPT)
     assert sum(MARKER in text for text in texts) == len(texts) - 1 > 1
-    outage = WindowOutage(model)
+    outage = WindowOutage(embedder)
     first = SessionTier(kv, index, outage, background=True)
     try:
         first.save_transcript("carol", "pets", TRANSCRIPT)
@@ -112,7 +95,7 @@ def test_a_crash_between_the_passes_leaves_the_windows_to_the_next_worker(
         first.close(timeout=1)  # the "crash": the worker stops with the windows still pending
     assert windows_outbox(kv) == ["carol/pets"]
 
-    second = SessionTier(kv, index, model, background=True)
+    second = SessionTier(kv, index, embedder, background=True)
     try:
         assert second.flush(timeout=300)
         assert windows_outbox(kv) == []
@@ -125,9 +108,9 @@ def test_a_crash_between_the_passes_leaves_the_windows_to_the_next_worker(
 
 
 def test_foreground_indexing_does_windows_left_by_a_background_worker(
-    kv: KVStore, index: ChromaVectorIndex, model: MiniLMEmbedder, no_network: None
+    kv: KVStore, index: ChromaVectorIndex, embedder: MiniLMEmbedder, no_network: None
 ) -> None:
-    outage = WindowOutage(model)
+    outage = WindowOutage(embedder)
     background = SessionTier(kv, index, outage, background=True)
     try:
         background.save_transcript("carol", "pets", TRANSCRIPT)
@@ -136,7 +119,7 @@ def test_foreground_indexing_does_windows_left_by_a_background_worker(
     finally:
         background.close(timeout=1)
     assert windows_outbox(kv) == ["carol/pets"]
-    foreground = SessionTier(kv, index, model)
+    foreground = SessionTier(kv, index, embedder)
     assert foreground.repair() == 0  # no first-pass work was left, only windows
     assert windows_outbox(kv) == []
     assert len(index.ids(where=WHERE)) == len(session_windows(SUMMARY, TRANSCRIPT))
@@ -144,9 +127,9 @@ def test_foreground_indexing_does_windows_left_by_a_background_worker(
 
 
 def test_a_resave_between_the_passes_drops_the_old_windows_at_once(
-    kv: KVStore, index: ChromaVectorIndex, model: MiniLMEmbedder, no_network: None
+    kv: KVStore, index: ChromaVectorIndex, embedder: MiniLMEmbedder, no_network: None
 ) -> None:
-    outage = WindowOutage(model)
+    outage = WindowOutage(embedder)
     outage.down = False
     tier = SessionTier(kv, index, outage, background=True)
     try:

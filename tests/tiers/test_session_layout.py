@@ -8,9 +8,7 @@ Real parts: every KV backend, embedded Chroma, the real MiniLM model.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
-from pathlib import Path
 
 import pytest
 
@@ -22,21 +20,6 @@ from tiers.backends.embedders import MiniLMEmbedder
 from tiers.index_check import check_index, queue_repair
 from tiers.models import Message
 from tiers.session import SessionSummary, SessionTier, session_windows
-
-
-@pytest.fixture(scope="module")
-def model() -> MiniLMEmbedder:
-    embedder = MiniLMEmbedder()
-    embedder.load()
-    return embedder
-
-
-@pytest.fixture
-def index(tmp_path: Path, model: MiniLMEmbedder) -> Iterator[ChromaVectorIndex]:
-    ix = ChromaVectorIndex(tmp_path / "chroma", embedder=model)
-    yield ix
-    ix.close()
-
 
 TRANSCRIPT = [
     Message(
@@ -57,11 +40,11 @@ SUMMARY = SessionSummary(
 def test_vectors_of_another_layout_scheme_are_stale_and_repaired(
     kv: KVStore,
     index: ChromaVectorIndex,
-    model: MiniLMEmbedder,
+    embedder: MiniLMEmbedder,
     no_network: None,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    tier = SessionTier(kv, index, model)
+    tier = SessionTier(kv, index, embedder)
     with monkeypatch.context() as old_layout:
         old_layout.setattr(session_index, "_SCHEME", b"tiermem-session-vectors/an-older-one")
         tier.save_transcript("dora", "garden", TRANSCRIPT)

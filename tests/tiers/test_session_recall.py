@@ -6,7 +6,6 @@ Real parts only: every KV backend, a real embedded Chroma, the real MiniLM model
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -19,20 +18,6 @@ from tiers.backends.embedders import MiniLMEmbedder
 from tiers.errors import BackendUnavailableError, SessionNotFoundError
 from tiers.models import Message
 from tiers.session import ReindexProgress, SessionSummary, SessionTier, session_windows
-
-
-@pytest.fixture(scope="module")
-def embedder() -> MiniLMEmbedder:
-    model = MiniLMEmbedder()
-    model.load()
-    return model
-
-
-@pytest.fixture
-def index(tmp_path: Path, embedder: MiniLMEmbedder) -> Iterator[ChromaVectorIndex]:
-    ix = ChromaVectorIndex(tmp_path / "chroma", embedder=embedder)
-    yield ix
-    ix.close()
 
 
 @pytest.fixture

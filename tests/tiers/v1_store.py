@@ -10,6 +10,7 @@ import json
 from datetime import UTC, datetime
 from pathlib import Path
 
+from tiers import keys
 from tiers.backends.base import KVStore, Put
 
 V1_STORE = Path(__file__).resolve().parent.parent / "data" / "task_store_v1.json"
@@ -25,9 +26,13 @@ def v1_rows() -> list[tuple[str, str, bytes]]:
 
 def load_v1_store(kv: KVStore) -> None:
     """Write the v1 store's rows into ``kv`` (an empty store), exactly as they were stored."""
-    rows = v1_rows()
-    for start in range(0, len(rows), 32):
-        kv.commit([Put(space, key, value) for space, key, value in rows[start : start + 32]])
+    by_placement: dict[str, list[Put]] = {}
+    for space, key, value in v1_rows():
+        by_placement.setdefault(keys.placement(space), []).append(Put(space, key, value))
+    # One placement per commit, as a store that shards (Redis Cluster) requires.
+    for puts in by_placement.values():
+        for start in range(0, len(puts), 32):
+            kv.commit(puts[start : start + 32])
 
 
 def dump(kv: KVStore, spaces: set[str]) -> dict[str, list[tuple[str, bytes]]]:

@@ -369,3 +369,27 @@ def test_bad_arguments_name_the_field_and_store_nothing(
         assert caught.value.field == field, write
     assert kv.scan(keys.items_space("t1")) == []
     index.close()
+
+
+def test_a_put_after_a_delete_in_one_batch_is_a_new_item(
+    kv: KVStore, tmp_path: Path, embedder: MiniLMEmbedder
+) -> None:
+    # Found by the dict model: the batch's delete was dropped (last write wins) and the put
+    # kept the deleted item's created_at.
+    now = datetime(2031, 1, 1, tzinfo=UTC)
+    index = ChromaVectorIndex(tmp_path / "chroma", embedder=embedder)
+    try:
+        store = ItemStore(kv, index, embedder, tenant="t1", clock=lambda: now)
+        store.write([ItemWrite(("a", "b"), "k", {"v": 0})])
+        now += timedelta(seconds=30)
+        store.write([ItemWrite(("a", "b"), "k", {"v": 1})])
+        item = store.get(("a", "b"), "k")
+        assert item is not None
+        assert (item.created_at, item.updated_at) == (now - timedelta(seconds=30), now)
+        now += timedelta(seconds=30)
+        store.write([ItemWrite(("a", "b"), "k", None), ItemWrite(("a", "b"), "k", {"v": 2})])
+        item = store.get(("a", "b"), "k")
+        assert item is not None
+        assert (item.created_at, item.updated_at, item.value) == (now, now, {"v": 2})
+    finally:
+        index.close()

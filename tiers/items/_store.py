@@ -262,7 +262,8 @@ class ItemStore:
         """Apply puts and deletes in one atomic commit (the last write of an item wins).
 
         Every write is validated before anything is stored: one bad write
-        stores none. A put keeps the item's ``created_at``. The vector index
+        stores none. A put keeps the item's ``created_at``, unless the same batch
+        deleted the item before it (then it is a new item). The vector index
         is updated after the commit; if it fails, the write stands (it is
         durable) and the index catches up at the next search or
         :meth:`repair`.
@@ -277,7 +278,9 @@ class ItemStore:
         plans: dict[str, Plan] = {}
         for write in writes:
             plan = self._writer.plan(write)
-            plans.pop(plan.address, None)  # last write wins, in its own position
+            earlier = plans.pop(plan.address, None)  # last write wins, in its own position
+            if earlier is not None and plan.value is not None:
+                plan.recreated = earlier.recreated or earlier.value is None
             plans[plan.address] = plan
         if not plans:
             return

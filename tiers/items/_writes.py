@@ -46,6 +46,8 @@ class Plan:
     address: str
     value: dict[str, JsonValue] | None
     vectors: list[bytes]
+    recreated: bool = False
+    """A put after a delete of the same item in one batch: a new item (new ``created_at``)."""
 
 
 class ItemWriter:
@@ -213,7 +215,7 @@ class ItemWriter:
                 namespace=plan.namespace,
                 key=write.key,
                 value=plan.value or {},
-                created_at=old.created_at if old is not None else now,
+                created_at=old.created_at if old is not None and not plan.recreated else now,
                 updated_at=now,
                 expires_at=None if ttl is None else now + timedelta(minutes=ttl),
                 ttl_minutes=None if ttl is None else float(ttl),

@@ -199,6 +199,24 @@ class RedisClusterNodes:
             client.close()
         raise AssertionError(f"no primary holds slot {slot}")
 
+    def wait_promoted(self, key: str, old_primary: int, timeout: float = 60) -> int:
+        """Wait until a node other than ``old_primary`` holds the slot of ``key``; its port.
+
+        Right after a kill the survivors still report ``cluster_state:ok`` and the old
+        primary, until they have missed it for ``node_timeout_ms``.
+        """
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                primary = self.primary_of(key)
+            except redis.RedisError:
+                primary = old_primary
+            if primary != old_primary:
+                return primary
+            if time.monotonic() > deadline:
+                pytest.fail(f"no replica took over the slot of {key!r} from {old_primary}")
+            time.sleep(0.1)
+
     def replicas_of(self, primary: int) -> list[int]:
         """The ports of the replicas of the primary on port ``primary``."""
         client = redis.Redis(port=primary, decode_responses=True)

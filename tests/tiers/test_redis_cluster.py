@@ -230,8 +230,8 @@ def test_a_primary_killed_mid_run_fails_over_and_the_run_resumes(tmp_path: Path)
         with pytest.raises(BackendUnavailableError):
             script(handle, log, start=3, stop=4, outputs=list(before))
         # The replica is promoted once the others miss the primary for node_timeout_ms.
+        assert cluster.wait_promoted("tm:{default}:x", primary) == replica
         cluster.wait_healthy([p for p in cluster.ports if p != primary])
-        assert cluster.primary_of("tm:{default}:x") == replica
         # The old primary comes back as the new one's replica, so commits find a replica
         # to WAIT for again.
         cluster.start(primary)

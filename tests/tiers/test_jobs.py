@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from datetime import timedelta
+from typing import Any, cast
 
 import pytest
 
@@ -185,7 +187,7 @@ def test_finished_jobs_are_purged_and_idle_tenants_retired(
     assert claim is not None
     assert jobs.succeed(claim)
     assert unfinished_jobs(kv) == 0
-    jobs.submit("u1", "s1")  # a new submission replaces the token
+    jobs.submit("u1", "s1")  # a job is queued again
     assert not retire_tenant(kv, tenant, token)
     claim = jobs.claim("w", lease=LEASE)
     assert claim is not None
@@ -203,3 +205,50 @@ def test_finished_jobs_are_purged_and_idle_tenants_retired(
     theirs = acme.submit("u1", "s1", SAID)
     assert jobs.get(theirs.job_id) is None
     assert acme.get(theirs.job_id) == theirs
+
+
+class _HookAfterFirstLook:
+    """The real store, with ``hook`` run right after the first scan of ``space`` returns."""
+
+    def __init__(self, kv: KVStore, space: str, hook: Callable[[], object]) -> None:
+        self._kv = kv
+        self._space = space
+        self._hook: Callable[[], object] | None = hook
+
+    def scan(self, space: str, **kwargs: Any) -> list[tuple[str, bytes]]:
+        rows = self._kv.scan(space, **kwargs)
+        if space == self._space and self._hook is not None:
+            hook, self._hook = self._hook, None
+            hook()
+        return rows
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kv, name)
+
+
+def test_a_listed_tenant_is_not_written_again_by_a_submission(
+    jobs: SummaryJobs, kv: KVStore
+) -> None:
+    jobs.submit("u1", "s1", SAID)
+    listed = job_tenants(kv)
+    jobs.submit("u1", "s2", SAID)
+    jobs.submit("u2", "s1", SAID)
+    assert job_tenants(kv) == listed  # the same token: no commit to the shared list
+
+
+def test_a_job_submitted_while_its_tenant_is_retired_stays_listed(
+    jobs: SummaryJobs, kv: KVStore
+) -> None:
+    jobs.submit("u1", "s1", SAID)
+    claim = jobs.claim("w", lease=LEASE)
+    assert claim is not None
+    assert jobs.succeed(claim)
+    [(tenant, token)] = job_tenants(kv)
+    # The worker's first look finds the queue empty; the job is committed before its delete
+    # (the submission still finds the tenant listed, so it writes no listing of its own).
+    racing = _HookAfterFirstLook(
+        kv, keys.job_queue_space(tenant), lambda: jobs.submit("u1", "s2", SAID)
+    )
+    assert not retire_tenant(cast(KVStore, racing), tenant, token)
+    assert [t for t, _ in job_tenants(kv)] == [tenant]
+    assert unfinished_jobs(kv) == 1

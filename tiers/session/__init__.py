@@ -17,7 +17,8 @@ The public face of the package; the modules beside it are private. Where to look
 - ``_view.py``: the per-user cache of what recall and listing read;
 - ``_keyword.py``: the tokenizer keyword search matches on;
 - ``_chunking.py``, ``_transcripts.py``: transcript windows and stored transcripts;
-- ``_jobs.py``: durable summary jobs.
+- ``_jobs.py``: durable summary jobs (submitting, claiming, erasure); ``_job_records.py``:
+  the job record and a worker's claim; ``_job_tenants.py``: the shared list of tenants with jobs.
 """
 
 from tiers.models import SessionSummary
@@ -34,15 +35,9 @@ from tiers.session._index import (
     session_fingerprint,
     users_of,
 )
-from tiers.session._jobs import (
-    Claim,
-    JobState,
-    SummaryJob,
-    SummaryJobs,
-    job_tenants,
-    retire_tenant,
-    unfinished_jobs,
-)
+from tiers.session._job_records import Claim, JobState, SummaryJob
+from tiers.session._job_tenants import job_tenants, retire_tenant, unfinished_jobs
+from tiers.session._jobs import SummaryJobs
 from tiers.session._keyword import tokenize
 from tiers.session._reads import MAX_TOP_K, RecalledSession, check_top_k
 from tiers.session._recall import BM25Index, FusionWeights, fuse

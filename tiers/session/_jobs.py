@@ -15,8 +15,11 @@ process. Every replica reads and runs the same jobs:
   ``<user>/<created>/<job>``, so a claim takes users in turn
   (:meth:`SummaryJobs.claim` starts after the last user served) and one
   user's bulk cannot hold back another user's single transcript. Tenants with
-  unfinished jobs are listed in one shared space (:func:`job_tenants`) for
-  workers to take in turn too.
+  unfinished jobs are listed in one shared space for workers to take in turn
+  too (:mod:`tiers.session._job_tenants`).
+
+The records themselves (:class:`SummaryJob`, :class:`Claim`) are in
+:mod:`tiers.session._job_records`.
 
 Layout (every key format is in :mod:`tiers.keys`)::
 
@@ -33,122 +36,36 @@ are expected to keep their clocks in sync to well within a lease.
 from __future__ import annotations
 
 import contextlib
-import secrets
 from collections.abc import Sequence
-from dataclasses import dataclass
 from datetime import datetime, timedelta
-from enum import StrEnum
-from typing import Annotated
 
-from pydantic import Field, JsonValue
+from pydantic import JsonValue
 
 from tiers import cas, keys
 from tiers.backends.base import Check, Delete, KVStore, Put, Write
 from tiers.codec import decode, encode
 from tiers.errors import ConflictError, CorruptRecordError, InvalidInputError, SessionNotFoundError
-from tiers.ids import Id, check_id
-from tiers.models import Message, Record, UtcDatetime, utcnow
+from tiers.ids import check_id
+from tiers.models import Message, utcnow
+from tiers.session._job_records import (
+    JOB_ID_LEN,
+    Claim,
+    JobState,
+    SummaryJob,
+    micros,
+    new_job_id,
+)
+from tiers.session._job_tenants import ensure_listed
 from tiers.session._tier import SessionTier
 from tiers.session._transcripts import header_key
 
-__all__ = [
-    "JOB_ID_PATTERN",
-    "Claim",
-    "JobState",
-    "SummaryJob",
-    "SummaryJobs",
-    "job_tenants",
-    "retire_tenant",
-    "unfinished_jobs",
-]
+__all__ = ["SummaryJobs"]
 
-JOB_ID_PATTERN = r"job-[0-9a-f]{24}"
-_JOB_ID_LEN = 28
 # Unfinished jobs of one user looked at per claim: more of them are being run or retried
 # than this only when that user already has this many workers busy.
 _PER_USER_SCAN = 16
 # Jobs deleted or purged per commit.
 _BATCH = 128
-
-
-class JobState(StrEnum):
-    """Where a summary job is."""
-
-    PENDING = "pending"
-    RUNNING = "running"
-    SUCCEEDED = "succeeded"
-    FAILED = "failed"
-
-
-class SummaryJob(Record):
-    """One summary job, as stored.
-
-    Attributes:
-        job_id: ``job-`` and 24 hex digits.
-        user_id: The user.
-        session_id: The session whose stored transcript is summarized.
-        status: Pending (queued, or waiting for a retry), running (claimed
-            under a lease), succeeded or failed (for good).
-        created_at: When it was submitted.
-        attempts: Attempts started so far (claims).
-        max_attempts: Attempts at most; then it fails for good.
-        available_at: Not claimed before this: its creation, the end of its
-            lease while it runs, or the end of the backoff before a retry.
-        lease_owner: The worker holding the lease while it runs.
-        started_at: When the last attempt started.
-        finished_at: When it succeeded or failed for good.
-        error: Why the last attempt failed (a problem object, as the service
-            reports it); kept while the job is retried.
-    """
-
-    job_id: Annotated[str, Field(pattern=f"^{JOB_ID_PATTERN}$")]
-    user_id: Id
-    session_id: Id
-    status: JobState
-    created_at: UtcDatetime
-    attempts: int = Field(default=0, ge=0)
-    max_attempts: int = Field(ge=1)
-    available_at: UtcDatetime
-    lease_owner: str | None = None
-    started_at: UtcDatetime | None = None
-    finished_at: UtcDatetime | None = None
-    error: dict[str, JsonValue] | None = None
-
-    @property
-    def finished(self) -> bool:
-        """Whether it succeeded or failed for good."""
-        return self.status in (JobState.SUCCEEDED, JobState.FAILED)
-
-    @property
-    def queue_key(self) -> str:
-        """Its key in the tenant's queue (while unfinished)."""
-        return keys.job_queue_key(self.user_id, _micros(self.created_at), self.job_id)
-
-
-@dataclass(frozen=True, slots=True)
-class Claim:
-    """A job a worker holds under a lease.
-
-    Attributes:
-        job: The record as this worker last wrote it.
-        raw: Its stored bytes: every later write by this worker is checked against them,
-            so a worker whose lease was taken over (or whose job was erased) writes nothing.
-        exhausted: The job's lease expired on its last allowed attempt: the
-            worker is to record it as failed for good, not run it.
-    """
-
-    job: SummaryJob
-    raw: bytes
-    exhausted: bool = False
-
-
-def _micros(when: datetime) -> int:
-    return int(when.timestamp() * 1_000_000)
-
-
-def new_job_id() -> str:
-    """A fresh job id (96 random bits)."""
-    return f"job-{secrets.token_hex(12)}"
 
 
 class SummaryJobs:
@@ -229,16 +146,15 @@ class SummaryJobs:
         writes: list[Write] = [
             Put(self._jobs, job.job_id, encode(job)),
             Put(keys.user_jobs_space(self._tenant, user_id), job.job_id, b""),
-            Put(self._queue, job.queue_key, str(_micros(now)).encode()),
+            Put(self._queue, job.queue_key, str(micros(now)).encode()),
         ]
-        # Listed apart (another placement): before (a crash then leaves a listed tenant with no
-        # jobs, retired) and after (a retirement that saw no job meanwhile fails its check).
-        _list_tenant(self._kv, self._tenant)
+        # Listed apart (another placement), before and after the commit: see _job_tenants.
+        ensure_listed(self._kv, self._tenant)
         if messages is not None:
             self._sessions.save_transcript(
                 user_id, session_id, messages, created_at=created_at, also=writes
             )
-            _list_tenant(self._kv, self._tenant)
+            ensure_listed(self._kv, self._tenant)
             return job
         transcripts = keys.transcripts_space(self._tenant, user_id)
         for attempt in range(cas.ATTEMPTS):
@@ -252,7 +168,7 @@ class SummaryJobs:
             except ConflictError:
                 cas.backoff(attempt)
                 continue
-            _list_tenant(self._kv, self._tenant)
+            ensure_listed(self._kv, self._tenant)
             return job
         raise ConflictError(f"session {session_id!r} of user {user_id!r} kept changing: retry")
 
@@ -260,7 +176,7 @@ class SummaryJobs:
 
     def get(self, job_id: str) -> SummaryJob | None:
         """The job with this id, or ``None`` (never submitted, purged or erased)."""
-        if not isinstance(job_id, str) or len(job_id) != _JOB_ID_LEN:
+        if not isinstance(job_id, str) or len(job_id) != JOB_ID_LEN:
             return None  # not an id this module makes: no store round trip
         (raw,) = self._kv.get_many(self._jobs, [job_id])
         return None if raw is None else self._decode(job_id, raw)
@@ -319,7 +235,7 @@ class SummaryJobs:
             cursor = user
 
     def _claim_from(self, user: str, owner: str, lease: timedelta, now: datetime) -> Claim | None:
-        now_us = _micros(now)
+        now_us = micros(now)
         rows = self._kv.scan(self._queue, prefix=f"{user}/", limit=_PER_USER_SCAN)
         for key, value in rows:
             try:
@@ -369,7 +285,7 @@ class SummaryJobs:
             self._kv.commit(
                 [
                     Put(self._jobs, job_id, data),
-                    Put(self._queue, queue_key, str(_micros(until)).encode()),
+                    Put(self._queue, queue_key, str(micros(until)).encode()),
                 ],
                 [Check(self._jobs, job_id, raw), Check(self._queue, queue_key, queued)],
             )
@@ -387,7 +303,7 @@ class SummaryJobs:
         until = (now or utcnow()) + lease
         job = claim.job.model_copy(update={"available_at": until})
         return self._write(
-            claim, job, [Put(self._queue, job.queue_key, str(_micros(until)).encode())]
+            claim, job, [Put(self._queue, job.queue_key, str(micros(until)).encode())]
         )
 
     def succeed(self, claim: Claim, *, now: datetime | None = None) -> bool:
@@ -431,7 +347,7 @@ class SummaryJobs:
                     "error": error,
                 }
             )
-            extra: list[Write] = [Put(self._queue, job.queue_key, str(_micros(again)).encode())]
+            extra: list[Write] = [Put(self._queue, job.queue_key, str(micros(again)).encode())]
         else:
             job = job.model_copy(
                 update={
@@ -459,14 +375,14 @@ class SummaryJobs:
                 "available_at": now,
             }
         )
-        extra: list[Write] = [Put(self._queue, job.queue_key, str(_micros(now)).encode())]
+        extra: list[Write] = [Put(self._queue, job.queue_key, str(micros(now)).encode())]
         return self._write(claim, job, extra) is not None
 
     def _finish_writes(self, job: SummaryJob) -> list[Write]:
         assert job.finished_at is not None
         return [
             Delete(self._queue, job.queue_key),
-            Put(self._done, keys.job_done_key(_micros(job.finished_at), job.job_id), b""),
+            Put(self._done, keys.job_done_key(micros(job.finished_at), job.job_id), b""),
         ]
 
     def _write(self, claim: Claim, job: SummaryJob, extra: list[Write]) -> Claim | None:
@@ -537,7 +453,7 @@ class SummaryJobs:
             writes.append(Delete(self._queue, job.queue_key))
             if job.finished_at is not None:
                 writes.append(
-                    Delete(self._done, keys.job_done_key(_micros(job.finished_at), job_id))
+                    Delete(self._done, keys.job_done_key(micros(job.finished_at), job_id))
                 )
         return writes
 
@@ -547,7 +463,7 @@ class SummaryJobs:
         Returns:
             How many were deleted (fewer than ``limit``: none older is left).
         """
-        horizon = keys.job_done_key(_micros(finished_before), "")
+        horizon = keys.job_done_key(micros(finished_before), "")
         rows = self._kv.scan(self._done, limit=limit)
         old = [key for key, _ in rows if key < horizon]
         if not old:
@@ -566,38 +482,3 @@ class SummaryJobs:
                 writes.extend(self._delete_writes(job.user_id, job_id, job))
         self._kv.commit(writes)
         return len(old)
-
-
-# -- the tenants with work: shared by every replica's workers ------------------------------------
-
-
-def job_tenants(kv: KVStore) -> list[tuple[str, bytes]]:
-    """Tenants that may have unfinished jobs, with their current tokens, sorted."""
-    return kv.scan(keys.job_tenants_space())
-
-
-def _list_tenant(kv: KVStore, tenant: str) -> None:
-    kv.commit([Put(keys.job_tenants_space(), tenant, secrets.token_hex(8).encode())])
-
-
-def retire_tenant(kv: KVStore, tenant: str, token: bytes) -> bool:
-    """Drop ``tenant`` from :func:`job_tenants` if its queue is empty and no job came since ``token``.
-
-    Returns:
-        Whether it was dropped.
-    """
-    if kv.scan(keys.job_queue_space(tenant), limit=1):
-        return False
-    try:
-        kv.commit(
-            [Delete(keys.job_tenants_space(), tenant)],
-            [Check(keys.job_tenants_space(), tenant, token)],
-        )
-    except ConflictError:
-        return False  # a job was submitted meanwhile
-    return True
-
-
-def unfinished_jobs(kv: KVStore) -> int:
-    """Unfinished jobs of every tenant (for a gauge)."""
-    return sum(len(kv.scan(keys.job_queue_space(t))) for t, _ in job_tenants(kv))

@@ -16,6 +16,11 @@ A collection that disappears while open (a Chroma server restarted on an empty
 volume, a collection deleted by hand) is created again, empty, on the next call:
 the index is derived data, and :mod:`tiers.index_check` finds what it lacks and
 re-indexes it from the KV store.
+
+Embedded, the HNSW files Chroma creates hold heap garbage in the capacity no
+vector uses yet (possibly text the process handled and freed): those slots are
+zeroed when Chroma creates the files and when an index is opened
+(:mod:`tiers.backends._chroma_files`), so deleted text cannot live on there.
 """
 
 from __future__ import annotations
@@ -43,6 +48,7 @@ from chromadb.errors import (
 )
 
 from tiers.backends import redact_url
+from tiers.backends._chroma_files import hnsw_segments, zero_unused_slots
 from tiers.backends.base import Embedder, VectorHit, VectorItem
 from tiers.errors import BackendUnavailableError, InvalidInputError
 
@@ -126,6 +132,12 @@ class ChromaVectorIndex:
         self._name = collection
         self._lock = threading.Lock()
         self._closed = False
+        # Embedded: the data directory, its HNSW segments zeroed so far, and whether a write
+        # may create new ones (then writes run one at a time, each followed by the zeroing).
+        self._files: Path | None = None
+        self._segments: set[Path] = set()
+        self._new_segments_expected = False
+        self._files_lock = threading.Lock()
         settings = Settings(anonymized_telemetry=False)
         target = str(path_or_url)
         try:
@@ -145,6 +157,13 @@ class ChromaVectorIndex:
                 )
             else:
                 Path(target).mkdir(parents=True, exist_ok=True)
+                self._files = Path(target)
+                # Before Chroma loads anything: an index written by an earlier version (or by
+                # a process that stopped before zeroing) is cleaned up here.
+                self._segments = set(hnsw_segments(self._files))
+                for segment in self._segments:
+                    zero_unused_slots(segment)
+                self._new_segments_expected = not self._segments
                 self._client = chromadb.PersistentClient(path=target, settings=settings)
         except InvalidInputError:
             raise
@@ -234,6 +253,7 @@ class ChromaVectorIndex:
             if self._collection is collection:
                 self._collection = self._open_collection(self._name)
                 self.recreated += 1
+                self._new_segments_expected = self._files is not None
                 logger.warning(
                     "Chroma collection %r at %s was gone; created it again, empty: the index "
                     "consistency check re-indexes it from the KV store",
@@ -242,6 +262,28 @@ class ChromaVectorIndex:
                 )
         with self._translate(what):
             return getattr(self._collection, method)(**kwargs)
+
+    @contextmanager
+    def _writing(self) -> Iterator[None]:
+        """Around a write: while it may create the HNSW files, one at a time, then zero them."""
+        if not self._new_segments_expected:
+            yield
+            return
+        with self._files_lock:
+            try:
+                yield
+            finally:
+                self._zero_new_segments()
+
+    def _zero_new_segments(self) -> None:
+        """Zero the unused slots of HNSW segments Chroma created since the last look."""
+        assert self._files is not None
+        fresh = [s for s in hnsw_segments(self._files) if s not in self._segments]
+        for segment in fresh:
+            zero_unused_slots(segment)
+        self._segments.update(fresh)
+        if fresh:
+            self._new_segments_expected = False
 
     def _check_open(self) -> None:
         if self._closed:
@@ -287,6 +329,10 @@ class ChromaVectorIndex:
         vectors = [
             self._check_vector(item.embedding, f"embedding of {item.id!r}") for item in unique
         ]
+        with self._writing():
+            self._upsert(unique, vectors)
+
+    def _upsert(self, unique: list[VectorItem], vectors: list[list[float]]) -> None:
         for start in range(0, len(unique), self._max_batch):
             chunk = unique[start : start + self._max_batch]
             embeddings = vectors[start : start + self._max_batch]
@@ -383,9 +429,10 @@ class ChromaVectorIndex:
         """
         self._check_open()
         unique = list(dict.fromkeys(ids))
-        for start in range(0, len(unique), self._max_batch):
-            chunk = unique[start : start + self._max_batch]
-            self._call("delete", "delete", ids=chunk)
+        with self._writing():
+            for start in range(0, len(unique), self._max_batch):
+                chunk = unique[start : start + self._max_batch]
+                self._call("delete", "delete", ids=chunk)
 
     def ids(self, *, where: Mapping[str, str]) -> list[str]:
         """Ids of every item whose metadata equals every ``where`` entry (all items for ``{}``).

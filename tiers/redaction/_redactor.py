@@ -323,12 +323,18 @@ class Redactor:
         absent = frozenset(c for c in self._trigger_chars if c not in text)
         # Each word is searched once, though rules and the key test share words.
         words = frozenset(w for w in self._gate_words if w in lowered)
+        # On ASCII text lowercasing keeps every position, and an escape JSON writes
+        # starts with a backslash (no letter), so where a rule's finder finds its word
+        # in a string it finds it in the value's lowercased text too.
+        finders = data.isascii()
         kept = tuple(
             n
             for n, rule in enumerate(self._rules)
             if (not rule.triggers or any(t in text for t in rule.triggers if absent.isdisjoint(t)))
             and (not rule.words or not words.isdisjoint(rule.words))
             and (not rule.digits or digits)
+            and (rule.json_gate is None or rule.json_gate.search(text) is not None)
+            and (rule.finder is None or not finders or rule.finder.search(lowered) is not None)
         )
         rule_set = self._narrowed.get(kept)
         if rule_set is None:

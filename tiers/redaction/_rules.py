@@ -38,6 +38,7 @@ def _rule(
     finder: str | None = None,
     words: tuple[str, ...] = (),
     digits: bool = False,
+    json_gate: str | None = None,
 ) -> _Rule:
     return _Rule(
         name,
@@ -48,6 +49,7 @@ def _rule(
         None if finder is None else re.compile(finder, re.IGNORECASE),
         words,
         digits,
+        None if json_gate is None else re.compile(json_gate),
     )
 
 
@@ -173,6 +175,10 @@ def _secret_rules() -> list[_Rule]:
             r"://[^\s:/@'\"<>]{1,128}:(?P<v>[^\s/@'\"<>]{1,256})@(?=[\w\[])",
             _group("password", "v", _plain_value),
             ("://",),
+            # JSON writes a character of these classes as itself or as an escape made of
+            # them (backslash, letters, digits), so only the length limits are dropped;
+            # most URLs ("https://host/path") fail it at their first "/".
+            json_gate=r"://[^\s:/@'\"<>]+:[^\s/@'\"<>]+@",
         ),
         _Rule(
             "labelled",

@@ -15,7 +15,7 @@ from tiers.redaction import Redactor
 
 # Pieces that sit on the gates' edges: URL credentials, escapes JSON writes (control
 # characters, backslash, quote), labels with and without a letter after them, non-ASCII
-# characters whose lowercase is longer.
+# characters whose lowercase is longer, tokens' first parts with and without a token after them.
 FRAGMENTS = [
     *(text for _, _, text in SECRETS),
     *ORDINARY,
@@ -48,6 +48,18 @@ FRAGMENTS = [
     "hunter22",
     "Bearer ",
     " ",
+    # Tokens' first parts, and what makes a token of them (a long run after them).
+    "sk-",
+    "task-",
+    "sk-ant-",
+    "hf_",
+    "npm_",
+    "AIza",
+    "SG.",
+    ".",
+    "eyJ",
+    "tmk_0123456789ab_",
+    "Zx9kLm2Qw8Er5Ty1",
 ]
 
 strings = st.lists(st.sampled_from(FRAGMENTS), max_size=6).map("".join)

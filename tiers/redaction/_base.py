@@ -44,6 +44,9 @@ class _Rule:
     words: tuple[str, ...] = ()
     # The rule runs only on text with a run of 7+ digits (cards, phones).
     digits: bool = False
+    # A looser form of ``pattern`` that matches a JSON value's text wherever ``pattern``
+    # matches one of its strings: a value whose text it misses needs no walk for this rule.
+    json_gate: re.Pattern[str] | None = None
 
 
 def _group(kind: str, group: int | str = 0, check: Callable[[str], bool] | None = None) -> Classify:

@@ -38,6 +38,7 @@ def _rule(
     finder: str | None = None,
     words: tuple[str, ...] = (),
     digits: bool = False,
+    json_gate: str | None = None,
 ) -> _Rule:
     return _Rule(
         name,
@@ -48,6 +49,7 @@ def _rule(
         None if finder is None else re.compile(finder, re.IGNORECASE),
         words,
         digits,
+        None if json_gate is None else re.compile(json_gate),
     )
 
 
@@ -63,13 +65,21 @@ def _secret_rules() -> list[_Rule]:
             ("PRIVATE KEY",),
         ),
         _rule(
-            "anthropic", _after_boundary("sk-ant-") + r"[A-Za-z0-9_\-]{20,}", api_key, ("sk-ant-",)
+            "anthropic",
+            _after_boundary("sk-ant-") + r"[A-Za-z0-9_\-]{20,}",
+            api_key,
+            ("sk-ant-",),
+            # A JSON gate drops the boundary test: the escape JSON writes for a control
+            # character before a token ends in a digit (\u0001), a word character.
+            json_gate=r"sk-ant-[A-Za-z0-9_\-]{20,}",
         ),
         _rule(
             "openai",
             _after_boundary("sk-") + r"(?:proj-|svcacct-|admin-|None-)?[A-Za-z0-9_\-]{20,}",
             api_key,
             ("sk-",),
+            # "task-list", "risk-free": prose holds "sk-" often, a long token after it rarely.
+            json_gate=r"sk-[A-Za-z0-9_\-]{20,}",
         ),
         _rule(
             "stripe",
@@ -125,6 +135,7 @@ def _secret_rules() -> list[_Rule]:
             _after_boundary("AIza") + r"[0-9A-Za-z_\-]{35}(?![A-Za-z0-9_\-])",
             _group("api_key"),
             ("AIza",),
+            json_gate=r"AIza[0-9A-Za-z_\-]{35}",
         ),
         _rule(
             "google_oauth",
@@ -137,14 +148,28 @@ def _secret_rules() -> list[_Rule]:
             _after_boundary("tmk_") + r"[0-9a-f]{12}_[A-Za-z0-9_\-]{43}",
             _group("api_key"),
             ("tmk_",),
+            json_gate=r"tmk_[0-9a-f]{12}_[A-Za-z0-9_\-]{43}",
         ),
-        _rule("huggingface", _after_boundary("hf_") + r"[A-Za-z0-9]{30,}", api_key, ("hf_",)),
-        _rule("npm", _after_boundary("npm_") + r"[A-Za-z0-9]{36,}", api_key, ("npm_",)),
+        _rule(
+            "huggingface",
+            _after_boundary("hf_") + r"[A-Za-z0-9]{30,}",
+            api_key,
+            ("hf_",),
+            json_gate=r"hf_[A-Za-z0-9]{30,}",
+        ),
+        _rule(
+            "npm",
+            _after_boundary("npm_") + r"[A-Za-z0-9]{36,}",
+            api_key,
+            ("npm_",),
+            json_gate=r"npm_[A-Za-z0-9]{36,}",
+        ),
         _rule(
             "sendgrid",
             _after_boundary("SG.") + r"[A-Za-z0-9_\-]{16,32}\.[A-Za-z0-9_\-]{16,64}",
             _group("api_key"),
             ("SG.",),
+            json_gate=r"SG\.[A-Za-z0-9_\-]{16,32}\.[A-Za-z0-9_\-]{16}",
         ),
         _rule(
             "jwt",
@@ -152,6 +177,7 @@ def _secret_rules() -> list[_Rule]:
             + r"[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8,}",
             _group("token"),
             ("eyJ",),
+            json_gate=r"eyJ[A-Za-z0-9_\-]{8,}\.eyJ[A-Za-z0-9_\-]{8,}\.[A-Za-z0-9_\-]{8}",
         ),
         _rule(
             "authorization_header",
@@ -173,6 +199,10 @@ def _secret_rules() -> list[_Rule]:
             r"://[^\s:/@'\"<>]{1,128}:(?P<v>[^\s/@'\"<>]{1,256})@(?=[\w\[])",
             _group("password", "v", _plain_value),
             ("://",),
+            # JSON writes a character of these classes as itself or as an escape made of
+            # them (backslash, letters, digits), so only the length limits are dropped;
+            # most URLs ("https://host/path") fail it at their first "/".
+            json_gate=r"://[^\s:/@'\"<>]+:[^\s/@'\"<>]+@",
         ),
         _Rule(
             "labelled",

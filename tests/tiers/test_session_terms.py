@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import threading
+import time
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -16,6 +19,9 @@ from tiers.backends.embedders import MiniLMEmbedder
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.models import Message
 from tiers.session import SessionSummary, SessionTier
+from tiers.session import _index as index_module
+from tiers.session import _plans as plans_module
+from tiers.session._plans import Plan
 from tiers.session._terms import TERMS_SCHEMA_VERSION, count_terms, read_terms, summary_fields
 from tiers.session._transcripts import page_key
 
@@ -196,3 +202,44 @@ def test_every_change_and_deletion_of_a_session_takes_its_term_counts(
 
     tier.delete_user_sessions(USER)
     assert kv.scan(TERMS) == []
+
+
+def test_an_index_pass_in_flight_gives_a_deleted_session_no_record_back(
+    tier: SessionTier,
+    kv: SqliteKVStore,
+    index: ChromaVectorIndex,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    end(tier, "s1", "Secret word quokka said here.", "animals", 0)
+    sessions = keys.sessions_space("default", USER)
+    # Another process: its indexer handles the delete while this one's pass is in flight.
+    other = fresh(tier, kv, index)
+    real_read_plans = plans_module.read_plans
+    deleting: list[threading.Thread] = []
+
+    def read_then_delete(*args: Any, **kwargs: Any) -> list[Plan]:
+        plans = real_read_plans(*args, **kwargs)
+        if not deleting and any(plan.summary is not None for plan in plans):
+            # The delete's own index work waits for this pass (one sync at a time per
+            # process): run it in a thread, and let the other process index it meanwhile.
+            deleting.append(threading.Thread(target=tier.delete_session, args=(USER, "s1")))
+            deleting[0].start()
+            deadline = time.monotonic() + 30
+            while kv.get_many(sessions, ["s1"])[0] is not None:
+                assert time.monotonic() < deadline, "the delete never committed"
+                time.sleep(0.01)
+            other._store.indexer.sync([(USER, "s1")])
+        return plans
+
+    try:
+        monkeypatch.setattr(index_module, "read_plans", read_then_delete)
+        # A re-save: the pass indexing it is the one the delete overtakes.
+        tier.save_session(
+            SessionSummary(session_id="s1", user_id=USER, task_description="Quokkas.")
+        )
+        deleting[0].join(30)
+        assert not deleting[0].is_alive()
+    finally:
+        other.close()
+    assert kv.scan(TERMS) == []
+    assert kv.scan(sessions) == []

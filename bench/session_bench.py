@@ -16,6 +16,11 @@ varied session summaries (default 1,000 x 100 = 100,000):
    (see ``recall_bench.through_api``): acknowledged saves/s, indexed sessions/s,
    process CPU s per session, latency percentiles and recall quality, one table.
    CPU seconds per session are the figure to compare on a busy machine.
+4. the same store after a restart (``--restart-rounds``, default 3): ``Memory.open``
+   again, and each user's first ``recall_relevant`` (``top_k=5``) and, in another
+   fresh process state, first ``build_continuation_context``: the cold case, where
+   nothing of the user is cached. ``--transcript-dir`` keeps the store of part 3 and
+   reuses it on the next run (part 3 is then skipped: only this part is measured).
 
 Population goes through ``SessionTier.save_sessions`` (embedded in batches of
 256, one Chroma upsert per batch) and takes a while on 2 cores; pass
@@ -28,21 +33,31 @@ Usage::
     python bench/session_bench.py --users 100              # a quick 10k run
     python bench/session_bench.py --users 100 --encrypt    # the same, encrypted at rest
     python bench/session_bench.py --users 0 --transcript-users 20   # real transcripts only
+    python bench/session_bench.py --users 0 --transcript-users 10 --transcript-dir /tmp/lme10
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import random
 import statistics
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
-from recall_bench import DEFAULT_DATA, api_table, load, through_api
+from recall_bench import (
+    DEFAULT_DATA,
+    Dataset,
+    Query,
+    api_table,
+    load,
+    percentiles,
+    through_api,
+)
 
 from memory import Memory
 from tiers.backends.base import KVStore
@@ -295,16 +310,72 @@ def main() -> int:
         help="encryption at rest: the KV store is an EncryptedKVStore over SQLite (a new store "
         "each run: a --data-dir populated one way cannot be reused the other way)",
     )
+    parser.add_argument(
+        "--transcript-dir",
+        type=Path,
+        default=None,
+        help="keep the real-transcript store here; reused when it exists (ingest skipped)",
+    )
+    parser.add_argument(
+        "--restart-rounds",
+        type=int,
+        default=3,
+        help="restarts measured on the real-transcript store (each user's first query cold)",
+    )
     args = parser.parse_args()
     if args.users:
         synthetic(args)
     if args.transcript_users:
         dataset = load(DEFAULT_DATA, "longmemeval_s", args.transcript_users)
         with tempfile.TemporaryDirectory(prefix="session-bench-api-") as tmp:
-            run = through_api(dataset, Path(tmp))
-        print("real transcripts through the public API (Memory.open, end_session):")
-        print("\n".join(api_table([run])))
+            workdir = args.transcript_dir or Path(tmp)
+            if (workdir / "api").is_dir():
+                print(f"reusing the real-transcript store in {workdir} (ingest skipped)")
+            else:
+                run = through_api(dataset, workdir)
+                print("real transcripts through the public API (Memory.open, end_session):")
+                print("\n".join(api_table([run])))
+            for _ in range(args.restart_rounds):
+                after_restart(dataset, workdir / "api")
     return 0
+
+
+def after_restart(dataset: Dataset, data_dir: Path) -> None:
+    """Part 4: each user's first recall, then first context, each in a freshly opened store.
+
+    The first query of the process (opening the index, first use of the model) is
+    not a user's cost: a warm-up query of the last user goes first and that user is
+    left out of the cold figures.
+    """
+    firsts = {query.user_id: query for query in reversed(dataset.queries)}
+    warm_up = dataset.queries[-1]
+    cold_users = [user for user in firsts if user != warm_up.user_id]
+    calls: dict[str, Callable[[Memory, Query], object]] = {
+        "recall_relevant(top_k=5)": lambda m, q: m.recall_relevant(q.user_id, q.text, top_k=5),
+        "build_continuation_context": lambda m, q: m.build_continuation_context(q.user_id, q.text),
+    }
+    for label, call in calls.items():
+        memory = Memory.open(data_dir)
+        try:
+            call(memory, warm_up)
+            cold: list[float] = []
+            for user in cold_users:
+                started = time.perf_counter()
+                call(memory, firsts[user])
+                cold.append((time.perf_counter() - started) * 1000)
+            warm: list[float] = []
+            for user in cold_users:
+                started = time.perf_counter()
+                call(memory, firsts[user])
+                warm.append((time.perf_counter() - started) * 1000)
+        finally:
+            memory.close()
+        (c50, c95, c99), (w50, _, w99) = percentiles(cold), percentiles(warm)
+        print(
+            f"after a restart, {label}: cold (each user's first) n={len(cold)} "
+            f"p50 {c50:.1f} / p95 {c95:.1f} / p99 {c99:.1f} ms; warm p50 {w50:.1f} / "
+            f"p99 {w99:.1f} ms; load {os.getloadavg()[0]:.1f}"
+        )
 
 
 def synthetic(args: argparse.Namespace) -> None:

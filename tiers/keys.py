@@ -301,6 +301,15 @@ def session_vectors_space(tenant: str, user_id: str) -> str:
     return f"{tenant}:user:{user_id}:session-vectors"
 
 
+def session_terms_space(tenant: str, user_id: str) -> str:
+    """Each session's keyword term counts, kept so recall need not re-read every transcript.
+
+    Key session_id -> a term-count record (:mod:`tiers.session._terms`), written
+    by the index pass and deleted in the commit of any change of the session.
+    """
+    return f"{tenant}:user:{user_id}:session-terms"
+
+
 def session_revisions_space(tenant: str) -> str:
     """A token per user, replaced in the same commit as any change of the user's sessions.
 

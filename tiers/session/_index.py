@@ -300,14 +300,13 @@ class SessionIndexer:
     def _wait_for_work(self) -> bool:
         """Wait until the worker may start a batch; False when it is stopping (``_cond`` held)."""
         while not self._stopping:
+            wait = None
             if not self._foreground:
                 if self._queue or self._needs_repair.is_set():
                     return True
                 wait = self._windows_wait()
                 if wait is not None and wait <= 0:
                     return True
-            else:
-                wait = None
             self._cond.wait(wait)
         return False
 
@@ -574,6 +573,7 @@ class SessionIndexer:
                     if plan.deferred
                     else Delete(self._windows_outbox, key)
                 )
+                writes.append(plan.terms_write(self._tenant))  # token-checked: never resurrected
             held.append((ref, writes, Check(source, key, token)))
         if not held:
             return []

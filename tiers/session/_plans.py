@@ -18,11 +18,19 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from tiers import keys
-from tiers.backends.base import Embedder, KVStore
+from tiers.backends.base import Embedder, KVStore, Write
 from tiers.codec import decode
 from tiers.errors import CorruptRecordError
 from tiers.models import Message, SessionSummary
 from tiers.session._chunking import session_windows
+from tiers.session._terms import (
+    count_terms,
+    encode_terms,
+    summary_digest,
+    summary_fields,
+    terms_fingerprint,
+    terms_write,
+)
 from tiers.session._transcripts import decode_transcript, header_key, page_key, read_header
 
 __all__ = ["CachedEmbedder", "Plan", "Ref", "enqueue", "read_plans", "take"]
@@ -44,6 +52,15 @@ class Plan:
     old_count: int  # extra windows the index may hold now (upper bound)
     fingerprint: str = ""  # session_fingerprint of the records read (with a summary)
     with_windows: bool = True  # False: this pass embeds the base vector's text only
+    terms: bytes | None = None  # the session's term-count record (._terms); None: none to keep
+
+    def terms_write(self, tenant: str) -> Write:
+        """The write keeping the session's term-count record in line: put, or delete if none.
+
+        Part of the commit that clears the session's outbox entry under a check
+        of the token read: a session changed or deleted since gets no record back.
+        """
+        return terms_write(tenant, *self.ref, self.terms)
 
     @property
     def indexed(self) -> list[str]:
@@ -115,8 +132,24 @@ def read_plans(
                     fingerprint(data, raw_headers.get(session_id)) if data is not None else ""
                 ),
                 with_windows=with_windows,
+                terms=_terms_record(data, raw_headers.get(session_id), transcripts, session_id)
+                if summary is not None and data is not None
+                else None,
             )
     return [plans[ref] for ref in refs]
+
+
+def _terms_record(
+    data: bytes, raw_header: bytes | None, transcripts: dict[str, list[Message]], session_id: str
+) -> bytes | None:
+    """The session's term-count record, or None when its transcript is unreadable (not stored)."""
+    messages = transcripts.get(session_id)
+    fields = summary_fields(data)
+    if fields is None or (raw_header is not None and messages is None):
+        return None
+    return encode_terms(
+        terms_fingerprint(summary_digest(data), raw_header), count_terms(fields[0], messages)
+    )
 
 
 def _read_transcripts(

@@ -16,7 +16,7 @@ import logging
 from collections.abc import Iterator
 from datetime import datetime
 
-from tiers.backends.base import Check, Write
+from tiers.backends.base import Check, Delete, Write
 from tiers.codec import decode
 from tiers.errors import ConflictError, CorruptRecordError
 from tiers.ids import check_id
@@ -151,6 +151,7 @@ class SessionExpiry:
         token = self._store.new_token()
         writes: list[Write] = [
             *delete_writes(transcripts, header),
+            Delete(self._store.terms_space(user_id), session_id),  # they count its words
             self._store.mark_stale(user_id, session_id, token),
             self._store.new_revision(user_id, token),
         ]

@@ -105,6 +105,10 @@ class SessionStore:
         """The KV space bounding how many window vectors each session of the user has."""
         return keys.session_vectors_space(self.tenant, user_id)
 
+    def terms_space(self, user_id: str) -> str:
+        """The KV space of the user's per-session term counts (:mod:`tiers.session._terms`)."""
+        return keys.session_terms_space(self.tenant, user_id)
+
     def user_ids(self) -> list[str]:
         """Every user of the tenant with anything stored (sessions or facts), sorted."""
         return [key for key, _ in self.kv.scan(keys.users_space(self.tenant))]

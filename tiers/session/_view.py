@@ -12,11 +12,15 @@ sessions or transcripts. A view whose stamp differs from the stored token is
 rebuilt, so every process (also one that did not make the change) sees new
 data on its next call. Parts are built lazily: listing needs no vectors.
 
-A rebuild is incremental: the term counts of a session whose summary record
-and transcript header are byte for byte those the previous view of the user
-read (the header holds the transcript's checksum) are taken over from it;
-only new or changed sessions are read and tokenised again. That keeps the
-first query after a save cheap. Vectors are always fetched again (one call by
+Term counts come from the cheapest current source. A rebuild is incremental:
+the counts of a session whose summary record and transcript header are byte
+for byte those the previous view of the user read (the header holds the
+transcript's checksum) are taken over from it. Otherwise, as on a user's
+first query after a restart, they are read from the session's stored
+term-count record (:mod:`tiers.session._terms`, written by the index pass;
+all of the user's in one batched read) when its fingerprint matches those
+bytes. Only sessions with neither (stored by an older release, or not
+indexed yet) are read and tokenised. Vectors are always fetched again (one call by
 id), so vectors that arrived since, in one pass or two, are never missed. A
 deleted session is never taken over: the new view lists only sessions the KV
 store holds now, and a user with a session gone is rebuilt from scratch.
@@ -24,14 +28,12 @@ store holds now, and a user with a session gone is rebuilt from scratch.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import threading
-from collections import Counter, OrderedDict
-from collections.abc import Sequence
+from collections import OrderedDict
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from datetime import datetime
 
 import numpy as np
 import numpy.typing as npt
@@ -40,9 +42,14 @@ from tiers import keys
 from tiers.backends.base import KVStore, VectorIndex
 from tiers.errors import CorruptRecordError
 from tiers.models import Message
-from tiers.session._chunking import keyword_text
-from tiers.session._keyword import term_counts
 from tiers.session._recall import BM25Index
+from tiers.session._terms import (
+    count_terms,
+    read_terms,
+    summary_digest,
+    summary_fields,
+    terms_fingerprint,
+)
 from tiers.session._transcripts import TranscriptHeader, page_key
 
 __all__ = ["SessionVectors", "UserView", "ViewCache", "build_view"]
@@ -51,35 +58,6 @@ logger = logging.getLogger(__name__)
 
 # Rough cost of one dict or list entry with its small key, for the cache's memory bound.
 _ENTRY_BYTES = 100
-
-_TEXT_FIELDS = (
-    "decisions_made",
-    "work_completed",
-    "open_questions",
-    "next_recommended_steps",
-)
-
-
-def _summary_fields(data: bytes) -> tuple[str, float] | None:
-    """Content text and creation timestamp of a stored summary, or None if it is unreadable.
-
-    Plain JSON parsing: about ten times cheaper than validating the record,
-    which only the sessions actually returned need.
-    """
-    try:
-        raw = json.loads(data)
-        parts = [raw.get("task_description") or ""]
-        for name in _TEXT_FIELDS:
-            parts.extend(item for item in raw.get(name) or [] if isinstance(item, str))
-        created = datetime.fromisoformat(raw["created_at"]).timestamp()
-    except (ValueError, TypeError, KeyError, AttributeError):
-        return None
-    return "\n".join(part for part in parts if isinstance(part, str) and part), created
-
-
-def _digest(data: bytes) -> bytes:
-    """A short fingerprint of a stored record (to tell whether it changed)."""
-    return hashlib.blake2b(data, digest_size=16).digest()
 
 
 def _transcripts(
@@ -119,15 +97,17 @@ def _transcripts(
 
 @dataclass(frozen=True, slots=True)
 class _Terms:
-    """One session's keyword term counts and the stored bytes they were made from.
+    """One session's keyword term counts and what they were made from.
 
     Attributes:
-        fingerprint: Digest of the summary record, then the raw transcript header.
+        fingerprint: :func:`~tiers.session._terms.terms_fingerprint` of the
+            summary record and raw transcript header counted ("" when the
+            transcript was unreadable: such counts are never taken over).
         counts: Token counts of the summary text and transcript.
     """
 
-    fingerprint: bytes
-    counts: Counter[str]
+    fingerprint: str
+    counts: Mapping[str, int]
 
 
 @dataclass
@@ -184,7 +164,7 @@ class UserView:
         """BM25 over each session's summary and transcript text (built on first use)."""
         with self._lock:
             if self._bm25 is None:
-                self._terms = self._term_counts(kv, keys.transcripts_space(tenant, user_id))
+                self._terms = self._term_counts(kv, tenant, user_id)
                 self.basis = None
                 self._bm25 = BM25Index.from_counts(
                     (sid, self._terms[sid].counts) for sid in self.session_ids
@@ -192,32 +172,55 @@ class UserView:
                 self.nbytes += _ENTRY_BYTES * self._bm25.entries()
             return self._bm25
 
-    def _term_counts(self, kv: KVStore, space: str) -> dict[str, _Terms]:
-        """Term counts per session: taken over from the basis where unchanged, else counted."""
+    def _term_counts(self, kv: KVStore, tenant: str, user_id: str) -> dict[str, _Terms]:
+        """Term counts per session: from the basis or the stored records where current, else counted.
+
+        One batched read of transcript headers (they fingerprint the
+        transcripts), one of the stored term-count records of the sessions
+        the basis does not cover; only sessions with neither are read and
+        tokenised (and those with an unreadable transcript, without it).
+        """
+        space = keys.transcripts_space(tenant, user_id)
         # Without digests (a view made by hand) nothing can be compared: count everything.
         basis = self.basis._terms if self.basis is not None and self.digests else {}
         raw_headers = kv.get_many(space, self.session_ids)
-        digests = self.digests or [b""] * len(self.session_ids)
-        fingerprints = {
-            sid: digest + b"\0" + (raw or b"")
-            for sid, digest, raw in zip(self.session_ids, digests, raw_headers, strict=True)
-        }
+        fingerprints = (
+            {
+                sid: terms_fingerprint(digest, raw)
+                for sid, digest, raw in zip(
+                    self.session_ids, self.digests, raw_headers, strict=True
+                )
+            }
+            if self.digests
+            else dict.fromkeys(self.session_ids, "")
+        )
         terms: dict[str, _Terms] = {}
-        changed: dict[str, bytes] = {}
-        for sid, raw in zip(self.session_ids, raw_headers, strict=True):
+        for sid in self.session_ids:
             known = basis.get(sid)
             if known is not None and known.fingerprint == fingerprints[sid]:
                 terms[sid] = known
-            elif raw is not None:
-                changed[sid] = raw
+        unknown = [sid for sid in self.session_ids if sid not in terms and fingerprints[sid]]
+        terms_space = keys.session_terms_space(tenant, user_id)
+        for sid, raw in zip(
+            unknown, kv.get_many(terms_space, unknown) if unknown else [], strict=True
+        ):
+            counts = read_terms(raw, fingerprints[sid], where=f"{terms_space}/{sid}")
+            if counts is not None:
+                terms[sid] = _Terms(fingerprints[sid], counts)
+        changed = {
+            sid: raw
+            for sid, raw in zip(self.session_ids, raw_headers, strict=True)
+            if sid not in terms and raw is not None
+        }
         transcripts = _transcripts(kv, space, changed)
         for sid, text in zip(self.session_ids, self.texts, strict=True):
             if sid not in terms:
                 messages = transcripts.get(sid)
-                counts = term_counts(keyword_text(text, messages))
                 # An unreadable transcript is counted without it, and never taken over.
                 readable = sid not in transcripts or messages is not None
-                terms[sid] = _Terms(fingerprints[sid] if readable else b"", counts)
+                terms[sid] = _Terms(
+                    fingerprints[sid] if readable else "", count_terms(text, messages)
+                )
         return terms
 
     def vectors(self, kv: KVStore, index: VectorIndex, tenant: str, user_id: str) -> SessionVectors:
@@ -266,11 +269,11 @@ def build_view(
     texts: list[str] = []
     digests: list[bytes] = []
     for session_id, data in kv.scan(keys.sessions_space(tenant, user_id)):
-        fields = _summary_fields(data)
+        fields = summary_fields(data)
         ids.append(session_id)
         texts.append(fields[0] if fields else "")
         created.append(fields[1] if fields else 0.0)
-        digests.append(_digest(data))
+        digests.append(summary_digest(data))
     while basis is not None and not basis._terms:
         basis = basis.basis  # it never counted terms: take its own basis (no chains are kept)
     if basis is not None and not set(basis.session_ids) <= set(ids):

@@ -254,6 +254,8 @@ class SessionWriter:
         for (user_id, session_id), data in chunk:
             writes.append(Put(self._store.sessions_space(user_id), session_id, data))
             writes.append(self._store.mark_stale(user_id, session_id, token))
+            # Counts of what it replaces go now; the index pass stores the new ones.
+            writes.append(Delete(self._store.terms_space(user_id), session_id))
         writes.extend(self._store.touch_users([user for (user, _), _ in chunk], token))
         return writes
 
@@ -295,6 +297,7 @@ class SessionWriter:
                     # The summary describes a transcript that is gone: stale from this commit on.
                     writes.append(Delete(sessions, session_id))
                 writes.append(self._store.mark_stale(user_id, session_id, token))
+                writes.append(Delete(self._store.terms_space(user_id), session_id))
             try:
                 # The summary check: if one appears meanwhile, its indexing may have read the
                 # old transcript, so this write must queue index work; retry to find out.
@@ -353,6 +356,7 @@ class SessionWriter:
             token = self._store.new_token()
             writes: list[Write] = [
                 Delete(space, session_id),
+                Delete(self._store.terms_space(user_id), session_id),
                 self._store.mark_stale(user_id, session_id, token),
                 self._store.new_revision(user_id, token),
                 *_transcript_deletes(transcripts, session_id, raw_header),
@@ -385,6 +389,7 @@ class SessionWriter:
         writes: list[Write] = [
             DeleteSpace(space),
             DeleteSpace(transcripts),
+            DeleteSpace(self._store.terms_space(user_id)),
             # Gone rather than replaced: no record keyed by the user stays (a missing
             # revision still differs from every cached one).
             Delete(self._store.revisions, user_id),

@@ -148,7 +148,7 @@ class RedisClusterNodes:
             stderr=subprocess.DEVNULL,
         )
         client = redis.Redis(port=port)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a loaded machine may take seconds to start it
         try:
             while True:
                 try:

@@ -85,7 +85,7 @@ class RedisServer:
             stderr=subprocess.DEVNULL,
         )
         client = redis.Redis(port=self.port)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a loaded machine may take seconds to start it
         while True:
             try:
                 client.ping()
@@ -319,10 +319,14 @@ def postgres_kv(postgres_url: str) -> Iterator[PostgresKVStore]:
 
 @pytest.fixture(scope="session")
 def redis_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RedisClusterNodes]:
-    """A 3-primary, 3-replica Redis Cluster for the whole session (tests/servers.py)."""
+    """A 3-primary, 3-replica Redis Cluster for the whole session (tests/servers.py).
+
+    No test kills one of its nodes, so a long node timeout: with the 1 s default, a primary
+    stalled that long (an fsync on a loaded CI disk) would be failed over mid-test.
+    """
     from tests.servers import RedisClusterNodes
 
-    nodes = RedisClusterNodes(tmp_path_factory.mktemp("redis-cluster"))
+    nodes = RedisClusterNodes(tmp_path_factory.mktemp("redis-cluster"), node_timeout_ms=5_000)
     yield nodes
     nodes.stop()
 

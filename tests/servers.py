@@ -148,7 +148,7 @@ class RedisClusterNodes:
             stderr=subprocess.DEVNULL,
         )
         client = redis.Redis(port=port)
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60  # a loaded machine may take seconds to start it
         try:
             while True:
                 try:
@@ -163,7 +163,13 @@ class RedisClusterNodes:
             client.close()
 
     def wait_healthy(self, ports: list[int], timeout: float = 60) -> None:
-        """Wait until each node on ``ports`` reports ``cluster_state:ok`` and in-sync replicas."""
+        """Wait until each node on ``ports`` reports ``cluster_state:ok`` and in-sync replicas,
+        and lists every replica among ``ports`` in its ``CLUSTER SLOTS``.
+
+        A node lists a replica there only once gossip has brought it the replica's
+        replication offset, a while after the replica is in sync: clients (and the store's
+        ``describe()``) that read the topology sooner see fewer replicas.
+        """
         deadline = time.monotonic() + timeout
         pending = list(ports)
         while pending:
@@ -186,6 +192,42 @@ class RedisClusterNodes:
             if time.monotonic() > deadline:
                 pytest.fail(f"Redis Cluster node {port} did not become healthy")
             time.sleep(0.1)
+        replicas = {port for port in ports if self._role(port) == "slave"}
+        pending = list(ports)
+        while pending:
+            port = pending[0]
+            try:
+                listed = self._listed_replicas(port)
+            except redis.RedisError:
+                listed = set()
+            if replicas <= listed:
+                pending.pop(0)
+                continue
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"Redis Cluster node {port} lists replicas {sorted(listed)}, "
+                    f"not all of {sorted(replicas)}"
+                )
+            time.sleep(0.1)
+
+    def _role(self, port: int) -> str:
+        client = redis.Redis(port=port, decode_responses=True)
+        try:
+            return str(client.info("replication")["role"])
+        finally:
+            client.close()
+
+    def _listed_replicas(self, port: int) -> set[int]:
+        """The ports of the replicas the node on ``port`` lists in ``CLUSTER SLOTS``."""
+        client = redis.Redis(port=port)
+        try:
+            return {
+                int(replica[1])
+                for _low, _high, _primary, *replicas in client.cluster("slots")
+                for replica in replicas
+            }
+        finally:
+            client.close()
 
     def primary_of(self, key: str) -> int:
         """The port of the primary that holds the slot of Redis key ``key`` now."""

@@ -49,6 +49,8 @@ TIERMEM = str(Path(sys.executable).parent / "tiermem")
 CHROMIUM = "/usr/bin/chromium"
 ARTIFACTS = Path(__file__).resolve().parents[1] / "artifacts" / "console"
 TENANT = "console-test"
+# How long a browser action or an expect() may wait for its page (generous: CI is loaded).
+BROWSER_WAIT_MS = 60_000
 
 
 @dataclass
@@ -139,8 +141,16 @@ def console(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Console]:
                     route.abort()
 
             context.route("**/*", only_the_server)
-            yield served
-            context.close()
+            # Playwright's defaults (5 s per expect(), 30 s per action) are a bet on an idle
+            # machine: a page that embeds a query or renders the docs on a loaded CI runner
+            # can take longer. The waits end as soon as the condition holds.
+            context.set_default_timeout(BROWSER_WAIT_MS)
+            expect.set_options(timeout=BROWSER_WAIT_MS)
+            try:
+                yield served
+            finally:
+                expect.set_options(timeout=None)  # back to Playwright's default
+                context.close()
     finally:
         process.kill()
         process.wait()

@@ -261,7 +261,7 @@ def test_502_when_the_model_answers_garbage(
         job = api.client.post(
             "/v1/users/u1/sessions", json={"session_id": "s2", "transcript": TRANSCRIPT}
         ).json()
-        deadline = time.monotonic() + 20
+        deadline = time.monotonic() + 60
         while job["status"] not in ("failed", "succeeded") and time.monotonic() < deadline:
             time.sleep(0.02)
             job = api.client.get(job["status_url"]).json()
@@ -283,6 +283,7 @@ def test_502_when_the_model_answers_garbage(
         assert usage["calls"] == 1
         assert usage["prompt_tokens"] > 0
         job = api.client.post("/v1/users/u1/sessions/s1:resummarize").json()
+        deadline = time.monotonic() + 60  # its own wait, not what is left of the first one's
         while job["status"] not in ("failed", "succeeded") and time.monotonic() < deadline:
             time.sleep(0.02)
             job = api.client.get(job["status_url"]).json()

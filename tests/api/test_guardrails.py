@@ -163,7 +163,9 @@ def guarded_server(request: pytest.FixtureRequest) -> Iterator[int]:
         port=port,
         lifespan="off",
         log_level="warning",
-        timeout_keep_alive=5,
+        # Far past the head timeout and the test's 1.5 s idle wait, so a descheduled test
+        # thread does not see the keep-alive close the connection under its next request.
+        timeout_keep_alive=60,
         http=head_timeout_protocol(1.0, request.param),
     )
     server = uvicorn.Server(config)
@@ -282,7 +284,10 @@ def test_tiermem_serve_times_out_a_half_sent_head(tmp_path: Path) -> None:
 
 def test_shutdown_waits_for_queued_summaries_only_so_long(memory: Memory, tmp_path: Path) -> None:
     with StubLLMServer() as stub:
-        stub.fallback = lambda body: StubReply.json(GOOD_SUMMARY, delay=8.0)
+        # The model never answers while the test runs (the stub's stop wakes the reply): with
+        # a delay of some seconds, a slow CI step before the assert let s1 finish and leave
+        # the pending list.
+        stub.fallback = lambda body: StubReply.json(GOOD_SUMMARY, delay=600)
         slow = llm_memory(memory, stub)
         settings = Settings(
             data_dir=tmp_path,
@@ -296,7 +301,7 @@ def test_shutdown_waits_for_queued_summaries_only_so_long(memory: Memory, tmp_pa
                     "/v1/users/u1/sessions", json={"session_id": session, "transcript": TRANSCRIPT}
                 )
                 assert posted.status_code == 202, posted.text
-        # The app is stopped while the model still holds s1's call (8 s): shutdown did not
+        # The app is stopped while the model still holds s1's call: shutdown did not
         # wait for it, nor for s2 and s3 queued behind it, and nothing accepted is lost:
         # all three are stored and pending.
         assert {"s1", "s2", "s3"} <= set(slow.pending_summaries("u1"))

@@ -8,6 +8,7 @@ Redis), so no other test's queued jobs are claimed by its app, nor its own by th
 
 from __future__ import annotations
 
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -101,7 +102,9 @@ def finished(api: Api, headers: dict[str, str], url: str, timeout: float = 60) -
 def test_a_full_tenant_queue_refuses_before_storing_and_only_that_tenant(
     memory: Memory, store: KVStore, stub: StubLLMServer, tmp_path: Path
 ) -> None:
-    stub.fallback = lambda body: StubReply.json(GOOD_SUMMARY, delay=10)
+    # The model holds s1 until the test ends (the stub's stop wakes it): with a delay of some
+    # seconds, a slow CI step let s1 finish and free a slot before the 429s were asserted.
+    stub.fallback = lambda body: StubReply.json(GOOD_SUMMARY, delay=600)
     mem = memory_on(store, memory, llm(stub))
     values = {"summarize_workers": 1, "max_pending_jobs": 2, "shutdown_timeout_seconds": 0.5}
     with start_app(settings(tmp_path, **values), mem) as api:
@@ -128,19 +131,31 @@ def test_a_full_tenant_queue_refuses_before_storing_and_only_that_tenant(
 def test_one_users_bulk_does_not_hold_back_other_users_or_tenants(
     memory: Memory, store: KVStore, stub: StubLLMServer, tmp_path: Path
 ) -> None:
-    stub.fallback = lambda body: StubReply.json(GOOD_SUMMARY, delay=0.1)
+    # The model answers once everything is posted: alice's queue is then deep however slowly
+    # a loaded machine serves the posts (with a fixed model delay, the one worker could keep
+    # up with the posting and leave nothing queued to be fair about).
+    posted = threading.Event()
+
+    def answer_once_posted(body: dict[str, Any]) -> StubReply:
+        posted.wait(60)
+        return StubReply.json(GOOD_SUMMARY)
+
+    stub.fallback = answer_once_posted
     mem = memory_on(store, memory, llm(stub))
     with start_app(settings(tmp_path, summarize_workers=1), mem) as api:
         mine, theirs = api.key(new_tenant()), api.key(new_tenant())
         urls = []
-        for n in range(40):
-            r = post(api, mine, "alice", f"a{n}")
-            assert r.status_code == 202
-            urls.append((mine, r.json()["status_url"]))
-        for headers, user in ((mine, "bob"), (theirs, "carol")):
-            r = post(api, headers, user, "s1")
-            assert r.status_code == 202
-            urls.append((headers, r.json()["status_url"]))
+        try:
+            for n in range(40):
+                r = post(api, mine, "alice", f"a{n}")
+                assert r.status_code == 202
+                urls.append((mine, r.json()["status_url"]))
+            for headers, user in ((mine, "bob"), (theirs, "carol")):
+                r = post(api, headers, user, "s1")
+                assert r.status_code == 202
+                urls.append((headers, r.json()["status_url"]))
+        finally:
+            posted.set()
         jobs = [finished(api, headers, url) for headers, url in urls]
     assert {job["status"] for job in jobs} == {"succeeded"}
     stamp = {job["job_id"]: datetime.fromisoformat(job["finished_at"]) for job in jobs}

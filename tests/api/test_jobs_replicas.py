@@ -94,7 +94,9 @@ def test_jobs_of_a_killed_server_are_finished_by_the_next_one(
         "TIERMEM_DATA_DIR": str(tmp_path / "data"),
         "TIERMEM_DURABLE": "false",
         "TIERMEM_ALLOW_VOLATILE": "true",
-        "TIERMEM_JOB_LEASE_SECONDS": "2",
+        # Short, since the second server waits it out; not so short that a heartbeat (every
+        # third of it) starved for a second or two on a loaded machine loses a live job.
+        "TIERMEM_JOB_LEASE_SECONDS": "6",
         "TIERMEM_SUMMARIZE_WORKERS": "1",
     }
     with StubLLMServer() as stub:

@@ -30,7 +30,7 @@ TRANSCRIPT = [
 
 
 def wait_job(api: Api, headers: dict[str, str], url: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 30
+    deadline = time.monotonic() + 60
     while True:
         job = api.client.get(url, headers=headers).json()
         if job["status"] in ("succeeded", "failed") or time.monotonic() > deadline:

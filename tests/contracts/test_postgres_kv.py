@@ -420,12 +420,12 @@ def test_connections_the_server_ended_are_replaced(
             "SELECT pg_terminate_backend(pid) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         )
-        deadline = time.monotonic() + 10
+        deadline = time.monotonic() + 60
         while admin.execute(
             "SELECT count(*) FROM pg_stat_activity "
             "WHERE datname = current_database() AND pid <> pg_backend_pid()"
         ).fetchone() != (0,):
-            assert time.monotonic() < deadline
+            assert time.monotonic() < deadline, "the terminated backends never went away"
             time.sleep(0.02)
     # The pooled connection is dead: the store notices and uses a new one, no error.
     assert store.get_many("s", ["k"]) == [b"v"]

@@ -57,8 +57,9 @@ def memory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Memory]:
     if request.param == "redis":
         kv_url = request.getfixturevalue("redis_url")
     elif request.param == "redis_cluster":
-        # Durable on a cluster only when each commit waits for a replica (see the README).
-        kv_url = request.getfixturevalue("redis_cluster_url") + "?wait=1"
+        # Durable on a cluster only when each commit waits for a replica (see the README);
+        # a generous wait, as a replica's fsync on a loaded CI disk may outlast the default 1 s.
+        kv_url = request.getfixturevalue("redis_cluster_url") + "?wait=1&wait_timeout_ms=60000"
     mem = Memory.from_settings(Settings(data_dir=tmp_path / "data", kv_url=kv_url))
     yield mem
     mem.close()

@@ -54,13 +54,14 @@ def test_a_sigkilled_run_resumed_elsewhere_shows_in_the_metrics(tmp_path: Path) 
     # The store file must exist under the memory's data dir: open (and close) it once first.
     Memory.from_settings(Settings(data_dir=data)).close()
     # A worker with a long lease stops itself inside the "ship" effect (the effect happened,
-    # its result is not recorded), and is then killed: a real crash, its lease still live.
+    # its result is not recorded), and is then killed: a real crash, its lease still live
+    # (600 s: a loaded machine can take most of a minute to get to the takeover below).
     worker = subprocess.Popen(
         [
             sys.executable,
             "-c",
             "import sys; from tests.tiers.crash_worker import freeze_worker; "
-            "sys.exit(freeze_worker(sys.argv[1], sys.argv[2], sys.argv[3], 60.0, 'after:ship'))",
+            "sys.exit(freeze_worker(sys.argv[1], sys.argv[2], sys.argv[3], 600.0, 'after:ship'))",
             store,
             run_id,
             str(log),

@@ -46,12 +46,14 @@ def _stopped(pid: int) -> bool:
 
 def test_a_crash_and_resume_shows_as_run_step_and_effect_spans(tmp_path: Path) -> None:
     store, log, run_id = str(tmp_path / "kv.sqlite3"), tmp_path / "effects.log", "traced"
+    # The dead worker's lease must still be live when the taker steals it (a takeover): 600 s,
+    # since a loaded machine can take most of a minute to get there; nothing waits it out.
     worker = subprocess.Popen(
         [
             sys.executable,
             "-c",
             "import sys; from tests.tiers.crash_worker import freeze_worker; "
-            "sys.exit(freeze_worker(sys.argv[1], sys.argv[2], sys.argv[3], 60.0, 'unit:4'))",
+            "sys.exit(freeze_worker(sys.argv[1], sys.argv[2], sys.argv[3], 600.0, 'unit:4'))",
             store,
             run_id,
             str(log),

@@ -54,7 +54,8 @@ def main(store: str, run_id: str, spans_file: str) -> int:
         kv = SqliteKVStore(store)
         try:
             tier = TaskTier(kv, observer=TracingObserver(tracer_provider=provider))
-            run = tier.start_run(USER, run_id, worker_id="first", lease_ttl=60.0)
+            # Still live when the test's taker steals it (a takeover), however loaded the machine.
+            run = tier.start_run(USER, run_id, worker_id="first", lease_ttl=600.0)
             run_units(run, CRASH_AFTER)
             os.kill(os.getpid(), signal.SIGSTOP)  # the test kills it here
         finally:

@@ -13,6 +13,7 @@ import re
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -351,17 +352,23 @@ def test_stub_persistent_500_is_unavailable(stub: StubLLMServer) -> None:
 
 
 def test_stub_slow_reply_times_out(stub: StubLLMServer, sleeps: SleepLog) -> None:
-    stub.enqueue(*[StubReply.json(GOOD, delay=5.0)] * 2)
+    stub.enqueue(*[StubReply.json(GOOD, delay=600)] * 2)
     with pytest.raises(SummarizerTimeoutError) as info:
         run(stub_summarizer(stub, sleeps, timeout=0.3, max_transient_retries=1))
     assert info.value.is_timeout
     assert info.value.attempts == 2
+    # The client gave up after 0.3 s, maybe before the stub's thread read the second request.
+    deadline = time.monotonic() + 60
+    while len(stub.requests) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
     assert len(stub.requests) == 2
 
 
 def test_stub_timeout_then_success(stub: StubLLMServer) -> None:
-    stub.enqueue(StubReply.json(GOOD, delay=5.0), StubReply.json(GOOD))
-    result = run(stub_summarizer(stub, timeout=0.3))
+    # The timeout also bounds the second, prompt, answer: 0.3 s was less than a loaded CI
+    # machine can take for one round trip through litellm. The first answer never comes.
+    stub.enqueue(StubReply.json(GOOD, delay=600), StubReply.json(GOOD))
+    result = run(stub_summarizer(stub, timeout=3.0))
     assert result.summary.task_description == GOOD["task_description"]
 
 

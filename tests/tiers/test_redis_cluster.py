@@ -214,12 +214,17 @@ def test_without_wait_a_failover_may_lose_commits_so_it_is_volatile(
         waiting.close()
 
 
+# Commits wait for a replica's acknowledgement up to a minute: the default 1 s is a bet that no
+# replica's fsync on a loaded CI disk takes longer (the failing waits below are not waits).
+PATIENT_WAIT = "{}?wait=1&wait_timeout_ms=60000"
+
+
 @pytest.mark.slow
 def test_a_primary_killed_mid_run_fails_over_and_the_run_resumes(tmp_path: Path) -> None:
     cluster = RedisClusterNodes(tmp_path / "cluster", node_timeout_ms=1000)
     log = str(tmp_path / "effects.log")
     try:
-        store = RedisClusterKVStore(cluster.url + "?wait=1", max_value_bytes=64 * 1024)
+        store = RedisClusterKVStore(PATIENT_WAIT.format(cluster.url), max_value_bytes=64 * 1024)
         tier = TaskTier(store)
         handle = tier.start_run(USER, "r1", worker_id="w1")
         before = script(handle, log, stop=3)  # plan, charge, notify: acknowledged with WAIT
@@ -238,7 +243,7 @@ def test_a_primary_killed_mid_run_fails_over_and_the_run_resumes(tmp_path: Path)
         cluster.wait_healthy(cluster.ports)
         store.close()
 
-        store = RedisClusterKVStore(cluster.url + "?wait=1", max_value_bytes=64 * 1024)
+        store = RedisClusterKVStore(PATIENT_WAIT.format(cluster.url), max_value_bytes=64 * 1024)
         tier = TaskTier(store)
         assert [c.checkpoint_id for c in tier.history("r1")][: len(history)] == history
         resumed = tier.start_run(USER, "r1", worker_id="w2", steal=True)
@@ -258,8 +263,12 @@ def test_a_primary_killed_mid_run_fails_over_and_the_run_resumes(tmp_path: Path)
 def test_with_wait_a_commit_no_replica_acknowledges_is_not_acknowledged(tmp_path: Path) -> None:
     cluster = RedisClusterNodes(tmp_path / "cluster", node_timeout_ms=1000)
     try:
+        # Acknowledged by the live replica: a wait as long as a loaded CI disk's fsync may take.
+        patient = RedisClusterKVStore(PATIENT_WAIT.format(cluster.url))
+        patient.commit([Put("acme:s", "k", b"1")])
+        patient.close()
+        # A short wait only where no replica can answer: it is the time the commit fails in.
         store = RedisClusterKVStore(cluster.url + "?wait=1&wait_timeout_ms=200")
-        store.commit([Put("acme:s", "k", b"1")])
         (replica,) = cluster.replicas_of(cluster.primary_of("tm:{acme}:x"))
         cluster.kill(replica)
         with pytest.raises(BackendUnavailableError, match="0 of 1 replicas"):

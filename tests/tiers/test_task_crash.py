@@ -113,10 +113,15 @@ def _kill_trials(
     try:
         ref_log = tmp_path / "reference.log"
         assert server.wait(server.spawn(store, "reference", ref_log)) == 0
-        # A second uninterrupted run times the window the kills are spread over.
-        began = time.monotonic()
-        assert server.wait(server.spawn(store, "timing", tmp_path / "timing.log")) == 0
-        span = time.monotonic() - began
+        # Uninterrupted runs time the window the kills are spread over: the fastest of three,
+        # since a run slowed by a load spike would spread the kills past the trials' end
+        # (then none is killed mid-run, and the test proves nothing).
+        spans = []
+        for n in range(3):
+            began = time.monotonic()
+            assert server.wait(server.spawn(store, f"timing-{n}", tmp_path / "timing.log")) == 0
+            spans.append(time.monotonic() - began)
+        span = min(spans)
         expected = tier.get_run("reference").result
         assert Counter(effects_done(ref_log)) == Counter(effect_keys("reference"))
 

@@ -311,13 +311,20 @@ class TaskTier:
 
     @doc_from(Queries.list_runs)
     def list_runs(
-        self, user_id: str | None = None, status: RunStatus | str | None = None
+        self,
+        user_id: str | None = None,
+        status: RunStatus | str | None = None,
+        *,
+        limit: int | None = None,
+        after: str | None = None,
     ) -> list[RunInfo]:
-        return self._queries.list_runs(user_id, status)
+        return self._queries.list_runs(user_id, status, limit=limit, after=after)
 
     @doc_from(Queries.list_resumable)
-    def list_resumable(self, *, now: datetime | None = None) -> list[RunInfo]:
-        return self._queries.list_resumable(now=now)
+    def list_resumable(
+        self, *, now: datetime | None = None, limit: int | None = None, after: str | None = None
+    ) -> list[RunInfo]:
+        return self._queries.list_resumable(now=now, limit=limit, after=after)
 
     @doc_from(Queries.rebuild)
     def rebuild(self, run_id: str) -> RebuiltRun:

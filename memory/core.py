@@ -466,6 +466,10 @@ class Memory:
         """A run's effect ledger in key order, whole or a page after ``after_key``."""
         return self._runs.run_effects(run_id, after_key=after_key, limit=limit)
 
+    def count_run_effects(self, run_id: str, *, after_key: str | None = None) -> int:
+        """How many effects a run's ledger holds (after ``after_key``): a pager's total."""
+        return self._runs.count_run_effects(run_id, after_key=after_key)
+
     def resolve_effect(
         self,
         run_id: str,

@@ -304,6 +304,10 @@ class AsyncMemory:
         """See :meth:`Memory.run_effects`."""
         return await self._call(self.sync.run_effects, run_id, after_key=after_key, limit=limit)
 
+    async def count_run_effects(self, run_id: str, *, after_key: str | None = None) -> int:
+        """See :meth:`Memory.count_run_effects`."""
+        return await self._call(self.sync.count_run_effects, run_id, after_key=after_key)
+
     async def resolve_effect(
         self,
         run_id: str,

@@ -214,6 +214,16 @@ class RunOperations:
         """
         return self._tasks.effects(run_id, after_key=after_key, limit=limit)
 
+    def count_run_effects(self, run_id: str, *, after_key: str | None = None) -> int:
+        """How many effects a run's ledger holds (only those whose key sorts after ``after_key``).
+
+        The total beside a page of :meth:`run_effects`, counted without decoding the records.
+
+        Raises:
+            RunNotFoundError: No such run.
+        """
+        return self._tasks.count_effects(run_id, after_key=after_key)
+
     def resolve_effect(
         self,
         run_id: str,

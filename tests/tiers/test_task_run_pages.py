@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta
 import pytest
 
 from tiers.backends.base import KVStore
-from tiers.errors import InvalidInputError
+from tiers.errors import InvalidInputError, RunNotFoundError
 from tiers.models import RunInfo, RunStatus
 from tiers.task import TaskTier, _queries
 
@@ -105,3 +105,19 @@ def test_a_bad_page_is_refused_naming_its_field(
         with pytest.raises(InvalidInputError) as caught:
             list_page(**kwargs)
         assert caught.value.field == field
+
+
+def test_the_ledger_is_counted_without_reading_it_whole(
+    kv: KVStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tasks = TaskTier(kv)
+    run = tasks.start_run("alice", "fx")
+    for i in range(7):
+        run.effect("send", lambda i=i: {"i": i}, idempotency_key=f"e-{i}")
+    monkeypatch.setattr(_queries, "_EFFECT_CHUNK", 3)  # several scans
+    assert tasks.count_effects("fx") == len(tasks.effects("fx")) == 7
+    assert tasks.count_effects("fx", after_key="e-2") == 4
+    assert tasks.count_effects("fx", after_key="e-6") == 0
+    assert tasks.count_effects(tasks.start_run("alice", "none").run_id) == 0
+    with pytest.raises(RunNotFoundError):
+        tasks.count_effects("no-such-run")

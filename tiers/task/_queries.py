@@ -33,6 +33,8 @@ __all__ = ["Queries", "RebuiltRun"]
 
 # Run heads read per scan of a paged run list (decoded only up to the page's last run).
 _RUN_CHUNK = 256
+# Ledger records read per scan when counting them (read, never decoded).
+_EFFECT_CHUNK = 1024
 
 
 @dataclass(frozen=True)
@@ -198,6 +200,28 @@ class Queries:
         if limit == 0:
             return []
         return self.store.effect_records(run_id, after_key=after_key, limit=limit)
+
+    def count_effects(self, run_id: str, *, after_key: str | None = None) -> int:
+        """How many effects the run's ledger holds (only those whose key sorts after ``after_key``).
+
+        Counts the stored records without decoding them: what a pager of
+        :meth:`effects` shows beside a page (its total, and where the page starts).
+
+        Raises:
+            RunNotFoundError: No such run.
+        """
+        self.store.get_run(run_id)
+        space = keys.run_space(self.store.tenant, run_id)
+        start = None if after_key is None else keys.effect_key(after_key)
+        count = 0
+        while True:
+            chunk = self.store.kv.scan(
+                space, prefix=keys.EFFECT_PREFIX, start_after=start, limit=_EFFECT_CHUNK
+            )
+            count += len(chunk)
+            if len(chunk) < _EFFECT_CHUNK:
+                return count
+            start = chunk[-1][0]
 
     def get_effect(self, run_id: str, key: str) -> EffectRecord:
         """One entry of the run's effect ledger, by idempotency key.

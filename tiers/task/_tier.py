@@ -301,6 +301,10 @@ class TaskTier:
     ) -> list[EffectRecord]:
         return self._queries.effects(run_id, after_key=after_key, limit=limit)
 
+    @doc_from(Queries.count_effects)
+    def count_effects(self, run_id: str, *, after_key: str | None = None) -> int:
+        return self._queries.count_effects(run_id, after_key=after_key)
+
     @doc_from(Queries.get_effect)
     def get_effect(self, run_id: str, key: str) -> EffectRecord:
         return self._queries.get_effect(run_id, key)

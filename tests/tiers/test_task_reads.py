@@ -141,6 +141,8 @@ _DROP = object()
         {"seq": True},  # pydantic's lax mode reads these as 1
         {"seq": "1"},
         {"schema_version": 0},
+        {"schema_version": True},  # equal to 1, but pydantic stores the int
+        {"schema_version": 1.0},
     ],
 )
 def test_records_the_trusted_decode_does_not_take_decode_as_before(
@@ -150,6 +152,15 @@ def test_records_the_trusted_decode_does_not_take_decode_as_before(
     assert trusted_checkpoint(orjson.loads(data)) is None
     expected = decode(Checkpoint, data, where="w")
     assert decode_stored_checkpoint(data, where="w") == (expected, None)
+
+
+def test_a_record_in_another_field_order_decodes_as_before() -> None:
+    fields = orjson.loads(encode(_checkpoint()))
+    data = orjson.dumps(dict(reversed(list(fields.items()))))
+    assert trusted_checkpoint(orjson.loads(data)) is None
+    decoded, _ = decode_stored_checkpoint(data, where="w")
+    assert decoded == decode(Checkpoint, data, where="w")
+    assert encode(decoded) == encode(_checkpoint())
 
 
 @pytest.mark.parametrize(

@@ -23,7 +23,8 @@ from tiers.models import SCHEMA_VERSION, Checkpoint, CheckpointStatus
 
 __all__ = ["trusted_checkpoint"]
 
-_FIELDS: Final = frozenset(Checkpoint.model_fields)
+# The fields in the order the model dumps them: a record's dict keeps it, so its dump is the same.
+_FIELDS: Final = tuple(Checkpoint.model_fields)
 _STATUS: Final = {status.value: status for status in CheckpointStatus}
 _SHA256_HEX: Final = re.compile(r"[0-9a-f]{64}")
 # The one form pydantic dumps a UTC datetime in; fromisoformat reads it as pydantic does.
@@ -49,10 +50,9 @@ def _utc(value: object) -> datetime | None:
 def trusted_checkpoint(fields: dict[str, Any]) -> Checkpoint | None:
     """The checkpoint ``fields`` (a stored record's parsed JSON) hold, or ``None``.
 
-    ``None`` unless every field is present with the type and form our own dump
-    writes; the caller then validates with pydantic. ``fields`` becomes the
-    record's storage (the caller passes a dict it owns), in the stored order,
-    which is the model's: a dump of the record writes the same bytes.
+    ``None`` unless every field is present, in the model's order, with the type
+    and form our own dump writes; the caller then validates with pydantic.
+    ``fields`` becomes the record's storage (the caller passes a dict it owns).
     """
     status = fields.get("status")
     started_at = _utc(fields.get("started_at"))
@@ -63,9 +63,11 @@ def trusted_checkpoint(fields: dict[str, Any]) -> Checkpoint | None:
     run_id = fields.get("run_id")
     input_hash = fields.get("input_hash")
     delta = fields.get("state_delta")
+    version = fields.get("schema_version")
     if not (
-        len(fields) == len(_FIELDS)
-        and fields.get("schema_version") == SCHEMA_VERSION
+        tuple(fields) == _FIELDS
+        and type(version) is int
+        and version == SCHEMA_VERSION
         and type(fields.get("checkpoint_id")) is str
         and type(run_id) is str
         and ID_PATTERN.fullmatch(run_id) is not None
@@ -83,7 +85,6 @@ def trusted_checkpoint(fields: dict[str, Any]) -> Checkpoint | None:
         and _text(fields.get("kind"), 32)
         and (event_seq is None or _seq(event_seq))
         and (delta is None or type(delta) is dict)
-        and _FIELDS.issuperset(fields)
     ):
         return None
     fields["status"] = _STATUS[status]

@@ -413,10 +413,7 @@ class Memory:
     def list_resumable_runs(
         self, *, limit: int | None = None, after: str | None = None
     ) -> list[RunInfo]:
-        """Unfinished runs whose lease has expired: work for a worker pool after a deploy.
-
-        Oldest last checkpoint first, or one page in run-id order after ``after``.
-        """
+        """Unfinished runs whose lease has expired (all, or one page in run-id order after ``after``)."""
         return self._runs.list_resumable_runs(limit=limit, after=after)
 
     def sweep_runs(self, *, now: datetime | None = None) -> list[str]:

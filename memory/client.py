@@ -442,10 +442,20 @@ class MemoryClient:
         return _checkpoint(data)
 
     def list_runs(
-        self, *, user_id: str | None = None, status: RunStatus | None = None
+        self,
+        *,
+        user_id: str | None = None,
+        status: RunStatus | None = None,
+        limit: int | None = None,
+        after: str | None = None,
     ) -> list[RunInfo]:
         """See :meth:`memory.Memory.list_runs`."""
-        params = {"user_id": user_id, "status": None if status is None else RunStatus(status).value}
+        params = {
+            "user_id": user_id,
+            "status": None if status is None else RunStatus(status).value,
+            "limit": limit,
+            "after": after,
+        }
         return [_run(r) for r in self._json("GET", "/v1/runs", params=params)["runs"]]
 
     def cancel_run(self, run_id: str) -> RunInfo:
@@ -473,9 +483,12 @@ class MemoryClient:
         body = {"checkpoint_id": checkpoint_id, "new_run_id": new_run_id}
         return _run(self._json("POST", f"/v1/runs/{_id(run_id, 'run_id')}:fork", json=body))
 
-    def list_resumable_runs(self) -> list[RunInfo]:
+    def list_resumable_runs(
+        self, *, limit: int | None = None, after: str | None = None
+    ) -> list[RunInfo]:
         """See :meth:`memory.Memory.list_resumable_runs`."""
-        return [_run(r) for r in self._json("GET", "/v1/runs:resumable")["runs"]]
+        params = {"limit": limit, "after": after}
+        return [_run(r) for r in self._json("GET", "/v1/runs:resumable", params=params)["runs"]]
 
     def run_state_at(self, run_id: str, checkpoint_id: str) -> dict[str, JsonValue]:
         """See :meth:`memory.Memory.run_state_at`."""

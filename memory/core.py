@@ -410,9 +410,11 @@ class Memory:
         """Start a new run from a checkpoint of another (time travel); the parent link is kept."""
         return self._runs.fork_run(run_id, checkpoint_id, new_run_id)
 
-    def list_resumable_runs(self) -> list[RunInfo]:
-        """Unfinished runs whose lease has expired: work for a worker pool after a deploy."""
-        return self._runs.list_resumable_runs()
+    def list_resumable_runs(
+        self, *, limit: int | None = None, after: str | None = None
+    ) -> list[RunInfo]:
+        """Unfinished runs whose lease has expired (all, or one page in run-id order after ``after``)."""
+        return self._runs.list_resumable_runs(limit=limit, after=after)
 
     def sweep_runs(self, *, now: datetime | None = None) -> list[str]:
         """Delete this tenant's runs that finished (completed, failed, cancelled) over ``run_retention`` ago."""
@@ -460,6 +462,10 @@ class Memory:
     ) -> list[EffectRecord]:
         """A run's effect ledger in key order, whole or a page after ``after_key``."""
         return self._runs.run_effects(run_id, after_key=after_key, limit=limit)
+
+    def count_run_effects(self, run_id: str, *, after_key: str | None = None) -> int:
+        """How many effects a run's ledger holds (after ``after_key``): a pager's total."""
+        return self._runs.count_run_effects(run_id, after_key=after_key)
 
     def resolve_effect(
         self,
@@ -521,10 +527,15 @@ class Memory:
         return self._runs.run_events(run_id, after_seq=after_seq, limit=limit)
 
     def list_runs(
-        self, *, user_id: str | None = None, status: RunStatus | None = None
+        self,
+        *,
+        user_id: str | None = None,
+        status: RunStatus | None = None,
+        limit: int | None = None,
+        after: str | None = None,
     ) -> list[RunInfo]:
-        """Runs of this tenant, optionally filtered."""
-        return self._runs.list_runs(user_id=user_id, status=status)
+        """Runs of this tenant, optionally filtered; all oldest first, or one page in run-id order."""
+        return self._runs.list_runs(user_id=user_id, status=status, limit=limit, after=after)
 
     # -- lifecycle ----------------------------------------------------------
 

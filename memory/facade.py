@@ -258,9 +258,11 @@ class AsyncMemory:
         """See :meth:`Memory.fork_run`."""
         return await self._call(self.sync.fork_run, run_id, checkpoint_id, new_run_id)
 
-    async def list_resumable_runs(self) -> list[RunInfo]:
+    async def list_resumable_runs(
+        self, *, limit: int | None = None, after: str | None = None
+    ) -> list[RunInfo]:
         """See :meth:`Memory.list_resumable_runs`."""
-        return await self._call(self.sync.list_resumable_runs)
+        return await self._call(self.sync.list_resumable_runs, limit=limit, after=after)
 
     async def sweep_runs(self, *, now: datetime | None = None) -> list[str]:
         """See :meth:`Memory.sweep_runs`."""
@@ -301,6 +303,10 @@ class AsyncMemory:
     ) -> list[EffectRecord]:
         """See :meth:`Memory.run_effects`."""
         return await self._call(self.sync.run_effects, run_id, after_key=after_key, limit=limit)
+
+    async def count_run_effects(self, run_id: str, *, after_key: str | None = None) -> int:
+        """See :meth:`Memory.count_run_effects`."""
+        return await self._call(self.sync.count_run_effects, run_id, after_key=after_key)
 
     async def resolve_effect(
         self,
@@ -388,10 +394,17 @@ class AsyncMemory:
         return await self._call(self.sync.run_events, run_id, after_seq=after_seq, limit=limit)
 
     async def list_runs(
-        self, *, user_id: str | None = None, status: RunStatus | None = None
+        self,
+        *,
+        user_id: str | None = None,
+        status: RunStatus | None = None,
+        limit: int | None = None,
+        after: str | None = None,
     ) -> list[RunInfo]:
         """See :meth:`Memory.list_runs`."""
-        return await self._call(self.sync.list_runs, user_id=user_id, status=status)
+        return await self._call(
+            self.sync.list_runs, user_id=user_id, status=status, limit=limit, after=after
+        )
 
     async def ping(self) -> None:
         """See :meth:`Memory.ping`."""

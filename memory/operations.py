@@ -122,6 +122,7 @@ OPERATIONS: tuple[Operation, ...] = (
     ),
     Operation("run_events", remote=True, route=_get(f"{_RUN}/events")),
     Operation("run_effects", remote=True, route=_get(f"{_RUN}/effects")),
+    Operation("count_run_effects"),
     Operation("get_effect"),
     Operation("run_approval"),
     Operation(

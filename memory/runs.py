@@ -100,13 +100,21 @@ class RunOperations:
         """Start a new run from a checkpoint of another (time travel); the parent link is kept."""
         return self._tasks.fork(run_id, checkpoint_id, new_run_id)
 
-    def list_resumable_runs(self) -> list[RunInfo]:
+    def list_resumable_runs(
+        self, *, limit: int | None = None, after: str | None = None
+    ) -> list[RunInfo]:
         """Unfinished runs whose lease has expired: work for a worker pool after a deploy.
 
         Runs blocked on an effect of unknown outcome (``RunInfo.unknown_effects``)
-        are left out until :meth:`resolve_effect` settles it.
+        are left out until :meth:`resolve_effect` settles it. Oldest last
+        checkpoint first; paged (``limit`` or ``after``, the last run id of the
+        previous page), in run-id order, each page reading only its own runs'
+        heads and those it skips (a page shorter than ``limit`` is the last).
+
+        Raises:
+            InvalidInputError: Bad ``after`` (not a run id) or negative ``limit``.
         """
-        return self._tasks.list_resumable()
+        return self._tasks.list_resumable(limit=limit, after=after)
 
     def sweep_runs(self, *, now: datetime | None = None) -> list[str]:
         """Delete this tenant's runs that finished (completed, failed, cancelled) over ``run_retention`` ago.
@@ -205,6 +213,16 @@ class RunOperations:
             InvalidInputError: Negative ``limit``.
         """
         return self._tasks.effects(run_id, after_key=after_key, limit=limit)
+
+    def count_run_effects(self, run_id: str, *, after_key: str | None = None) -> int:
+        """How many effects a run's ledger holds (only those whose key sorts after ``after_key``).
+
+        The total beside a page of :meth:`run_effects`, counted without decoding the records.
+
+        Raises:
+            RunNotFoundError: No such run.
+        """
+        return self._tasks.count_effects(run_id, after_key=after_key)
 
     def resolve_effect(
         self,
@@ -330,7 +348,21 @@ class RunOperations:
         return self._tasks.events(run_id, after_seq=after_seq, limit=limit)
 
     def list_runs(
-        self, *, user_id: str | None = None, status: RunStatus | None = None
+        self,
+        *,
+        user_id: str | None = None,
+        status: RunStatus | None = None,
+        limit: int | None = None,
+        after: str | None = None,
     ) -> list[RunInfo]:
-        """Runs of this tenant, optionally filtered."""
-        return self._tasks.list_runs(user_id=user_id, status=status)
+        """Runs of this tenant, optionally filtered; all of them oldest first, or one page.
+
+        Paged (``limit`` or ``after``, the last run id of the previous page):
+        in run-id order, each page reading only its own runs' heads and those
+        it skips (a page shorter than ``limit`` is the last).
+
+        Raises:
+            InvalidInputError: Bad ``user_id`` or ``after`` (not a run id),
+                negative ``limit``, or an unknown ``status``.
+        """
+        return self._tasks.list_runs(user_id=user_id, status=status, limit=limit, after=after)

@@ -132,6 +132,23 @@ def _holder(worker_id: str, caller: Principal) -> str:
     return worker_id if caller.key_id is None else f"{worker_id} (api-key:{caller.key_id})"
 
 
+_RunsLimit = Annotated[
+    int | None,
+    Query(
+        ge=0,
+        le=10_000,
+        description="At most this many runs; paged, the runs come in run-id order.",
+    ),
+]
+_RunsAfter = Annotated[
+    Id | None,
+    Query(
+        description="Only runs whose id sorts after this one (the last run id of the previous "
+        "page); paged, the runs come in run-id order.",
+    ),
+]
+
+
 @router.get("", name="list_runs", response_model=RunList)
 def list_runs(
     memory: ReadMemory,
@@ -140,32 +157,58 @@ def list_runs(
     status_: Annotated[
         RunStatus | None, Query(alias="status", description="Only runs in this status.")
     ] = None,
+    limit: _RunsLimit = None,
+    after: _RunsAfter = None,
 ) -> Response:
-    """Runs of the caller's tenant, oldest first.
+    """Runs of the caller's tenant: all of them oldest first, or one page in run-id order.
 
-    A key bound to one user lists that user's runs only (``user_id`` of
-    another user: 403).
+    Page with ``limit`` and ``after`` (the last run id of the previous page);
+    a page shorter than ``limit`` is the last. A key bound to one user lists
+    that user's runs only (``user_id`` of another user: 403).
     """
     require_user(caller, user_id)
     user = user_filter(caller.user_id, user_id)
-    return json_response(
-        RunList(runs=[run_out(r) for r in memory.list_runs(user_id=user, status=status_)])
-    )
+    runs = memory.list_runs(user_id=user, status=status_, limit=limit, after=after)
+    return json_response(RunList(runs=[run_out(r) for r in runs]))
 
 
 @router.get(":resumable", name="list_resumable_runs", response_model=RunList)
-def list_resumable_runs(memory: ReadMemory, caller: Caller) -> Response:
+def list_resumable_runs(
+    memory: ReadMemory, caller: Caller, limit: _RunsLimit = None, after: _RunsAfter = None
+) -> Response:
     """Runs a worker pool should pick up: not finished, paused or blocked, and no live lease.
 
-    Oldest last checkpoint first. A run blocked on an effect of unknown outcome
-    (``unknown_effects`` not empty) is left out until each such effect is
-    resolved: resuming it would only stop at the same effect again. A key
-    bound to one user gets that user's runs only.
+    Oldest last checkpoint first, or one page in run-id order (``limit`` and
+    ``after``, as ``GET /v1/runs`` pages). A run blocked on an effect of
+    unknown outcome (``unknown_effects`` not empty) is left out until each
+    such effect is resolved: resuming it would only stop at the same effect
+    again. A key bound to one user gets that user's runs only.
     """
-    runs = memory.list_resumable_runs()
-    if caller.user_id is not None:
-        runs = [r for r in runs if r.user_id == caller.user_id]
+    if caller.user_id is None:
+        runs = memory.list_resumable_runs(limit=limit, after=after)
+    elif limit is None and after is None:
+        runs = [r for r in memory.list_resumable_runs() if r.user_id == caller.user_id]
+    else:
+        runs = _users_resumable_page(memory, caller.user_id, limit, after)
     return json_response(RunList(runs=[run_out(r) for r in runs]))
+
+
+def _users_resumable_page(
+    memory: ReadMemory, user_id: str, limit: int | None, after: str | None
+) -> list[RunInfo]:
+    """A page of one user's resumable runs: the tenant's pages, filtered, until it is full.
+
+    Filtering one tenant page would give a short page before the last one.
+    """
+    page: list[RunInfo] = []
+    while limit is None or len(page) < limit:
+        want = None if limit is None else limit - len(page)
+        tenant_page = memory.list_resumable_runs(limit=want, after=after)
+        page += [r for r in tenant_page if r.user_id == user_id]
+        if want is None or len(tenant_page) < want:
+            break
+        after = tenant_page[-1].run_id
+    return page
 
 
 @router.get(

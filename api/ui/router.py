@@ -243,12 +243,13 @@ async def run_page(
     checkpoint: str | None = None,
     before: int | None = None,
     events_before: int | None = None,
-    effects_page: int = 1,
+    effects_after: str | None = None,
 ) -> Response:
     """One run: timeline, effects, approvals, budget, fork graph, scope at a step.
 
     The timeline and the events are paged newest first (``before``, ``events_before``:
-    the seq to show the ones below), the effects in key order (``effects_page``).
+    the seq to show the ones below), the effects in key order (``effects_after``: the
+    idempotency key to show the ones after).
     """
     principal = await console_principal(request)
     try:
@@ -261,7 +262,7 @@ async def run_page(
             checkpoint or None,
             before,
             events_before,
-            effects_page,
+            effects_after or None,
         )
     except _PageError as error:
         return _error_page(request, principal, error)
@@ -269,7 +270,7 @@ async def run_page(
         "checkpoint": checkpoint or None,
         "before": before,
         "events_before": events_before,
-        "effects_page": effects_page if effects_page > 1 else None,
+        "effects_after": effects_after or None,
     }
     return _render(request, "run.html", principal, detail=detail, run=detail.run, cursor=cursor)
 

@@ -166,7 +166,7 @@ class Slice(Generic[T]):
     items: list[T]
     total: int
     first: int
-    older: int | None
+    older: int | str | None
     newer: bool
 
 
@@ -175,7 +175,7 @@ class RunPage:
     """Everything one run's page shows.
 
     ``checkpoints`` and ``events`` are pages newest first (cursor: the seq to show
-    the ones before); ``effects`` a page in key order (cursor: the page number).
+    the ones before); ``effects`` a page in key order (cursor: the key to show the ones after).
     """
 
     run: RunInfo
@@ -256,23 +256,17 @@ def _events_before(memory: Memory, run: RunInfo, before: int | None) -> Slice[Ev
     return Slice(events, total, run.event_seq - top + 1, older, top < run.event_seq)
 
 
-def _effects_page(memory: Memory, run_id: str, page: int) -> Slice[EffectRecord]:
-    """Page ``page`` (from 1) of the run's effect ledger, in key order.
+def _effects_after(memory: Memory, run_id: str, after: str | None) -> Slice[EffectRecord]:
+    """A page of the run's effect ledger in key order, the effects whose key sorts after ``after``.
 
-    The ledger has no paged read (and no count), so it is read whole and one
-    page rendered: the page stays small however long the ledger is.
+    Only the page's records are decoded; the total and where the page starts
+    are counted from the stored records, never decoded.
     """
-    effects = memory.run_effects(run_id)
-    pages = max(1, -(-len(effects) // RUN_PAGE_SIZE))
-    page = min(max(page, 1), pages)
-    start = (page - 1) * RUN_PAGE_SIZE
-    return Slice(
-        effects[start : start + RUN_PAGE_SIZE],
-        len(effects),
-        start + 1,
-        page + 1 if page < pages else None,
-        page > 1,
-    )
+    total = memory.count_run_effects(run_id)
+    remaining = total if after is None else memory.count_run_effects(run_id, after_key=after)
+    page = memory.run_effects(run_id, after_key=after, limit=RUN_PAGE_SIZE)
+    older = page[-1].key if remaining > len(page) else None
+    return Slice(page, total, total - remaining + 1, older, after is not None)
 
 
 def _forked_at(memory: Memory, run: RunInfo) -> int | None:
@@ -292,7 +286,7 @@ def run_page(
     checkpoint_id: str | None,
     before: int | None = None,
     events_before: int | None = None,
-    effects_page: int = 1,
+    effects_after: str | None = None,
 ) -> RunPage:
     """One run's timeline, effects, approval gates, events, fork graph and a scope snapshot.
 
@@ -303,7 +297,7 @@ def run_page(
         checkpoint_id: The checkpoint whose scope and state to show, if any.
         before: Show the checkpoints with a seq below this (``None``: the newest).
         events_before: Show the events with a seq below this (``None``: the newest).
-        effects_page: The page of the effect ledger to show, from 1.
+        effects_after: Show the effects whose key sorts after this (``None``: the first).
 
     Raises:
         RunNotFoundError: No such run (or not the bound user's).
@@ -339,7 +333,7 @@ def run_page(
     return RunPage(
         run=run,
         checkpoints=_checkpoints_before(memory, run, before),
-        effects=_effects_page(memory, run_id, effects_page),
+        effects=_effects_after(memory, run_id, effects_after),
         approvals=approvals,
         events=events,
         forks=forks,

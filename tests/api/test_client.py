@@ -203,6 +203,20 @@ def test_runs_and_fencing(client: MemoryClient) -> None:
         client.get_run("no-such-run")
 
 
+def test_run_lists_page_through_the_client(client: MemoryClient) -> None:
+    for run_id in ("pg-3", "pg-1", "pg-2"):
+        client.start_run("paula", run_id).complete(None)
+    first = client.list_runs(user_id="paula", limit=2)
+    assert [r.run_id for r in first] == ["pg-1", "pg-2"]
+    rest = client.list_runs(user_id="paula", limit=2, after=first[-1].run_id)
+    assert [r.run_id for r in rest] == ["pg-3"]
+    assert [r.run_id for r in client.list_runs(user_id="paula")] == ["pg-3", "pg-1", "pg-2"]
+    assert len(client.list_resumable_runs(limit=1)) <= 1
+    assert all(r.run_id > "pg-1" for r in client.list_resumable_runs(after="pg-1"))
+    with pytest.raises(InvalidInputError):
+        client.list_runs(after="no spaces")
+
+
 def test_a_live_lease_is_the_client_handles_alone(client: MemoryClient) -> None:
     run = client.start_run("carol", "leased-9", lease_ttl=60)
     with pytest.raises(LeaseHeldError) as held:

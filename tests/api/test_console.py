@@ -25,12 +25,14 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
 from playwright.sync_api import BrowserContext, Page, Route, expect, sync_playwright
 
+from api.ui import views
 from api.ui.auth import COOKIE, csrf_token
 from api.ui.forkgraph import MAX_NODES, layout
 from api.ui.views import ForkNode
@@ -44,6 +46,7 @@ from tests.api.test_routes import SUMMARY
 from tests.conftest import free_port
 from tiers.backends import open_kv_store
 from tiers.models import RunInfo
+from tiers.task import EffectRecord
 
 TIERMEM = str(Path(sys.executable).parent / "tiermem")
 CHROMIUM = "/usr/bin/chromium"
@@ -484,6 +487,37 @@ def test_a_long_runs_page_shows_100_of_each_newest_first_with_links_to_older(api
     refused = c.get("/ui/runs/long-1?before=0")
     assert refused.status_code == 422
     assert "before must be a seq" in refused.text
+
+
+def test_the_effects_table_pages_by_key_and_decodes_only_its_page(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    c, memory = _signed_in(api)
+    run = memory.start_run("paged", "ledger-1")
+    for i in range(5):
+        run.effect("send", lambda: {"sent": True}, idempotency_key=f"fx-{i}")
+    monkeypatch.setattr(views, "RUN_PAGE_SIZE", 2)
+    decoded: list[tuple[str | None, int | None]] = []
+    run_effects = Memory.run_effects
+
+    def spy(self: Memory, run_id: str, **kwargs: Any) -> list[EffectRecord]:
+        decoded.append((kwargs.get("after_key"), kwargs.get("limit")))
+        return run_effects(self, run_id, **kwargs)
+
+    monkeypatch.setattr(Memory, "run_effects", spy)
+    first = c.get("/ui/runs/ledger-1")
+    assert "1–2 of 5 effects" in first.text
+    second = c.get(_link(first.text, "effects", "older"))
+    assert "effects_after=fx-1" in _link(first.text, "effects", "older")
+    assert "3–4 of 5 effects" in second.text
+    assert re.findall(r"<code>(fx-\d)</code>", second.text) == ["fx-2", "fx-3"]
+    last = c.get(_link(second.text, "effects", "older"))
+    assert "5–5 of 5 effects" in last.text
+    assert (
+        'class="older"' not in last.text.split('aria-label="effects pages"')[1].split("</nav>")[0]
+    )
+    assert "1–2 of 5 effects" in c.get(_link(last.text, "effects", "newest")).text
+    assert decoded[:3] == [(None, 2), ("fx-1", 2), ("fx-3", 2)]  # never the whole ledger
 
 
 def test_the_fork_graph_is_an_svg_with_a_linked_node_per_run_and_an_edge_per_fork(

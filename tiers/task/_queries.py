@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
 
@@ -29,6 +30,11 @@ from tiers.task._records import (
 from tiers.task._store import RunStore
 
 __all__ = ["Queries", "RebuiltRun"]
+
+# Run heads read per scan of a paged run list (decoded only up to the page's last run).
+_RUN_CHUNK = 256
+# Ledger records read per scan when counting them (read, never decoded).
+_EFFECT_CHUNK = 1024
 
 
 @dataclass(frozen=True)
@@ -195,6 +201,28 @@ class Queries:
             return []
         return self.store.effect_records(run_id, after_key=after_key, limit=limit)
 
+    def count_effects(self, run_id: str, *, after_key: str | None = None) -> int:
+        """How many effects the run's ledger holds (only those whose key sorts after ``after_key``).
+
+        Counts the stored records without decoding them: what a pager of
+        :meth:`effects` shows beside a page (its total, and where the page starts).
+
+        Raises:
+            RunNotFoundError: No such run.
+        """
+        self.store.get_run(run_id)
+        space = keys.run_space(self.store.tenant, run_id)
+        start = None if after_key is None else keys.effect_key(after_key)
+        count = 0
+        while True:
+            chunk = self.store.kv.scan(
+                space, prefix=keys.EFFECT_PREFIX, start_after=start, limit=_EFFECT_CHUNK
+            )
+            count += len(chunk)
+            if len(chunk) < _EFFECT_CHUNK:
+                return count
+            start = chunk[-1][0]
+
     def get_effect(self, run_id: str, key: str) -> EffectRecord:
         """One entry of the run's effect ledger, by idempotency key.
 
@@ -213,42 +241,60 @@ class Queries:
         return [r for r in self.effects(run_id) if r.status is EffectStatus.INVOKED]
 
     def list_runs(
-        self, user_id: str | None = None, status: RunStatus | str | None = None
+        self,
+        user_id: str | None = None,
+        status: RunStatus | str | None = None,
+        *,
+        limit: int | None = None,
+        after: str | None = None,
     ) -> list[RunInfo]:
-        """Runs of this tenant, oldest first, optionally only one user's or one status.
+        """Runs of this tenant, optionally only one user's or one status; whole or one page.
+
+        Whole (neither ``limit`` nor ``after``): every run, oldest first, which
+        reads every run of the tenant. Paged: in run-id order (the store's key
+        order; generated run ids sort by their creation time), from the run
+        after ``after``; a page reads the heads up to its last run, not the
+        tenant's. A page shorter than ``limit`` is the last one; the next page
+        starts ``after=page[-1].run_id`` (that run may have been deleted since).
+
+        Args:
+            user_id: Only this user's runs.
+            status: Only runs in this status.
+            limit: At most this many (``None``: every one after ``after``).
+            after: Only runs whose id sorts after this one (a run id).
 
         Raises:
-            InvalidInputError: Bad ``user_id`` or unknown ``status``.
+            InvalidInputError: Bad ``user_id``, ``after`` or ``limit``, or an unknown ``status``.
         """
         if user_id is not None:
             check_id(user_id, "user_id")
-        wanted: RunStatus | None = None
-        if status is not None:
-            try:
-                wanted = RunStatus(status)
-            except ValueError as exc:
-                choices = ", ".join(s.value for s in RunStatus)
-                raise InvalidInputError(
-                    f"unknown run status {status!r}: use one of {choices}", field="status"
-                ) from exc
-        runs = [
-            decode(RunInfo, data, where=f"{self.store.runs}/{key}")
-            for key, data in self.store.kv.scan(self.store.runs)
-        ]
-        runs = [
-            r
-            for r in runs
-            if (user_id is None or r.user_id == user_id) and (wanted is None or r.status is wanted)
-        ]
-        runs.sort(key=lambda r: (r.created_at, r.run_id))
-        return runs
+        wanted = _run_status(status)
 
-    def list_resumable(self, *, now: datetime | None = None) -> list[RunInfo]:
+        def matches(run: RunInfo) -> bool:
+            return (user_id is None or run.user_id == user_id) and (
+                wanted is None or run.status is wanted
+            )
+
+        if limit is None and after is None:
+            runs = [
+                decode(RunInfo, data, where=f"{self.store.runs}/{key}")
+                for key, data in self.store.kv.scan(self.store.runs)
+            ]
+            runs = [r for r in runs if matches(r)]
+            runs.sort(key=lambda r: (r.created_at, r.run_id))
+            return runs
+        return self._page(matches, limit, after)
+
+    def list_resumable(
+        self, *, now: datetime | None = None, limit: int | None = None, after: str | None = None
+    ) -> list[RunInfo]:
         """Runs a worker pool should pick up: not finished, not paused, not blocked, no live lease.
 
         That is runs released by their worker, runs whose lease expired (the
         worker died or stopped heartbeating), and runs whose lease has no TTL.
-        Oldest last checkpoint first. Take one with :meth:`acquire`.
+        Oldest last checkpoint first, or, paged (``limit`` or ``after``), in
+        run-id order a page at a time, as :meth:`list_runs` pages. Take one
+        with :meth:`acquire`.
 
         A run *blocked* on an effect of unknown outcome (``RunInfo.unknown_effects``
         is not empty: a worker found it invoked but never recorded and could not
@@ -258,18 +304,50 @@ class Queries:
         every such effect. A run whose worker died inside an effect is listed
         until a worker finds that out: one with a ``reconcile`` callback may
         settle it on its own.
+
+        Raises:
+            InvalidInputError: Bad ``after`` or ``limit``.
         """
         at = self.store.now() if now is None else now
-        runs = [
-            r
-            for r in self.list_runs()
-            if not r.status.finished
-            and r.status is not RunStatus.PAUSED
-            and not r.blocked
-            and not r.lease_live(at)
-        ]
+
+        def resumable(run: RunInfo) -> bool:
+            return (
+                not run.status.finished
+                and run.status is not RunStatus.PAUSED
+                and not run.blocked
+                and not run.lease_live(at)
+            )
+
+        if limit is not None or after is not None:
+            return self._page(resumable, limit, after)
+        runs = [r for r in self.list_runs() if resumable(r)]
         runs.sort(key=lambda r: (r.last_checkpoint_at or r.created_at, r.run_id))
         return runs
+
+    def _page(
+        self, matches: Callable[[RunInfo], bool], limit: int | None, after: str | None
+    ) -> list[RunInfo]:
+        """The runs ``matches`` keeps, in run-id order after ``after``, at most ``limit``.
+
+        The heads are read a chunk at a time and decoded one at a time, so a
+        page decodes the heads up to its last run, not the chunk's.
+        """
+        _check_paging(limit, None)
+        if after is not None:
+            check_id(after, "after")
+        page: list[RunInfo] = []
+        while limit is None or len(page) < limit:
+            chunk = self.store.kv.scan(self.store.runs, start_after=after, limit=_RUN_CHUNK)
+            for key, data in chunk:
+                run = decode(RunInfo, data, where=f"{self.store.runs}/{key}")
+                if matches(run):
+                    page.append(run)
+                    if len(page) == limit:
+                        return page
+            if len(chunk) < _RUN_CHUNK:
+                break
+            after = chunk[-1][0]
+        return page
 
     def rebuild(self, run_id: str) -> RebuiltRun:
         """Fold the run's state from its latest snapshot and the event log's tail.
@@ -342,6 +420,18 @@ class Queries:
             events_read=len(tail),
             unknown_effects=unknown,
         )
+
+
+def _run_status(status: RunStatus | str | None) -> RunStatus | None:
+    if status is None:
+        return None
+    try:
+        return RunStatus(status)
+    except ValueError as exc:
+        choices = ", ".join(s.value for s in RunStatus)
+        raise InvalidInputError(
+            f"unknown run status {status!r}: use one of {choices}", field="status"
+        ) from exc
 
 
 def _check_paging(limit: int | None, after_seq: int | None, before_seq: int | None = None) -> None:

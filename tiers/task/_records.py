@@ -38,6 +38,7 @@ from tiers.codec import to_json as to_json
 from tiers.errors import InvalidInputError
 from tiers.ids import Id
 from tiers.models import Checkpoint, Record, UtcDatetime, utcnow
+from tiers.task._checkpoint_decode import trusted_checkpoint
 
 # Moved to a neutral module shared by every tier; re-exported here for existing importers.
 from tiers.values import canonical_json as canonical_json
@@ -478,6 +479,10 @@ def decode_stored_checkpoint(data: bytes, *, where: str) -> tuple[Checkpoint, in
     if not isinstance(fields, dict):
         return decode(Checkpoint, data, where=where), None
     commit_epoch = fields.pop("commit_epoch", None)
+    if commit_epoch is None or (type(commit_epoch) is int and commit_epoch >= 0):
+        trusted = trusted_checkpoint(fields)
+        if trusted is not None:
+            return trusted, commit_epoch
     output = fields.pop("output", None)
     delta = fields.pop("state_delta", None)
     if (delta is not None and not isinstance(delta, dict)) or not (

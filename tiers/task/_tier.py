@@ -301,6 +301,10 @@ class TaskTier:
     ) -> list[EffectRecord]:
         return self._queries.effects(run_id, after_key=after_key, limit=limit)
 
+    @doc_from(Queries.count_effects)
+    def count_effects(self, run_id: str, *, after_key: str | None = None) -> int:
+        return self._queries.count_effects(run_id, after_key=after_key)
+
     @doc_from(Queries.get_effect)
     def get_effect(self, run_id: str, key: str) -> EffectRecord:
         return self._queries.get_effect(run_id, key)
@@ -311,13 +315,20 @@ class TaskTier:
 
     @doc_from(Queries.list_runs)
     def list_runs(
-        self, user_id: str | None = None, status: RunStatus | str | None = None
+        self,
+        user_id: str | None = None,
+        status: RunStatus | str | None = None,
+        *,
+        limit: int | None = None,
+        after: str | None = None,
     ) -> list[RunInfo]:
-        return self._queries.list_runs(user_id, status)
+        return self._queries.list_runs(user_id, status, limit=limit, after=after)
 
     @doc_from(Queries.list_resumable)
-    def list_resumable(self, *, now: datetime | None = None) -> list[RunInfo]:
-        return self._queries.list_resumable(now=now)
+    def list_resumable(
+        self, *, now: datetime | None = None, limit: int | None = None, after: str | None = None
+    ) -> list[RunInfo]:
+        return self._queries.list_resumable(now=now, limit=limit, after=after)
 
     @doc_from(Queries.rebuild)
     def rebuild(self, run_id: str) -> RebuiltRun:

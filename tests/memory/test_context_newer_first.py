@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
+from memory import Memory
 from memory.context import SESSIONS_HEADER, assemble_context
-from tiers.models import SessionSummary
+from tiers.models import Message, SessionSummary
 
 NOW = datetime.now(UTC)
 
@@ -19,8 +21,8 @@ def summary(session_id: str, days_ago: int, task: str) -> SessionSummary:
     )
 
 
-BERLIN = summary("berlin", 300, "I live in Berlin, in a small flat in Kreuzberg.")
-LISBON = summary("lisbon", 60, "I moved to Lisbon, I live in a flat in Alfama now.")
+BERLIN = summary("berlin", 300, "I live in Berlin, in a small flat near the canal.")
+LISBON = summary("lisbon", 60, "I moved: I live in Lisbon now, in a small flat near the river.")
 TAXES = summary("taxes", 10, "Help me file my tax return.")
 
 
@@ -33,3 +35,21 @@ def test_sessions_are_shown_newest_first_whatever_their_relevance() -> None:
     assert "newest first" in SESSIONS_HEADER
     assert text.index("Session taxes") < text.index("Session lisbon") < text.index("Session berlin")
     assert context.sections[-1].items == ["taxes", "lisbon", "berlin"]
+
+
+def test_where_do_i_live_shows_lisbon_before_berlin(tmp_path: Path) -> None:
+    with Memory.open(tmp_path) as memory:
+        for session in (BERLIN, LISBON, TAXES):
+            memory.save_transcript(
+                "u1",
+                session.session_id,
+                [Message(role="user", content=session.task_description)],
+            )
+            memory.save_session(session)
+        hits = memory.recall_relevant("u1", "where do I live", top_k=3)
+        ids = [hit.summary.session_id for hit in hits]
+        assert ids.index("lisbon") < ids.index("berlin")
+        text = memory.build_continuation_context("u1", "where do I live")
+    assert "Lisbon" in text
+    assert "Berlin" in text
+    assert text.index("Lisbon") < text.index("Berlin")

@@ -6,7 +6,7 @@ KV backend, embedded Chroma, the real MiniLM model).
 
 from __future__ import annotations
 
-from datetime import UTC, date, datetime
+from datetime import UTC, date, datetime, timedelta
 
 import pytest
 
@@ -170,6 +170,35 @@ def test_without_a_date_in_the_query_the_query_time_changes_nothing(tier: Sessio
     assert [(h.summary.session_id, h.score) for h in early] == [
         (h.summary.session_id, h.score) for h in late
     ]
+
+
+BERLIN = ("I live in Berlin, in a small flat near the canal.", "Noted: you live in Berlin.")
+LISBON = (
+    "I moved: I live in Lisbon now, in a small flat near the river.",
+    "Noted: you live in Lisbon.",
+)
+
+
+@pytest.mark.parametrize(("older", "newer"), [("berlin", "lisbon"), ("lisbon", "berlin")])
+@pytest.mark.parametrize(
+    ("older_age", "newer_age"),
+    [
+        pytest.param(300, 60, id="months-apart"),
+        # Both far older than the newest session: the decay is ~0 for both; their order counts.
+        pytest.param(1200, 500, id="both-old"),
+    ],
+)
+def test_the_newer_of_two_conflicting_statements_is_recalled_first(
+    tier: SessionTier, older: str, newer: str, older_age: int, newer_age: int
+) -> None:
+    # The same two sessions either way round: only their dates decide which comes first.
+    lines = {"berlin": BERLIN, "lisbon": LISBON}
+    save(tier, older, NOW - timedelta(days=older_age), *lines[older])
+    save(tier, "recipes", NOW - timedelta(days=older_age - 100), "A quick lentil soup?", "Ok.")
+    save(tier, newer, NOW - timedelta(days=newer_age), *lines[newer])
+    save(tier, "taxes", NOW - timedelta(days=10), "Help me file my tax return.", "Sure.")
+    hits = tier.recall_relevant("alice", "where do I live", top_k=3, now=NOW)
+    assert [h.summary.session_id for h in hits[:2]] == [newer, older]
 
 
 def test_a_query_time_must_be_a_datetime(tier: SessionTier) -> None:

@@ -16,13 +16,14 @@ are cut by :func:`tiers.session._keyword.tokenize`. From those inputs,
 2. **Keyword match** (:class:`BM25Index`): Okapi BM25 (``k1`` 1.2, ``b``
    0.75, the "+1" IDF that stays positive) over the tokens of the summary
    text and transcript; a query word repeated counts once.
-3. **Recency priors**: ``0.5 ** (age / half_life_days)``, age counted back
-   from the user's newest session, and the session's place in the user's
-   history (0 the oldest, 1 the newest: it still tells a session of last
-   year from one of three years ago, where the decay is 0 for both). Both
-   are weighted lightly (:class:`FusionWeights`), so they mostly decide
-   between sessions about equally relevant: of two that say conflicting
-   things ("I live in Berlin", later "I moved to Lisbon"), the newer wins.
+3. **Recency priors**: the session's place in the user's history (0 the
+   oldest, 1 the newest), weighted lightly (:class:`FusionWeights`), so it
+   only decides between sessions about equally relevant: of two that say
+   conflicting things ("I live in Berlin", later "I moved to Lisbon"), the
+   newer wins, whatever their ages. An optional decay by age,
+   ``0.5 ** (age / half_life_days)`` counted back from the user's newest
+   session, is off by default (it is 0 for every session older than a few
+   half-lives, and cost quality on the dev data).
 4. **Dates in the query** (:mod:`tiers.session._temporal`): a query that
    names a time ("last March", "two weeks ago", "on 7 May 2023", relative to
    the time it is asked) gives each session a date match in [0, 1] (1 when
@@ -75,7 +76,10 @@ class FusionWeights:
 
     Attributes:
         dense: Weight of dense similarity; keyword gets ``1 - dense``.
-        recency: Weight of the recency prior, added on top.
+        recency: Weight of the recency prior by age, added on top. Off by
+            default since issue 19 item 3: ``newer`` orders equally relevant
+            sessions at any age, and on the LoCoMo dev set the age decay only
+            cost quality (``bench/README.md``).
         half_life_days: Age at which the recency prior halves.
         newer: Weight of the session's place in the user's history (0 the
             oldest session, 1 the newest), added on top: of two sessions
@@ -85,9 +89,9 @@ class FusionWeights:
     """
 
     dense: float = 0.5
-    recency: float = 0.05
+    recency: float = 0.0
     half_life_days: float = 30.0
-    newer: float = 0.05
+    newer: float = 0.02
     dates: float = 0.75
 
     def __post_init__(self) -> None:

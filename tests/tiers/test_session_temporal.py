@@ -70,6 +70,7 @@ def test_time_expressions_become_windows_relative_to_the_query(
     [
         "where do I live",
         "May I ask about the permit?",
+        "I checked the logs and may I say, they look clean",
         "what did we discuss last time?",
         "have I been to Lisbon in the past?",
         "the march on the capital",

@@ -91,6 +91,8 @@ _YEAR = r"(?P<year>(?:19|20)\d\d)"
 _COUNT = r"(?P<count>\d{1,3}|" + "|".join(sorted(_NUMBER_WORDS, key=len, reverse=True)) + r")"
 _WEEKDAY = r"(?P<weekday>" + "|".join(_WEEKDAYS) + r")"
 _UNIT = r"(?P<unit>day|week|month|year)s?"
+# A bare month name followed by one of these is a verb ("and may I ask"), not a date.
+_NOT_A_MONTH = r"(?!\s+(?:i|we|you|he|she|they|it|be|have|not)\b)"
 # Words after which a bare month name is a date ("in May"), not a verb ("may I").
 _MONTH_CUES = (
     r"in|last|this|during|of|since|early|late|mid|from|to|and|or|until|till|by|before|after|"
@@ -107,7 +109,10 @@ _PATTERNS: tuple[tuple[str, re.Pattern[str]], ...] = tuple(
         ("month", rf"\b{_MONTH},?\s+{_YEAR}\b"),
         ("months", rf"\b(?:from|between)\s+{_MONTH}\s+(?:to|and|until|through)\s+{_LAST_MONTH}\b"),
         ("month", rf"\b{_MONTH}(?=\s+(?:and|or|to|through|until)\s+{_LAST_MONTH}\b)"),
-        ("month", rf"\b(?P<cue>{_MONTH_CUES})\s+(?:the\s+(?:month\s+of\s+)?)?{_MONTH}\b"),
+        (
+            "month",
+            rf"\b(?P<cue>{_MONTH_CUES})\s+(?:the\s+(?:month\s+of\s+)?)?{_MONTH}\b{_NOT_A_MONTH}",
+        ),
         ("year", rf"\b(?:in|of|during|since|for|from|to|and)\s+{_YEAR}\b"),
         ("ago", rf"\b{_COUNT}\s+{_UNIT}\s+(?:ago|back|earlier)\b"),
         ("span", rf"\b(?:last|past|previous)\s+{_COUNT}\s+{_UNIT}\b"),

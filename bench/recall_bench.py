@@ -3,7 +3,8 @@
 For each user, every session is stored in chronological order through the
 session tier (its raw transcript first, then its summary from the offline
 ExtractiveSummarizer, ``created_at`` = the session's date), then each headline
-query is asked through ``recall_relevant`` restricted to its user. Printed:
+query is asked through ``recall_relevant`` restricted to its user, at its question
+date (``now=``; LoCoMo has none: a day after the user's last session). Printed:
 recall@1/3/5 and MRR of the gold sessions for
 
 - BM25 on raw session text (baseline),

@@ -3,7 +3,8 @@
 For each user, every session is stored in chronological order through the
 session tier (its raw transcript first, then its summary from the offline
 ExtractiveSummarizer, ``created_at`` = the session's date), then each headline
-query is asked through ``recall_relevant`` restricted to its user. Printed:
+query is asked through ``recall_relevant`` restricted to its user, at its question
+date (``now=``; LoCoMo has none: a day after the user's last session). Printed:
 recall@1/3/5 and MRR of the gold sessions for
 
 - BM25 on raw session text (baseline),
@@ -38,7 +39,7 @@ import tempfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass, field
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -51,7 +52,14 @@ from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.models import Message, SessionSummary
-from tiers.session import BM25Index, SessionTier, summary_text, tokenize, transcript_text
+from tiers.session import (
+    BM25Index,
+    FusionWeights,
+    SessionTier,
+    summary_text,
+    tokenize,
+    transcript_text,
+)
 
 # ``shared/`` sits beside the repository (or, for a worktree, beside the folder of worktrees).
 DEFAULT_DATA = next(
@@ -85,11 +93,17 @@ class Session:
 
 @dataclass
 class Query:
-    """One headline query and its gold sessions (used only for scoring)."""
+    """One headline query, when it is asked, and its gold sessions and category (for scoring).
+
+    ``asked_at`` is the dataset's question date (LongMemEval); LoCoMo has none, so
+    its questions are asked a day after the conversation's last session.
+    """
 
     user_id: str
     text: str
     gold: set[str]
+    asked_at: datetime
+    category: str
 
 
 @dataclass
@@ -128,8 +142,8 @@ def to_messages(turns: Sequence[dict[str, Any]]) -> list[Message]:
     return out
 
 
-def load(data_dir: Path, name: str, max_users: int) -> Dataset:
-    """Read a dataset; only its first ``max_users`` users (0: all)."""
+def load(data_dir: Path, name: str, max_users: int, only_users: set[str] | None = None) -> Dataset:
+    """Read a dataset; only its first ``max_users`` users (0: all), of ``only_users`` if given."""
     path = data_dir / DATASETS[name]
     opener: Callable[..., Any] = gzip.open if path.suffix == ".gz" else open
     dataset = Dataset(name)
@@ -137,6 +151,8 @@ def load(data_dir: Path, name: str, max_users: int) -> Dataset:
         for line in handle:
             row = json.loads(line)
             user = safe_id(row["user_id"])
+            if only_users is not None and user not in only_users:
+                continue
             if user not in dataset.sessions:
                 if max_users and len(dataset.sessions) >= max_users:
                     continue
@@ -152,8 +168,27 @@ def load(data_dir: Path, name: str, max_users: int) -> Dataset:
             row = json.loads(line)
             user = safe_id(row["user_id"])
             if row["headline"] and user in dataset.sessions:
-                dataset.queries.append(Query(user, row["query"], set(row["gold_session_ids"])))
+                asked_at = (
+                    _question_date(row["query_date"])
+                    if row.get("query_date")
+                    else dataset.sessions[user][-1].created_at + timedelta(days=1)
+                )
+                dataset.queries.append(
+                    Query(
+                        user,
+                        row["query"],
+                        set(row["gold_session_ids"]),
+                        asked_at,
+                        str(row["category_name"]),
+                    )
+                )
     return dataset
+
+
+def _question_date(raw: str) -> datetime:
+    """A question date as the datasets write it: ``2023/03/27 (Mon) 23:35`` or ISO."""
+    cleaned = re.sub(r"\s*\([A-Za-z]{3}\)", "", raw).replace("/", "-")
+    return datetime.fromisoformat(cleaned).replace(tzinfo=UTC)
 
 
 # -- embeddings ----------------------------------------------------------------------------------
@@ -244,10 +279,18 @@ class Ours:
 
     tier: SessionTier
     store_seconds: float
+    kv: SqliteKVStore
+    index: ChromaVectorIndex
+    embedder: Embedder
 
     def rank(self, query: Query) -> list[str]:
-        hits = self.tier.recall_relevant(query.user_id, query.text, top_k=100)
+        hits = self.tier.recall_relevant(query.user_id, query.text, top_k=100, now=query.asked_at)
         return [hit.summary.session_id for hit in hits]
+
+    def with_weights(self, weights: FusionWeights) -> Ours:
+        """The same stored sessions, ranked with other fusion weights (a second reader)."""
+        tier = SessionTier(self.kv, self.index, self.embedder, weights=weights)
+        return Ours(tier, 0.0, self.kv, self.index, self.embedder)
 
 
 def store(
@@ -269,7 +312,7 @@ def store(
             tier.save_transcript(user, session.session_id, session.messages)
         # One batch per user: its sessions in chronological order, embedded together.
         tier.save_sessions(summaries[user][s.session_id] for s in sessions)
-    return Ours(tier, time.perf_counter() - started)
+    return Ours(tier, time.perf_counter() - started, kv, index, embedder)
 
 
 # -- scoring -------------------------------------------------------------------------------------

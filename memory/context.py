@@ -20,7 +20,9 @@ from tiers.errors import InvalidInputError
 from tiers.models import SessionSummary, UserFact
 
 FACTS_HEADER = "## What I know about this user"
-SESSIONS_HEADER = "## Earlier sessions (oldest first)"
+# Newest first: of two sessions that disagree ("I live in Berlin", later "I moved to
+# Lisbon"), the one that still holds is read first; each session shows its date.
+SESSIONS_HEADER = "## Earlier sessions (newest first)"
 # Facts are compact and always useful, but must not crowd out every session.
 FACTS_SHARE = 0.4
 
@@ -291,14 +293,14 @@ def _sections(draft: _Draft, cost: Callable[[str], int]) -> list[ContextSection]
                 name="sessions",
                 text=sessions_text,
                 tokens=cost(sessions_text),
-                items=[s.session_id for s in _chronological(chosen)],
+                items=[s.session_id for s in _newest_first(chosen)],
             )
         )
     return sections
 
 
-def _chronological(summaries: Sequence[SessionSummary]) -> list[SessionSummary]:
-    return sorted(summaries, key=lambda s: (s.created_at, s.session_id))
+def _newest_first(summaries: Sequence[SessionSummary]) -> list[SessionSummary]:
+    return sorted(summaries, key=lambda s: (s.created_at, s.session_id), reverse=True)
 
 
 def _sessions_text(summaries: Sequence[SessionSummary], rendered: dict[str, str]) -> str:
@@ -306,7 +308,7 @@ def _sessions_text(summaries: Sequence[SessionSummary], rendered: dict[str, str]
     if not summaries:
         return ""
     return "\n\n".join(
-        [SESSIONS_HEADER, *(rendered[s.session_id] for s in _chronological(summaries))]
+        [SESSIONS_HEADER, *(rendered[s.session_id] for s in _newest_first(summaries))]
     )
 
 

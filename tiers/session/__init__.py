@@ -7,8 +7,9 @@ The public face of the package; the modules beside it are private. Where to look
 - ``_store.py``: that core (KV store, index, embedder, outbox entries, revisions, views);
 - ``_writes.py``: save, replace and delete summaries and transcripts (the commits);
 - ``_reads.py``: stored summaries and transcripts, listing, and recall's read path;
-- ``_recall.py``: how recall ranks: dense similarity per session, BM25, recency prior,
-  fusion weights and tie-breaks, all in one file;
+- ``_recall.py``: how recall ranks: dense similarity per session, BM25, recency priors,
+  dates named in the query, fusion weights and tie-breaks, all in one file;
+- ``_temporal.py``: the times a query names ("last March", "two weeks ago") as windows;
 - ``_retention.py``: sessions and transcripts expiring after a cutoff;
 - ``_reindex.py``: rebuilding the vector index from the KV store;
 - ``_index.py``: the vector index kept in line with the KV store (outboxes, fingerprints,

@@ -10,6 +10,7 @@ documented on :class:`~tiers.session.SessionTier`.
 
 from __future__ import annotations
 
+from datetime import datetime
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -17,7 +18,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from tiers.codec import decode
 from tiers.errors import InvalidInputError, SessionNotFoundError
 from tiers.ids import check_id
-from tiers.models import MAX_TEXT, Message, SessionSummary
+from tiers.models import MAX_TEXT, Message, SessionSummary, utcnow
 from tiers.session._recall import FusionWeights, Ranked, rank
 from tiers.session._store import SessionStore
 from tiers.session._transcripts import (
@@ -28,6 +29,7 @@ from tiers.session._transcripts import (
     is_header_key,
     page_key,
 )
+from tiers.values import check_datetime
 
 __all__ = ["MAX_TOP_K", "RecalledSession", "SessionReader", "check_top_k"]
 
@@ -148,9 +150,12 @@ class SessionReader:
         summaries.sort(key=lambda s: (s.created_at, s.session_id), reverse=True)
         return summaries if limit is None else summaries[:limit]
 
-    def recall(self, user_id: str, query: str, top_k: int) -> list[RecalledSession]:
+    def recall(
+        self, user_id: str, query: str, top_k: int, now: datetime | None = None
+    ) -> list[RecalledSession]:
         """The user's sessions most relevant to ``query``, best first (see :func:`.rank`)."""
         check_id(user_id, "user_id")
+        asked_at = utcnow() if now is None else check_datetime(now, "now")
         if not isinstance(query, str) or not query.strip():
             raise InvalidInputError("query must be a non-empty string", field="query")
         if len(query) > MAX_TEXT:
@@ -176,6 +181,7 @@ class SessionReader:
             keywords=keywords,
             query=query,
             weights=self._weights,
+            now=asked_at,
         )
         return self._read_best(user_id, ranked, top_k)
 

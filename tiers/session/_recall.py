@@ -6,7 +6,7 @@ finishes index work still queued for the user, so its acknowledged writes
 count. What ranking needs is read and cached per user by
 :mod:`tiers.session._view` (creation times, vectors, term counts); the words
 are cut by :func:`tiers.session._keyword.tokenize`. From those inputs,
-:func:`rank` orders the sessions in four steps, each written once below:
+:func:`rank` orders the sessions in five steps, each written once below:
 
 1. **Dense similarity** (:func:`best_similarity`): a session is stored as
    several vectors (its summary, and windows of its transcript, see
@@ -16,10 +16,21 @@ are cut by :func:`tiers.session._keyword.tokenize`. From those inputs,
 2. **Keyword match** (:class:`BM25Index`): Okapi BM25 (``k1`` 1.2, ``b``
    0.75, the "+1" IDF that stays positive) over the tokens of the summary
    text and transcript; a query word repeated counts once.
-3. **Recency prior**: ``0.5 ** (age / half_life_days)``, age counted back
-   from the user's newest session; weighted lightly (:class:`FusionWeights`),
-   so it mostly breaks near-ties.
-4. **Fusion** (:func:`fuse`): dense vectors find paraphrases ("vacation" for
+3. **Recency priors**: the session's place in the user's history (0 the
+   oldest, 1 the newest), weighted lightly (:class:`FusionWeights`), so it
+   only decides between sessions about equally relevant: of two that say
+   conflicting things ("I live in Berlin", later "I moved to Lisbon"), the
+   newer wins, whatever their ages. An optional decay by age,
+   ``0.5 ** (age / half_life_days)`` counted back from the user's newest
+   session, is off by default (it is 0 for every session older than a few
+   half-lives, and cost quality on the dev data).
+4. **Dates in the query** (:mod:`tiers.session._temporal`): a query that
+   names a time ("last March", "two weeks ago", "on 7 May 2023", relative to
+   the time it is asked) gives each session a date match in [0, 1] (1 when
+   the session's ``created_at`` falls in the named time, less near it); the
+   time words themselves are left out of the keyword match. A query that
+   names no time has no date match and ranks exactly as without this step.
+5. **Fusion** (:func:`fuse`): dense vectors find paraphrases ("vacation" for
    "holiday"); BM25 finds the exact rare words vectors blur (names, numbers,
    error codes). Neither is reliably better, so both are normalised to
    [0, 1] per query and combined convexly (the fusion found most robust in
@@ -31,8 +42,10 @@ are cut by :func:`tiers.session._keyword.tokenize`. From those inputs,
    - keyword: the session's BM25 score divided by the query's best BM25
      score (0 when no session shares a word with the query);
    - ``dense * weights.dense + keyword * (1 - weights.dense)``, plus
-     ``weights.recency * recency``, divided by ``1 + weights.recency`` so the
-     fused score stays in [0, 1].
+     ``weights.recency * recency + weights.newer * place`` and, when the
+     query names a time, ``weights.dates * date_match``, divided by the sum
+     of the weights (``1 + weights.recency + weights.newer``
+     [``+ weights.dates``]) so the fused score stays in [0, 1].
 
    **Tie-breaks**: equal scores go to the newer session, then to the smaller
    session id, so a ranking is deterministic.
@@ -44,11 +57,13 @@ import math
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import datetime
 
 import numpy as np
 import numpy.typing as npt
 
 from tiers.session._keyword import tokenize
+from tiers.session._temporal import date_match, parse_query
 
 __all__ = ["BM25Index", "FusionWeights", "Ranked", "best_similarity", "fuse", "rank"]
 
@@ -61,19 +76,31 @@ class FusionWeights:
 
     Attributes:
         dense: Weight of dense similarity; keyword gets ``1 - dense``.
-        recency: Weight of the recency prior, added on top.
+        recency: Weight of the recency prior by age, added on top. Off by
+            default since issue 19 item 3: ``newer`` orders equally relevant
+            sessions at any age, and on the LoCoMo dev set the age decay only
+            cost quality (``bench/README.md``).
         half_life_days: Age at which the recency prior halves.
+        newer: Weight of the session's place in the user's history (0 the
+            oldest session, 1 the newest), added on top: of two sessions
+            about equally relevant, the newer one wins, however old both are.
+        dates: Weight of the date match, added on top when the query names
+            a time (see :mod:`tiers.session._temporal`).
     """
 
     dense: float = 0.5
-    recency: float = 0.05
+    recency: float = 0.0
     half_life_days: float = 30.0
+    newer: float = 0.02
+    dates: float = 0.75
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.dense <= 1.0:
             raise ValueError("dense weight must be within [0, 1]")
         if self.recency < 0.0 or self.half_life_days <= 0.0:
             raise ValueError("recency must be >= 0 and half_life_days > 0")
+        if self.newer < 0.0 or self.dates < 0.0:
+            raise ValueError("newer and dates must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -101,6 +128,7 @@ def fuse(
     keyword: Mapping[str, float],
     created_at: npt.NDArray[np.float64],
     weights: FusionWeights = FusionWeights(),
+    date_fit: npt.NDArray[np.float64] | None = None,
 ) -> list[Ranked]:
     """Rank sessions best first; ties go to the newer session, then to the smaller id.
 
@@ -111,6 +139,8 @@ def fuse(
         keyword: BM25 score per session id; missing means 0.
         created_at: Per session, its creation time as a POSIX timestamp.
         weights: The fusion weights.
+        date_fit: Per session, how well its time fits the dates the query
+            names, in [0, 1]; ``None`` when the query names none.
     """
     n = len(session_ids)
     if n == 0:
@@ -129,8 +159,15 @@ def fuse(
     created = np.asarray(created_at, dtype=np.float64)
     age_days = (float(created.max()) - created) / _SECONDS_PER_DAY
     recency = np.power(0.5, age_days / weights.half_life_days)
+    # How many sessions are older, as a share of the others (ties count alike).
+    place = np.searchsorted(np.sort(created), created, side="left") / max(n - 1, 1)
     fused = weights.dense * dense_norm + (1.0 - weights.dense) * keyword_norm
-    fused = (fused + weights.recency * recency) / (1.0 + weights.recency)
+    fused = fused + weights.recency * recency + weights.newer * place
+    total_weight = 1.0 + weights.recency + weights.newer
+    if date_fit is not None:
+        fused = fused + weights.dates * np.asarray(date_fit, dtype=np.float64)
+        total_weight += weights.dates
+    fused = fused / total_weight
     order = sorted(range(n), key=lambda i: (-fused[i], -created[i], session_ids[i]))
     return [
         Ranked(
@@ -244,6 +281,7 @@ def rank(
     keywords: BM25Index,
     query: str,
     weights: FusionWeights,
+    now: datetime,
 ) -> list[Ranked]:
     """Rank one user's sessions against a query, best first (the steps of the module docstring).
 
@@ -256,11 +294,20 @@ def rank(
         keywords: BM25 over the sessions' summary and transcript text.
         query: The query text.
         weights: The fusion weights.
+        now: When the query is asked: "yesterday" in it counts back from here.
     """
+    dated = parse_query(query, now)
+    date_fit = (
+        np.array([date_match(float(t), dated.windows) for t in created_at], dtype=np.float64)
+        if dated.windows
+        else None
+    )
     return fuse(
         session_ids,
         similarity=best_similarity(len(session_ids), vectors, owner, query_vector),
-        keyword=keywords.scores(tokenize(query)),
+        # The time words leave the keyword match only when the date match stands in for them.
+        keyword=keywords.scores(tokenize(dated.rest if weights.dates > 0 else query)),
         created_at=created_at,
         weights=weights,
+        date_fit=date_fit,
     )

@@ -481,22 +481,29 @@ class SessionTier:
         """
         return self._reader.list_sessions(user_id, limit)
 
-    def recall_relevant(self, user_id: str, query: str, top_k: int = 5) -> list[RecalledSession]:
+    def recall_relevant(
+        self, user_id: str, query: str, top_k: int = 5, *, now: datetime | None = None
+    ) -> list[RecalledSession]:
         """The user's sessions most relevant to ``query``, best first.
 
         Every session of this tenant's user (and nobody else's) is scored by
         dense similarity, BM25 keyword match over summary and transcript, and
-        recency (see :mod:`tiers.session._recall`). Index work still queued for the
+        recency (see :mod:`tiers.session._recall`); a query naming a time ("last
+        March", "two weeks ago") favours the sessions of that time
+        (:mod:`tiers.session._temporal`). Index work still queued for the
         user is finished first, so acknowledged saves are always recalled.
 
         Args:
             user_id: The user.
             query: What to look for, in natural language.
             top_k: How many sessions to return at most, 1..100.
+            now: When the query is asked, for dates relative to it ("yesterday");
+                default: the current time.
 
         Raises:
-            InvalidInputError: A bad id, an empty or over-long query, or top_k out of range.
+            InvalidInputError: A bad id, an empty or over-long query, top_k out of
+                range, or ``now`` not a datetime.
             CorruptRecordError: A matching stored record is not a valid summary.
             BackendUnavailableError: The KV store, index or embedder failed.
         """
-        return self._reader.recall(user_id, query, top_k)
+        return self._reader.recall(user_id, query, top_k, now)

@@ -56,6 +56,7 @@ from tiers.ids import check_id
 from tiers.models import Checkpoint, Message, RunInfo, RunStatus, SessionSummary, UserFact
 from tiers.session import RecalledSession
 from tiers.task import UNSET, Approval, EffectRecord, Event
+from tiers.values import check_datetime
 
 __all__ = [
     "AuthenticationError",
@@ -83,6 +84,11 @@ _SUMMARY_FIELDS = (
 def _id(value: object, field: str) -> str:
     # Checked here so a bad id raises the library's InvalidInputError, not a 404 for a wrong path.
     return check_id(value, field)
+
+
+def _instant(value: datetime | None, field: str) -> str | None:
+    # Checked here so a bad value raises the library's InvalidInputError before any request.
+    return None if value is None else check_datetime(value, field).isoformat()
 
 
 def _fact(data: Mapping[str, Any]) -> UserFact:
@@ -329,12 +335,14 @@ class MemoryClient:
             f"/v1/users/{_id(user_id, 'user_id')}/sessions/{_id(session_id, 'session_id')}"
         )
 
-    def recall_relevant(self, user_id: str, query: str, top_k: int = 5) -> list[RecalledSession]:
+    def recall_relevant(
+        self, user_id: str, query: str, top_k: int = 5, *, now: datetime | None = None
+    ) -> list[RecalledSession]:
         """See :meth:`memory.Memory.recall_relevant`."""
         data = self._json(
             "POST",
             f"/v1/users/{_id(user_id, 'user_id')}/sessions:recall",
-            json={"query": query, "top_k": top_k},
+            json={"query": query, "top_k": top_k, "now": _instant(now, "now")},
         )
         return [
             RecalledSession(summary=_summary(r["session"]), score=r["score"])
@@ -342,19 +350,35 @@ class MemoryClient:
         ]
 
     def continuation_context(
-        self, user_id: str, query: str = "", max_tokens: int | None = None, *, top_k: int = 5
+        self,
+        user_id: str,
+        query: str = "",
+        max_tokens: int | None = None,
+        *,
+        top_k: int = 5,
+        now: datetime | None = None,
     ) -> ContinuationContext:
         """See :meth:`memory.Memory.continuation_context`."""
-        body = {"query": query, "max_tokens": max_tokens, "top_k": top_k}
+        body = {
+            "query": query,
+            "max_tokens": max_tokens,
+            "top_k": top_k,
+            "now": _instant(now, "now"),
+        }
         data = self._json("POST", f"/v1/users/{_id(user_id, 'user_id')}/context", json=body)
         data["sections"] = [ContextSection.model_validate(s) for s in data["sections"]]
         return ContinuationContext.model_validate(data)
 
     def build_continuation_context(
-        self, user_id: str, query: str = "", max_tokens: int | None = None
+        self,
+        user_id: str,
+        query: str = "",
+        max_tokens: int | None = None,
+        *,
+        now: datetime | None = None,
     ) -> str:
         """See :meth:`memory.Memory.build_continuation_context`."""
-        return self.continuation_context(user_id, query, max_tokens).text
+        return self.continuation_context(user_id, query, max_tokens, now=now).text
 
     # -- task tier --------------------------------------------------------------------------
 

@@ -275,10 +275,19 @@ class Memory(RunMethods):
         return self._sessions_ops.delete_session(user_id, session_id)
 
     def recall_relevant(
-        self, user_id: str, query: str, top_k: int = DEFAULT_TOP_K
+        self,
+        user_id: str,
+        query: str,
+        top_k: int = DEFAULT_TOP_K,
+        *,
+        now: datetime | None = None,
     ) -> list[RecalledSession]:
-        """The user's earlier sessions most relevant to ``query``, best first."""
-        return self._sessions_ops.recall_relevant(user_id, query, top_k)
+        """The user's earlier sessions most relevant to ``query``, best first.
+
+        A time the query names ("last March") is read relative to ``now`` (default: the
+        current time).
+        """
+        return self._sessions_ops.recall_relevant(user_id, query, top_k, now=now)
 
     def continuation_context(
         self,
@@ -287,15 +296,26 @@ class Memory(RunMethods):
         max_tokens: int | None = None,
         *,
         top_k: int = DEFAULT_TOP_K,
+        now: datetime | None = None,
     ) -> ContinuationContext:
         """Like :meth:`build_continuation_context`, with the sections and token counts used."""
-        return self._sessions_ops.continuation_context(user_id, query, max_tokens, top_k=top_k)
+        return self._sessions_ops.continuation_context(
+            user_id, query, max_tokens, top_k=top_k, now=now
+        )
 
     def build_continuation_context(
-        self, user_id: str, query: str = "", max_tokens: int | None = None
+        self,
+        user_id: str,
+        query: str = "",
+        max_tokens: int | None = None,
+        *,
+        now: datetime | None = None,
     ) -> str:
-        """Prompt-ready context for a new session: the user's facts and relevant earlier sessions."""
-        return self._sessions_ops.build_continuation_context(user_id, query, max_tokens)
+        """Prompt-ready context for a new session: the user's facts and relevant earlier sessions.
+
+        ``now``: when the new session starts, for times its query names; default the current time.
+        """
+        return self._sessions_ops.build_continuation_context(user_id, query, max_tokens, now=now)
 
     # -- user tier ----------------------------------------------------------
 

@@ -118,10 +118,15 @@ class AsyncMemory:
         return await self._call(self.sync.delete_session, user_id, session_id)
 
     async def recall_relevant(
-        self, user_id: str, query: str, top_k: int = DEFAULT_TOP_K
+        self,
+        user_id: str,
+        query: str,
+        top_k: int = DEFAULT_TOP_K,
+        *,
+        now: datetime | None = None,
     ) -> list[RecalledSession]:
         """See :meth:`Memory.recall_relevant`."""
-        return await self._call(self.sync.recall_relevant, user_id, query, top_k)
+        return await self._call(self.sync.recall_relevant, user_id, query, top_k, now=now)
 
     async def continuation_context(
         self,
@@ -130,17 +135,25 @@ class AsyncMemory:
         max_tokens: int | None = None,
         *,
         top_k: int = DEFAULT_TOP_K,
+        now: datetime | None = None,
     ) -> ContinuationContext:
         """See :meth:`Memory.continuation_context`."""
         return await self._call(
-            self.sync.continuation_context, user_id, query, max_tokens, top_k=top_k
+            self.sync.continuation_context, user_id, query, max_tokens, top_k=top_k, now=now
         )
 
     async def build_continuation_context(
-        self, user_id: str, query: str = "", max_tokens: int | None = None
+        self,
+        user_id: str,
+        query: str = "",
+        max_tokens: int | None = None,
+        *,
+        now: datetime | None = None,
     ) -> str:
         """See :meth:`Memory.build_continuation_context`."""
-        return await self._call(self.sync.build_continuation_context, user_id, query, max_tokens)
+        return await self._call(
+            self.sync.build_continuation_context, user_id, query, max_tokens, now=now
+        )
 
     async def set_fact(
         self,

@@ -262,12 +262,21 @@ class SessionOperations:
         return existed
 
     def recall_relevant(
-        self, user_id: str, query: str, top_k: int = DEFAULT_TOP_K
+        self,
+        user_id: str,
+        query: str,
+        top_k: int = DEFAULT_TOP_K,
+        *,
+        now: datetime | None = None,
     ) -> list[RecalledSession]:
-        """The user's earlier sessions most relevant to ``query``, best first."""
+        """The user's earlier sessions most relevant to ``query``, best first.
+
+        ``now`` is when the query is asked, for the dates it names relative to it
+        ("last March", "two weeks ago"); default: the current time.
+        """
         with operation_span("tiermem.session.recall", self._span_of(user_id, top_k=top_k)) as span:
             started = time.perf_counter()
-            hits = self._sessions.recall_relevant(user_id, query, top_k=top_k)
+            hits = self._sessions.recall_relevant(user_id, query, top_k=top_k, now=now)
             if self._metrics is not None:
                 self._metrics.recall.observe(time.perf_counter() - started)
             span["tiermem.results"] = len(hits)
@@ -280,6 +289,7 @@ class SessionOperations:
         max_tokens: int | None = None,
         *,
         top_k: int = DEFAULT_TOP_K,
+        now: datetime | None = None,
     ) -> ContinuationContext:
         """Like :meth:`build_continuation_context`, with the sections and token counts used.
 
@@ -289,6 +299,8 @@ class SessionOperations:
             max_tokens: Budget of the whole text, a positive integer; default
                 ``context_max_tokens``.
             top_k: How many sessions to consider besides the most recent, 1..100.
+            now: When the new session starts, for dates the query names relative to
+                it; default: the current time.
 
         Raises:
             InvalidInputError: A bad id, query, ``max_tokens`` or ``top_k``
@@ -297,7 +309,7 @@ class SessionOperations:
         attributes = self._span_of(user_id, top_k=top_k, max_tokens=max_tokens)
         with operation_span("tiermem.session.context", attributes) as span:
             started = time.perf_counter()
-            context = self._context(user_id, query, max_tokens, top_k)
+            context = self._context(user_id, query, max_tokens, top_k, now)
             if self._metrics is not None:
                 self._metrics.context.observe(time.perf_counter() - started)
             span["tiermem.tokens"] = context.tokens
@@ -309,7 +321,7 @@ class SessionOperations:
             return context
 
     def _context(
-        self, user_id: str, query: str, max_tokens: int | None, top_k: int
+        self, user_id: str, query: str, max_tokens: int | None, top_k: int, now: datetime | None
     ) -> ContinuationContext:
         """:meth:`continuation_context`'s work: check the arguments, rank, assemble."""
         check_id(user_id, "user_id")
@@ -323,7 +335,8 @@ class SessionOperations:
         ranked: list[SessionSummary]
         if query.strip():
             ranked = [
-                hit.summary for hit in self._sessions.recall_relevant(user_id, query, top_k=top_k)
+                hit.summary
+                for hit in self._sessions.recall_relevant(user_id, query, top_k=top_k, now=now)
             ]
         else:
             ranked = self._sessions.list_sessions(user_id, limit=top_k)
@@ -337,7 +350,12 @@ class SessionOperations:
         )
 
     def build_continuation_context(
-        self, user_id: str, query: str = "", max_tokens: int | None = None
+        self,
+        user_id: str,
+        query: str = "",
+        max_tokens: int | None = None,
+        *,
+        now: datetime | None = None,
     ) -> str:
         """Prompt-ready context for a new session: the user's facts and relevant earlier sessions.
 
@@ -349,7 +367,7 @@ class SessionOperations:
         Raises:
             InvalidInputError: A bad id, query or ``max_tokens`` (``field`` names it).
         """
-        return self.continuation_context(user_id, query, max_tokens).text
+        return self.continuation_context(user_id, query, max_tokens, now=now).text
 
 
 def _validate_summary(data: Mapping[str, Any]) -> SessionSummary:

@@ -26,7 +26,9 @@ def continuation_context(
     answer lists each section with its token count, and what was left out.
     """
     start = time.perf_counter()
-    context = memory.continuation_context(user_id, body.query, body.max_tokens, top_k=body.top_k)
+    context = memory.continuation_context(
+        user_id, body.query, body.max_tokens, top_k=body.top_k, now=body.now
+    )
     if memory.metrics is None:  # else the library timed it, into these same metrics
         service.metrics.context.observe(time.perf_counter() - start)
     return json_response(ContextOut.model_validate(context, from_attributes=True))

@@ -223,7 +223,7 @@ def recall_relevant(
 ) -> Response:
     """The user's earlier sessions most relevant to ``query``, best first."""
     start = time.perf_counter()
-    hits = memory.recall_relevant(user_id, body.query, body.top_k)
+    hits = memory.recall_relevant(user_id, body.query, body.top_k, now=body.now)
     if memory.metrics is None:  # else the library timed it, into these same metrics
         service.metrics.recall.observe(time.perf_counter() - start)
     return json_response(

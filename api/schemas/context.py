@@ -6,7 +6,7 @@ from typing import Annotated
 
 from pydantic import Field
 
-from api.schemas.common import RequestModel, ResponseModel
+from api.schemas.common import RequestModel, ResponseModel, UtcDatetime
 from tiers.models import MAX_TEXT
 from tiers.session import MAX_TOP_K
 
@@ -23,6 +23,13 @@ class ContextRequest(RequestModel):
         default=None, description="Token budget; default: the server's context_max_tokens."
     )
     top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] = 5
+    now: UtcDatetime | None = Field(
+        default=None,
+        description=(
+            "When the query is asked, for the times it names relative to it ('last March', "
+            "'two weeks ago'); default: the server's current time."
+        ),
+    )
 
 
 class ContextSectionOut(ResponseModel):

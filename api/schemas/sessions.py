@@ -210,6 +210,13 @@ class RecallRequest(RequestModel):
 
     query: Annotated[str, Field(min_length=1, max_length=MAX_TEXT, pattern=NON_BLANK)]
     top_k: Annotated[int, Field(ge=1, le=MAX_TOP_K)] = 5
+    now: UtcDatetime | None = Field(
+        default=None,
+        description=(
+            "When the query is asked, for the times it names relative to it ('last March', "
+            "'two weeks ago'); default: the server's current time."
+        ),
+    )
 
 
 class RecalledOut(ResponseModel):

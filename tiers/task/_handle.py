@@ -22,6 +22,8 @@ from tiers.codec import encode
 from tiers.errors import (
     ConflictError,
     InvalidInputError,
+    RunStateError,
+    StaleWriterError,
 )
 from tiers.models import MAX_TEXT, Checkpoint, RunInfo
 from tiers.task._approvals import ApprovalGate
@@ -42,7 +44,29 @@ from tiers.task._store import RunStore
 from tiers.task._txn import Txn, doc_from, unpack_output
 from tiers.task._writer import ActiveStep, RunWriter
 
-__all__ = ["RunHandle"]
+__all__ = ["DEFAULT_HEAD_FRESH_MS", "RunHandle", "check_head_fresh_ms"]
+
+# A step in a tight loop (store round trips of about a millisecond) starts well inside it; a
+# step whose function waits on a model for seconds reads the head first, as with 0.
+DEFAULT_HEAD_FRESH_MS = 50.0
+
+
+def check_head_fresh_ms(value: object) -> float:
+    """``value`` as a window in milliseconds (a finite number >= 0), else :class:`InvalidInputError`."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise InvalidInputError("head_fresh_ms must be a number >= 0", field="head_fresh_ms")
+    window = float(value)
+    if not 0 <= window < float("inf"):
+        raise InvalidInputError("head_fresh_ms must be a number >= 0", field="head_fresh_ms")
+    return window
+
+
+class _AlreadyCommittedError(Exception):
+    """Raised out of a step's commit: the step's key was committed meanwhile (replay it)."""
+
+    def __init__(self, checkpoint: Checkpoint) -> None:
+        super().__init__(checkpoint.idempotency_key)
+        self.checkpoint = checkpoint
 
 
 class RunHandle:
@@ -118,6 +142,19 @@ class RunHandle:
     def info(self) -> RunInfo:
         """The run's head as this handle last read or wrote it."""
         return self._writer.info
+
+    @property
+    def head_fresh_ms(self) -> float:
+        """How long :meth:`step` trusts the head this handle last read or wrote (``0``: never).
+
+        Taken from the tier's ``head_fresh_ms``; set it to change this handle's
+        window only (``0``: read the head before every step).
+        """
+        return self._writer.head_fresh_s * 1000
+
+    @head_fresh_ms.setter
+    def head_fresh_ms(self, value: float) -> None:
+        self._writer.head_fresh_s = check_head_fresh_ms(value) / 1000
 
     @property
     def resumed(self) -> bool:
@@ -292,15 +329,26 @@ class RunHandle:
         )
         digest = input_hash(input, step=step)
         scope_value = None if scope is None or callable(scope) else _scope_json(scope, step)
-        # Replaying a committed step writes nothing, so it is allowed while paused.
-        info = self._writer.refresh(allow_paused=True)
-        existing, entry = self._writer.lookup(key, info)
+        with self._writer.lock:
+            # A head this handle read or wrote within head_fresh_ms decides without a read:
+            # the commit checks its exact bytes, and decides again on a changed head.
+            trusted = self._writer.head_is_fresh()
+            info = self._writer.info if trusted else self._writer.read_fresh()
+        try:
+            existing, entry = self._admit(key, info)
+        except (StaleWriterError, RunStateError):
+            if not trusted:
+                raise
+            # A trusted head may be stale in the run's favour too (a budget raised, a run
+            # resumed elsewhere): a refusal is only ever decided on a head just read.
+            trusted = False
+            with self._writer.lock:
+                info = self._writer.read_fresh()
+            existing, entry = self._admit(key, info)
         if existing is not None:
             self._writer.verify_replay(existing, step, digest, key)
             self._writer.occurrences[step] = occurrence + 1
             return existing.output
-        self._writer.check_writable(info)
-        self._writer.check_budget(info)
         active = ActiveStep(step, key, self._store.now())
         self._writer.active = active
         try:
@@ -334,7 +382,20 @@ class RunHandle:
             )
             return txn
 
-        self._writer.commit(build, step)
+        def decide_again(fresh: RunInfo) -> None:
+            # The run changed after the head this step trusted: refuse or replay exactly as a
+            # read before fn would have (fn has run once; its output is then not stored).
+            nonlocal entry
+            committed, entry = self._admit(key, fresh)
+            if committed is not None:
+                raise _AlreadyCommittedError(committed)
+
+        try:
+            self._writer.commit(build, step, decide_again if trusted else None)
+        except _AlreadyCommittedError as replayed:
+            self._writer.verify_replay(replayed.checkpoint, step, digest, key)
+            self._writer.occurrences[step] = occurrence + 1
+            return replayed.checkpoint.output
         self._store.observer.step_committed(
             self._writer.run_id,
             step,
@@ -345,6 +406,25 @@ class RunHandle:
         )
         self._writer.occurrences[step] = occurrence + 1
         return made[0].output
+
+    def _admit(self, key: str, info: RunInfo) -> tuple[Checkpoint | None, bytes | None]:
+        """Decide a step on head ``info``: its committed checkpoint (replay), or may it run.
+
+        Returns:
+            The checkpoint that committed ``key`` (``None``: not committed, and the
+            run takes a new step) and the index entry the commit checks.
+
+        Raises:
+            StaleWriterError, RunCancelledError, RunStateError, RunPausedError,
+            ApprovalPendingError, BudgetExceededError: as :meth:`step` documents.
+        """
+        # Replaying a committed step writes nothing, so it is allowed while paused.
+        self._writer.check_writable(info, allow_paused=True)
+        existing, entry = self._writer.lookup(key, info)
+        if existing is None:
+            self._writer.check_writable(info)
+            self._writer.check_budget(info)
+        return existing, entry
 
     def append_checkpoint(
         self,
@@ -447,7 +527,8 @@ class RunHandle:
                 except ConflictError:
                     cas.backoff(attempt)
                     continue
-                self._writer.info, self._writer.head = new, data
+                self._store.recent_heads.wrote(self._writer.run_id, data)
+                self._writer.held(data, new)
                 return expires
         raise ConflictError(
             f"run {self._writer.run_id!r} changes too fast to renew its lease; retry"

@@ -150,11 +150,11 @@ class RunHandle:
         Taken from the tier's ``head_fresh_ms``; set it to change this handle's
         window only (``0``: read the head before every step).
         """
-        return self._writer.head_fresh_s * 1000
+        return self._writer.head_fresh_ms
 
     @head_fresh_ms.setter
     def head_fresh_ms(self, value: float) -> None:
-        self._writer.head_fresh_s = check_head_fresh_ms(value) / 1000
+        self._writer.head_fresh_ms = check_head_fresh_ms(value)
 
     @property
     def resumed(self) -> bool:

@@ -110,10 +110,10 @@ class RunWriter:
         self.resumed = resumed
         # A handle taken with TaskTier.acquire(..., for_compensation=True): compensate() only.
         self.compensation_only = compensation_only
-        # How long (seconds) a step trusts the head this handle last read or wrote instead
-        # of reading it again (RunHandle.step), and when (time.monotonic()) that head came
-        # back from the store: the lease was just taken or attached from it.
-        self.head_fresh_s = store.head_fresh_ms / 1000
+        # How long (milliseconds) a step trusts the head this handle last read or wrote
+        # instead of reading it again (RunHandle.step), and when (time.monotonic()) that head
+        # came back from the store: the lease was just taken or attached from it.
+        self.head_fresh_ms = store.head_fresh_ms
         self.head_known_at = time.monotonic()
 
     @property
@@ -162,10 +162,11 @@ class RunWriter:
     def head_is_fresh(self) -> bool:
         """Whether a step may trust the held head without reading it (see ``RunHandle.step``).
 
-        It came back from the store less than ``head_fresh_s`` ago, and no write
+        It came back from the store less than ``head_fresh_ms`` ago, and no write
         through this tier's store gave the run another head since.
         """
-        return time.monotonic() - self.head_known_at < self.head_fresh_s and (
+        age_ms = (time.monotonic() - self.head_known_at) * 1000
+        return age_ms < self.head_fresh_ms and (
             self.store.recent_heads.holds(self.run_id, self.head)
         )
 

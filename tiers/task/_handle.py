@@ -29,6 +29,7 @@ from tiers.models import MAX_TEXT, Checkpoint, RunInfo
 from tiers.task._approvals import ApprovalGate
 from tiers.task._compensation import Compensation
 from tiers.task._effects import Effects, Reconcile
+from tiers.task._fresh import AlreadyCommittedError, check_head_fresh_ms
 from tiers.task._ledger import EffectLedger
 from tiers.task._records import (
     Approval,
@@ -44,29 +45,7 @@ from tiers.task._store import RunStore
 from tiers.task._txn import Txn, doc_from, unpack_output
 from tiers.task._writer import ActiveStep, RunWriter
 
-__all__ = ["DEFAULT_HEAD_FRESH_MS", "RunHandle", "check_head_fresh_ms"]
-
-# A step in a tight loop (store round trips of about a millisecond) starts well inside it; a
-# step whose function waits on a model for seconds reads the head first, as with 0.
-DEFAULT_HEAD_FRESH_MS = 50.0
-
-
-def check_head_fresh_ms(value: object) -> float:
-    """``value`` as a window in milliseconds (a finite number >= 0), else :class:`InvalidInputError`."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise InvalidInputError("head_fresh_ms must be a number >= 0", field="head_fresh_ms")
-    window = float(value)
-    if not 0 <= window < float("inf"):
-        raise InvalidInputError("head_fresh_ms must be a number >= 0", field="head_fresh_ms")
-    return window
-
-
-class _AlreadyCommittedError(Exception):
-    """Raised out of a step's commit: the step's key was committed meanwhile (replay it)."""
-
-    def __init__(self, checkpoint: Checkpoint) -> None:
-        super().__init__(checkpoint.idempotency_key)
-        self.checkpoint = checkpoint
+__all__ = ["RunHandle"]
 
 
 class RunHandle:
@@ -287,6 +266,26 @@ class RunHandle:
         are recorded on their own; a step re-executed after a crash replays
         their recorded outputs instead of repeating them.
 
+        Whether ``fn`` may run (the run is not cancelled, taken over, deleted,
+        finished, paused or over budget) is decided on the run's head. While
+        the head this handle's last commit or read returned is less than
+        :attr:`head_fresh_ms` old, and no write through this handle's
+        ``TaskTier`` has changed the run since, the step decides on that head
+        without reading it again (one round trip per step in a tight loop);
+        otherwise it reads the head first. The commit checks the head's exact
+        bytes either way, so what is stored never depends on this. The bound:
+        a change by another writer (another process or ``TaskTier``) that lands
+        after that last commit or read, when ``fn`` is called less than
+        ``head_fresh_ms`` after it, does not stop ``fn``; the commit finds it and
+        the step is decided again on the fresh head, exactly as a read before
+        ``fn`` would have decided it: refused with the error below (nothing is
+        stored, neither its output nor its charge), replayed if its key was
+        committed meanwhile, or committed if the run still takes it. So ``fn``
+        runs on a run changed that way only if it is called less than
+        ``head_fresh_ms`` after the change, and then once. A refusal is never decided on an unread head, and effects
+        (:meth:`effect`) read the head before they run, whatever the window.
+        With ``head_fresh_ms=0`` the head is read before every step.
+
         Args:
             name: Step name (1-256 characters; surrounding whitespace is dropped).
             fn: Called with no arguments when the step is not committed yet. It
@@ -312,9 +311,12 @@ class RunHandle:
             InputMismatchError: The key is committed with another input or step name.
             ValueTooLargeError: The checkpoint would exceed the store's value limit.
             StaleWriterError: The run was taken over by another handle; nothing was written.
-            RunCancelledError: The run was cancelled (checked before ``fn`` runs).
+            RunCancelledError: The run was cancelled (checked before ``fn`` runs, or
+                at the commit within ``head_fresh_ms``, see above).
             ApprovalPendingError: The run waits at an approval gate.
-            BudgetExceededError: The run's budget is spent (checked before ``fn`` runs).
+            BudgetExceededError: The run's budget is spent (checked before ``fn`` runs,
+                or at the commit within ``head_fresh_ms``, see above).
+            RunNotFoundError: The run was deleted; nothing was written.
             RunStateError: The run is finished; nothing was written.
             ConflictError: This lease was used concurrently; nothing was written.
             Exception: Whatever ``fn`` raises, unchanged; nothing was written.
@@ -388,11 +390,11 @@ class RunHandle:
             nonlocal entry
             committed, entry = self._admit(key, fresh)
             if committed is not None:
-                raise _AlreadyCommittedError(committed)
+                raise AlreadyCommittedError(committed)
 
         try:
             self._writer.commit(build, step, decide_again if trusted else None)
-        except _AlreadyCommittedError as replayed:
+        except AlreadyCommittedError as replayed:
             self._writer.verify_replay(replayed.checkpoint, step, digest, key)
             self._writer.occurrences[step] = occurrence + 1
             return replayed.checkpoint.output

@@ -20,7 +20,8 @@ from tiers.ids import check_external_id, check_id, run_id_for
 from tiers.models import Checkpoint, RunInfo, RunStatus, utcnow
 from tiers.redaction import Redactor
 from tiers.task._approvals import Approvals
-from tiers.task._handle import DEFAULT_HEAD_FRESH_MS, RunHandle, check_head_fresh_ms
+from tiers.task._fresh import DEFAULT_HEAD_FRESH_MS, check_head_fresh_ms
+from tiers.task._handle import RunHandle
 from tiers.task._ledger import EffectDecisions
 from tiers.task._observer import NULL_OBSERVER, TaskObserver
 from tiers.task._queries import Queries, RebuiltRun

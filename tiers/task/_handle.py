@@ -282,9 +282,10 @@ class RunHandle:
         stored, neither its output nor its charge), replayed if its key was
         committed meanwhile, or committed if the run still takes it. So ``fn``
         runs on a run changed that way only if it is called less than
-        ``head_fresh_ms`` after the change, and then once. A refusal is never decided on an unread head, and effects
-        (:meth:`effect`) read the head before they run, whatever the window.
-        With ``head_fresh_ms=0`` the head is read before every step.
+        ``head_fresh_ms`` after the change, and then once. A refusal is never
+        decided on an unread head, and effects (:meth:`effect`) read the head
+        before they run, whatever the window. With ``head_fresh_ms=0`` the head
+        is read before every step.
 
         Args:
             name: Step name (1-256 characters; surrounding whitespace is dropped).

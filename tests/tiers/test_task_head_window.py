@@ -170,6 +170,36 @@ def test_a_change_that_still_allows_the_step_keeps_its_output(
     assert (info.head_seq, info.spent_tokens, info.budget_tokens) == (2, 5, 1000)
 
 
+def test_an_effect_reads_the_head_first_whatever_the_window(
+    kv: KVStore, worker: TaskTier, other: TaskTier
+) -> None:
+    run = started(worker)
+    other.cancel("r1")
+    sent: list[str] = []
+    with pytest.raises(RunCancelledError):
+        run.effect("pay", lambda: sent.append("top-level"), idempotency_key="p1")
+    assert sent == []
+
+
+def test_an_effect_inside_a_step_on_a_cancelled_run_is_not_invoked(
+    kv: KVStore, worker: TaskTier, other: TaskTier
+) -> None:
+    run = started(worker)
+    other.cancel("r1")
+    before = stored(kv, "r1")
+    sent: list[str] = []
+    calls = Calls()
+
+    def step() -> object:
+        calls(None)
+        return run.effect("pay", lambda: sent.append("in a step"), idempotency_key="p1")
+
+    with pytest.raises(RunCancelledError):
+        run.step("two", step)
+    assert (calls.count, sent) == (1, [])  # the step's function ran; its effect did not
+    assert stored(kv, "r1") == before
+
+
 # -- a refusal is never decided on a trusted head alone -----------------------------
 
 

@@ -62,6 +62,19 @@ def test_a_step_in_a_tight_loop_is_one_round_trip(redis_kv: RedisKVStore, wire: 
     assert wire.sent == 10
 
 
+def test_a_heartbeat_between_steps_keeps_the_next_step_at_one_round_trip(
+    redis_kv: RedisKVStore, wire: Wire
+) -> None:
+    tasks = TaskTier(redis_kv, head_fresh_ms=WINDOW_MS)
+    run = tasks.start_run("u", "r1", lease_ttl=60)
+    run.step("warm", lambda: 0)
+    for i in range(5):
+        run.heartbeat()  # reads the head and renews the lease: two round trips
+        wire.sent = 0
+        run.step("s", lambda i=i: i)
+        assert wire.sent == 1
+
+
 def test_with_no_window_a_step_reads_the_head_then_commits(
     redis_kv: RedisKVStore, wire: Wire
 ) -> None:

@@ -22,11 +22,14 @@ from tiers.codec import encode
 from tiers.errors import (
     ConflictError,
     InvalidInputError,
+    RunStateError,
+    StaleWriterError,
 )
 from tiers.models import MAX_TEXT, Checkpoint, RunInfo
 from tiers.task._approvals import ApprovalGate
 from tiers.task._compensation import Compensation
 from tiers.task._effects import Effects, Reconcile
+from tiers.task._fresh import AlreadyCommittedError, check_head_fresh_ms
 from tiers.task._ledger import EffectLedger
 from tiers.task._records import (
     Approval,
@@ -118,6 +121,19 @@ class RunHandle:
     def info(self) -> RunInfo:
         """The run's head as this handle last read or wrote it."""
         return self._writer.info
+
+    @property
+    def head_fresh_ms(self) -> float:
+        """How long :meth:`step` trusts the head this handle last read or wrote (``0``: never).
+
+        Taken from the tier's ``head_fresh_ms``; set it to change this handle's
+        window only (``0``: read the head before every step).
+        """
+        return self._writer.head_fresh_ms
+
+    @head_fresh_ms.setter
+    def head_fresh_ms(self, value: float) -> None:
+        self._writer.head_fresh_ms = check_head_fresh_ms(value)
 
     @property
     def resumed(self) -> bool:
@@ -250,6 +266,27 @@ class RunHandle:
         are recorded on their own; a step re-executed after a crash replays
         their recorded outputs instead of repeating them.
 
+        Whether ``fn`` may run (the run is not cancelled, taken over, deleted,
+        finished, paused or over budget) is decided on the run's head. While
+        the head this handle's last commit or read returned is less than
+        :attr:`head_fresh_ms` old, and no write through this handle's
+        ``TaskTier`` has changed the run since, the step decides on that head
+        without reading it again (one round trip per step in a tight loop);
+        otherwise it reads the head first. The commit checks the head's exact
+        bytes either way, so what is stored never depends on this. The bound:
+        a change by another writer (another process or ``TaskTier``) that lands
+        after that last commit or read, when ``fn`` is called less than
+        ``head_fresh_ms`` after it, does not stop ``fn``; the commit finds it and
+        the step is decided again on the fresh head, exactly as a read before
+        ``fn`` would have decided it: refused with the error below (nothing is
+        stored, neither its output nor its charge), replayed if its key was
+        committed meanwhile, or committed if the run still takes it. So ``fn``
+        runs on a run changed that way only if it is called less than
+        ``head_fresh_ms`` after the change, and then once. A refusal is never
+        decided on an unread head, and effects (:meth:`effect`) read the head
+        before they run, whatever the window. With ``head_fresh_ms=0`` the head
+        is read before every step.
+
         Args:
             name: Step name (1-256 characters; surrounding whitespace is dropped).
             fn: Called with no arguments when the step is not committed yet. It
@@ -275,9 +312,12 @@ class RunHandle:
             InputMismatchError: The key is committed with another input or step name.
             ValueTooLargeError: The checkpoint would exceed the store's value limit.
             StaleWriterError: The run was taken over by another handle; nothing was written.
-            RunCancelledError: The run was cancelled (checked before ``fn`` runs).
+            RunCancelledError: The run was cancelled (checked before ``fn`` runs, or
+                at the commit within ``head_fresh_ms``, see above).
             ApprovalPendingError: The run waits at an approval gate.
-            BudgetExceededError: The run's budget is spent (checked before ``fn`` runs).
+            BudgetExceededError: The run's budget is spent (checked before ``fn`` runs,
+                or at the commit within ``head_fresh_ms``, see above).
+            RunNotFoundError: The run was deleted; nothing was written.
             RunStateError: The run is finished; nothing was written.
             ConflictError: This lease was used concurrently; nothing was written.
             Exception: Whatever ``fn`` raises, unchanged; nothing was written.
@@ -292,15 +332,26 @@ class RunHandle:
         )
         digest = input_hash(input, step=step)
         scope_value = None if scope is None or callable(scope) else _scope_json(scope, step)
-        # Replaying a committed step writes nothing, so it is allowed while paused.
-        info = self._writer.refresh(allow_paused=True)
-        existing, entry = self._writer.lookup(key, info)
+        with self._writer.lock:
+            # A head this handle read or wrote within head_fresh_ms decides without a read:
+            # the commit checks its exact bytes, and decides again on a changed head.
+            trusted = self._writer.head_is_fresh()
+            info = self._writer.info if trusted else self._writer.read_fresh()
+        try:
+            existing, entry = self._admit(key, info)
+        except (StaleWriterError, RunStateError):
+            if not trusted:
+                raise
+            # A trusted head may be stale in the run's favour too (a budget raised, a run
+            # resumed elsewhere): a refusal is only ever decided on a head just read.
+            trusted = False
+            with self._writer.lock:
+                info = self._writer.read_fresh()
+            existing, entry = self._admit(key, info)
         if existing is not None:
             self._writer.verify_replay(existing, step, digest, key)
             self._writer.occurrences[step] = occurrence + 1
             return existing.output
-        self._writer.check_writable(info)
-        self._writer.check_budget(info)
         active = ActiveStep(step, key, self._store.now())
         self._writer.active = active
         try:
@@ -334,7 +385,20 @@ class RunHandle:
             )
             return txn
 
-        self._writer.commit(build, step)
+        def decide_again(fresh: RunInfo) -> None:
+            # The run changed after the head this step trusted: refuse or replay exactly as a
+            # read before fn would have (fn has run once; its output is then not stored).
+            nonlocal entry
+            committed, entry = self._admit(key, fresh)
+            if committed is not None:
+                raise AlreadyCommittedError(committed)
+
+        try:
+            self._writer.commit(build, step, decide_again if trusted else None)
+        except AlreadyCommittedError as replayed:
+            self._writer.verify_replay(replayed.checkpoint, step, digest, key)
+            self._writer.occurrences[step] = occurrence + 1
+            return replayed.checkpoint.output
         self._store.observer.step_committed(
             self._writer.run_id,
             step,
@@ -345,6 +409,25 @@ class RunHandle:
         )
         self._writer.occurrences[step] = occurrence + 1
         return made[0].output
+
+    def _admit(self, key: str, info: RunInfo) -> tuple[Checkpoint | None, bytes | None]:
+        """Decide a step on head ``info``: its committed checkpoint (replay), or may it run.
+
+        Returns:
+            The checkpoint that committed ``key`` (``None``: not committed, and the
+            run takes a new step) and the index entry the commit checks.
+
+        Raises:
+            StaleWriterError, RunCancelledError, RunStateError, RunPausedError,
+            ApprovalPendingError, BudgetExceededError: as :meth:`step` documents.
+        """
+        # Replaying a committed step writes nothing, so it is allowed while paused.
+        self._writer.check_writable(info, allow_paused=True)
+        existing, entry = self._writer.lookup(key, info)
+        if existing is None:
+            self._writer.check_writable(info)
+            self._writer.check_budget(info)
+        return existing, entry
 
     def append_checkpoint(
         self,
@@ -447,7 +530,8 @@ class RunHandle:
                 except ConflictError:
                     cas.backoff(attempt)
                     continue
-                self._writer.info, self._writer.head = new, data
+                self._store.recent_heads.wrote(self._writer.run_id, data)
+                self._writer.held(data, new)
                 return expires
         raise ConflictError(
             f"run {self._writer.run_id!r} changes too fast to renew its lease; retry"

@@ -65,6 +65,7 @@ class Retention:
             except ConflictError:
                 cas.backoff(attempt)
                 continue
+            self.store.recent_heads.wrote(run_id, None)
             return True
         raise ConflictError(f"run {run_id!r} is changing too fast to delete; retry")
 

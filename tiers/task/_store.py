@@ -32,6 +32,7 @@ from tiers.ids import check_id
 from tiers.models import Checkpoint, RunInfo, utcnow
 from tiers.redaction import OFF, Redactor
 from tiers.task import _format as task_format
+from tiers.task._fresh import RecentHeads
 from tiers.task._observer import NULL_OBSERVER, TaskObserver
 from tiers.task._records import (
     EffectRecord,
@@ -145,6 +146,10 @@ class RunStore:
         self.redactor = redactor if redactor is not None else OFF
         self.flusher: Callable[[], None] | None = kv.flush if isinstance(kv, Flushable) else None
         self.observer: TaskObserver = NULL_OBSERVER
+        # How long a handle's step trusts the head it last read or wrote (set by TaskTier),
+        # and the head each run last got through this store (tiers.task._fresh).
+        self.head_fresh_ms: float = 0.0
+        self.recent_heads = RecentHeads()
         # The layout version writes use (tiers.task._format), resolved when first needed,
         # and the format record to write with the first commit when it moved up on open.
         self._layout: int | None = None
@@ -293,6 +298,7 @@ class RunStore:
         writes.append(Put(self.runs, txn.run_id, new_head))
         started = time.perf_counter()
         self.kv.commit(writes, [*txn.checks, Check(self.runs, txn.run_id, head)])
+        self.recent_heads.wrote(txn.run_id, new_head)
         self.observer.committed(
             time.perf_counter() - started, sum(len(w.value) for w in writes if isinstance(w, Put))
         )

@@ -20,6 +20,7 @@ from tiers.ids import check_external_id, check_id, run_id_for
 from tiers.models import Checkpoint, RunInfo, RunStatus, utcnow
 from tiers.redaction import Redactor
 from tiers.task._approvals import Approvals
+from tiers.task._fresh import DEFAULT_HEAD_FRESH_MS, check_head_fresh_ms
 from tiers.task._handle import RunHandle
 from tiers.task._ledger import EffectDecisions
 from tiers.task._observer import NULL_OBSERVER, TaskObserver
@@ -58,6 +59,12 @@ class TaskTier:
             checkpoint whatever the redactor changed.
         observer: Hears about commits, resumes, replays, fencing, unknown-outcome effects,
             compensations and sweeps (metrics, traces); default: nobody.
+        head_fresh_ms: How long (milliseconds) a handle's :meth:`RunHandle.step` trusts
+            the run's head its last read or commit returned, instead of reading it
+            again before the step's function runs (one round trip per step in a
+            tight loop). A cancel, takeover, pause or spent budget by another writer
+            inside that window is still refused at the commit, after the function
+            ran once (see :meth:`RunHandle.step`). ``0``: read before every step.
     """
 
     def __init__(
@@ -71,6 +78,7 @@ class TaskTier:
         clock: Callable[[], datetime] = utcnow,
         redactor: Redactor | None = None,
         observer: TaskObserver | None = None,
+        head_fresh_ms: float = DEFAULT_HEAD_FRESH_MS,
     ) -> None:
         store = RunStore(
             kv,
@@ -82,6 +90,7 @@ class TaskTier:
             redactor=redactor,
         )
         store.observer = observer if observer is not None else NULL_OBSERVER
+        store.head_fresh_ms = check_head_fresh_ms(head_fresh_ms)
         self._store = store
         # The raw store and the clock (_now) stay reachable for tests that inspect stored keys.
         self._kv = kv
@@ -106,6 +115,11 @@ class TaskTier:
     def retention(self) -> timedelta:
         """How long finished runs are kept before :meth:`sweep` deletes them."""
         return self._store.retention
+
+    @property
+    def head_fresh_ms(self) -> float:
+        """How long a step trusts the head its handle last read or wrote (``0``: never)."""
+        return self._store.head_fresh_ms
 
     @property
     def redactor(self) -> Redactor:

@@ -13,6 +13,7 @@ operator changed the run meanwhile. The handle's steps, effects
 from __future__ import annotations
 
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
@@ -109,6 +110,11 @@ class RunWriter:
         self.resumed = resumed
         # A handle taken with TaskTier.acquire(..., for_compensation=True): compensate() only.
         self.compensation_only = compensation_only
+        # How long (milliseconds) a step trusts the head this handle last read or wrote
+        # instead of reading it again (RunHandle.step), and when (time.monotonic()) that head
+        # came back from the store: the lease was just taken or attached from it.
+        self.head_fresh_ms = store.head_fresh_ms
+        self.head_known_at = time.monotonic()
 
     @property
     def run_id(self) -> str:
@@ -120,6 +126,7 @@ class RunWriter:
         data = self.store.read_head(self.run_id)
         if data is None:
             raise RunNotFoundError(f"run {self.run_id!r} no longer exists")
+        self.head_known_at = time.monotonic()
         if data == self.head:
             return self.info
         # Someone else wrote (another worker, an operator, an attached handle).
@@ -151,6 +158,22 @@ class RunWriter:
             info = self.read_fresh()
             self.check_writable(info, allow_paused=allow_paused, compensating=compensating)
             return info
+
+    def head_is_fresh(self) -> bool:
+        """Whether a step may trust the held head without reading it (see ``RunHandle.step``).
+
+        It came back from the store less than ``head_fresh_ms`` ago, and no write
+        through this tier's store gave the run another head since.
+        """
+        age_ms = (time.monotonic() - self.head_known_at) * 1000
+        return age_ms < self.head_fresh_ms and (
+            self.store.recent_heads.holds(self.run_id, self.head)
+        )
+
+    def held(self, data: bytes, info: RunInfo) -> None:
+        """Hold ``data`` (decoded: ``info``) as the run's head: this handle just wrote it."""
+        self.info, self.head = info, data
+        self.head_known_at = time.monotonic()
 
     def check_lease(self, info: RunInfo) -> None:
         """Refuse (``StaleWriterError``) unless this handle still holds the run's lease epoch."""
@@ -314,7 +337,7 @@ class RunWriter:
                     check(fresh)
                     cas.backoff(attempt)
                     continue
-                self.info, self.head = new_info, new_head
+                self.held(new_head, new_info)
                 return new_info
         what = f"step {step!r}" if step is not None else "status change"
         raise ConflictError(

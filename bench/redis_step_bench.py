@@ -1,0 +1,110 @@
+"""A durable 5 KB step on Redis beside raw SET, interleaved so the machine's load hits all alike.
+
+Usage::
+
+    flock /tmp/tiermem-bench.lock python bench/redis_step_bench.py [--blocks 40] [--block 50]
+
+One ``redis-server`` with ``appendfsync always``; the systems take turns in
+blocks of ``--block`` writes, in rotating order, and each one's time and
+client CPU are summed over its blocks. Rows: raw ``SET`` of the payload's
+bytes, ``RunHandle.step`` reading the run's head before every step
+(``head_fresh_ms=0``, two round trips), with the default head window (one
+round trip), and with the window and no redaction (what redaction costs).
+The load average is printed before and after; quote the ratios, which come
+from one run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import redis
+from step_bench import PAYLOAD
+from task_bench import RedisAlways
+
+from tiers.backends.redis_kv import RedisKVStore
+from tiers.redaction import Redactor
+from tiers.task import RunHandle, TaskTier
+
+
+def _load() -> str:
+    return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
+
+
+def main() -> None:
+    """Run the interleaved blocks and print each system's rate and client CPU per write."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--blocks", type=int, default=40, help="turns each system takes")
+    parser.add_argument("--block", type=int, default=50, help="writes per turn")
+    args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="tiermem-redis-step-"))
+    print(_load(), flush=True)
+    server = RedisAlways(work)
+    try:
+        client = redis.Redis.from_url(server.url)
+        kv = RedisKVStore(server.url)
+        value = json.dumps(PAYLOAD).encode()
+        numbers = itertools.count()
+
+        def run(window: float, redactor: Redactor | None) -> RunHandle:
+            handle = TaskTier(kv, redactor=redactor, head_fresh_ms=window).start_run(
+                "bench", f"run-{next(numbers)}"
+            )
+            handle.step("warm", lambda: 0)  # the commit script is loaded once per connection
+            return handle
+
+        def steps(handle: RunHandle) -> Callable[[], None]:
+            def turn() -> None:
+                for _ in range(args.block):
+                    handle.step("search", lambda: PAYLOAD)
+
+            return turn
+
+        def raw() -> None:
+            for _ in range(args.block):
+                client.set(f"raw:{next(numbers)}", value)
+
+        default = TaskTier(kv).head_fresh_ms
+        systems = {
+            "raw Redis SET": raw,
+            "step, head read first (head_fresh_ms=0)": steps(run(0, Redactor())),
+            f"step, head window (head_fresh_ms={default:g})": steps(run(default, Redactor())),
+            "step, head window, no redaction": steps(run(default, None)),
+        }
+        names = list(systems)
+        wall = dict.fromkeys(names, 0.0)
+        cpu = dict.fromkeys(names, 0.0)
+        for turn in range(args.blocks):
+            shift = turn % len(names)
+            for name in names[shift:] + names[:shift]:
+                began, began_cpu = time.perf_counter(), time.process_time()
+                systems[name]()
+                wall[name] += time.perf_counter() - began
+                cpu[name] += time.process_time() - began_cpu
+        writes = args.blocks * args.block
+        floor = writes / wall["raw Redis SET"]
+        print(f"{writes} durable 5 KB writes per system, appendfsync always")
+        for name in names:
+            rate = writes / wall[name]
+            print(
+                f"  {name:<44} {rate:7.0f}/s  {rate / floor:.2f}x raw SET  "
+                f"client CPU {cpu[name] / writes * 1e6:4.0f} us/write",
+                flush=True,
+            )
+        kv.close()
+        client.close()
+    finally:
+        server.stop()
+        print(_load())
+
+
+if __name__ == "__main__":
+    sys.exit(main())

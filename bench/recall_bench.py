@@ -318,6 +318,20 @@ def store(
 # -- scoring -------------------------------------------------------------------------------------
 
 
+def summarize(dataset: Dataset) -> dict[str, dict[str, SessionSummary]]:
+    """Every session's summary by the offline default summarizer, by user and session id."""
+    summarizer = ExtractiveSummarizer()
+    return {
+        user: {
+            s.session_id: summarizer.summarize(
+                s.messages, user_id=user, session_id=s.session_id, created_at=s.created_at
+            ).summary
+            for s in sessions
+        }
+        for user, sessions in dataset.sessions.items()
+    }
+
+
 def score(queries: Sequence[Query], rank: Ranker) -> dict[str, float]:
     """Mean recall@k and MRR of ``rank`` over ``queries``."""
     totals = {f"r@{k}": 0.0 for k in KS} | {"mrr": 0.0}
@@ -339,16 +353,7 @@ def run(dataset: Dataset, embedder: CachedEmbedder, workdir: Path) -> dict[str, 
         flush=True,
     )
     started = time.perf_counter()
-    summarizer = ExtractiveSummarizer()
-    summaries = {
-        user: {
-            s.session_id: summarizer.summarize(
-                s.messages, user_id=user, session_id=s.session_id, created_at=s.created_at
-            ).summary
-            for s in sessions
-        }
-        for user, sessions in dataset.sessions.items()
-    }
+    summaries = summarize(dataset)
     print(f"  summarized in {time.perf_counter() - started:.1f}s", flush=True)
     results: dict[str, dict[str, float]] = {}
     rankers: dict[str, Ranker] = {"bm25-raw": bm25_raw(dataset)}

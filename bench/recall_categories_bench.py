@@ -40,9 +40,9 @@ from recall_bench import (
     load,
     safe_id,
     store,
+    summarize,
 )
 
-from summarizer import ExtractiveSummarizer
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.session import FusionWeights
 
@@ -97,16 +97,7 @@ def measure(
     variants: Sequence[tuple[str, FusionWeights]],
 ) -> dict[str, dict[str, dict[str, float]]]:
     """Store the dataset once, then score every weighting by category."""
-    summarizer = ExtractiveSummarizer()
-    summaries = {
-        user: {
-            s.session_id: summarizer.summarize(
-                s.messages, user_id=user, session_id=s.session_id, created_at=s.created_at
-            ).summary
-            for s in sessions
-        }
-        for user, sessions in dataset.sessions.items()
-    }
+    summaries = summarize(dataset)
     ours = store(dataset, workdir, embedder, summaries)
     embedder.save()
     print(f"  {dataset.name}: stored in {ours.store_seconds:.0f}s", flush=True)

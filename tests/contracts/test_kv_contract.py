@@ -813,8 +813,13 @@ def _run_until_killed(
             )
     finally:
         child.send_signal(signal.SIGKILL)
-        # Lines printed before the kill were acknowledged too.
-        rest, _ = child.communicate()
+        child.wait()
+    # Lines printed before the kill were acknowledged too. Read them through the same text
+    # stream: communicate() reads the pipe itself and would skip the lines it buffered ahead.
+    rest = child.stdout.read()
+    child.stdout.close()
+    if child.stderr is not None:
+        child.stderr.close()
     acked += [int(line) for line in rest.splitlines() if line and not line.startswith("error")]
     assert acked == list(range(len(acked)))
     return acked

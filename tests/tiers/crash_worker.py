@@ -36,6 +36,7 @@ on its stale handle; :func:`freeze_worker` writes what happened to
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -76,6 +77,19 @@ def _append(log_path: str, line: str) -> None:
         os.close(fd)
 
 
+def _claim(log_path: str, key: str) -> bool:
+    """Whether this call is the first with ``key``: an atomic check-and-set, as a real
+    deduplicating system's is. (Reading the log, then appending, let a worker frozen between
+    the two execute again after a taker had executed the key.)"""
+    claims = Path(f"{log_path}.claims")
+    claims.mkdir(exist_ok=True)
+    try:
+        os.close(os.open(claims / hashlib.sha256(key.encode()).hexdigest(), os.O_CREAT | os.O_EXCL))
+    except FileExistsError:
+        return False
+    return True
+
+
 def effects_done(log_path: str | Path) -> list[str]:
     """Every effect executed so far, one idempotency key per execution."""
     path = Path(log_path)
@@ -109,7 +123,7 @@ def external(
         hook("before", _effect_name(key))
     if dedupe:
         _append(f"{log_path}.attempts", key)
-    if not (dedupe and key in effects_done(log_path)):
+    if not dedupe or _claim(log_path, key):
         _append(log_path, key)
     if hook is not None:
         hook("after", _effect_name(key))

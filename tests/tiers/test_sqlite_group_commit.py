@@ -206,8 +206,13 @@ def test_every_acknowledged_commit_of_many_threads_survives_a_kill(tmp_path: Pat
             )
     finally:
         child.send_signal(signal.SIGKILL)
-        # Lines printed before the kill were acknowledged too.
-        rest, _ = child.communicate()
+        child.wait()
+    # Lines printed before the kill were acknowledged too. Read them through the same text
+    # stream: communicate() reads the pipe itself and would skip the lines it buffered ahead.
+    rest = child.stdout.read()
+    child.stdout.close()
+    if child.stderr is not None:
+        child.stderr.close()
     for line in rest.splitlines():
         if line and not line.startswith("started"):
             tid, seq = map(int, line.split())

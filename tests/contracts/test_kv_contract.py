@@ -37,6 +37,7 @@ from tiers.errors import (
     BackendUnavailableError,
     ConflictError,
     InvalidInputError,
+    StoreClosedError,
     ValueTooLargeError,
 )
 
@@ -685,7 +686,7 @@ def test_a_closed_store_refuses_use(kv: KVStore, use: Callable[[KVStore], object
     kv.ping()
     kv.close()
     kv.close()  # idempotent
-    with pytest.raises(BackendUnavailableError, match="closed"):
+    with pytest.raises(StoreClosedError, match="closed"):
         use(kv)
 
 

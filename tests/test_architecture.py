@@ -249,6 +249,7 @@ def test_public_surface_is_pinned() -> None:
         "SessionSummary",
         "Settings",
         "StaleWriterError",
+        "StoreClosedError",
         "Summarization",
         "Summarizer",
         "SummarizerError",

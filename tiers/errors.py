@@ -31,6 +31,7 @@ Hierarchy::
     ├── CorruptRecordError           a stored record failed validation
     │   └── UndecryptableValueError  a value of an encrypted store is not this store's ciphertext
     └── BackendUnavailableError      the store could not be reached
+        ├── StoreClosedError         the store was closed in this process: final, not transient
         ├── EmbedderError            the embedding model is missing, corrupt or failed
         ├── DataDirLockedError       another process (or instance) has the embedded data dir open
         ├── VolatileStoreError       the KV store would acknowledge commits it may lose
@@ -161,6 +162,14 @@ class UndecryptableValueError(CorruptRecordError):
 
 class BackendUnavailableError(TierError):
     """The storage backend could not be reached or failed; retry later."""
+
+
+class StoreClosedError(BackendUnavailableError):
+    """The store (KV store or vector index) was closed in this process; every use after is refused.
+
+    Unlike the other unavailable errors this one is final: retrying cannot
+    succeed, so a background worker that meets it stops. Open a new store.
+    """
 
 
 class EmbedderError(BackendUnavailableError):

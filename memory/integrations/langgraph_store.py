@@ -88,7 +88,7 @@ from langgraph.store.base import (  # noqa: E402
 )
 
 from memory.facade import AsyncMemory, Memory  # noqa: E402
-from tiers.errors import InvalidInputError  # noqa: E402
+from tiers.errors import InvalidInputError, StoreClosedError  # noqa: E402
 from tiers.ids import ID_PATTERN, ID_RULE  # noqa: E402
 from tiers.items import ItemStore, ItemWrite, StoredItem, check_value  # noqa: E402
 
@@ -229,6 +229,9 @@ class TiermemStore(BaseStore):
             while not self._stop_sweeper.wait(seconds):
                 try:
                     swept = self.sweep_ttl()
+                except StoreClosedError as exc:  # final, unlike an outage: no sweep can succeed
+                    logger.warning("item TTL sweeper stops: %s", exc)
+                    break
                 except Exception:
                     # A sweep fails with the store (an outage): the next one retries it.
                     logger.exception("item TTL sweep failed")

@@ -36,6 +36,7 @@ from tiers.errors import (
     RunNotFoundError,
     RunStateError,
     StaleWriterError,
+    StoreClosedError,
     TierError,
 )
 from tiers.redaction import Redactor
@@ -220,6 +221,10 @@ class Worker:
         while not self._draining.is_set():
             try:
                 took = self.run_once(worker_id)
+            except StoreClosedError as exc:  # final, unlike an outage: polling cannot succeed
+                logger.warning("worker %s stops, its store is closed: %s", worker_id, exc)
+                self._draining.set()  # the other threads share the store: they stop too
+                return
             except TierError as exc:  # the store is down or overloaded: wait and poll again
                 logger.warning("worker %s: %s", worker_id, exc)
                 took = None
@@ -299,9 +304,9 @@ class Worker:
             pause = self.lease_ttl / 3
             try:
                 handle.heartbeat()
-            except (StaleWriterError, RunStateError, RunNotFoundError) as exc:
+            except (StaleWriterError, RunStateError, RunNotFoundError, StoreClosedError) as exc:
                 # Taken over, cancelled, finished or deleted: the workflow's next write is
-                # refused by fencing; nothing left to renew. (A plain ConflictError, the head
+                # refused by fencing; nothing left to renew. (Or the store is closed: for good.) (A plain ConflictError, the head
                 # changing too fast, is retried at the next beat below.)
                 logger.info("run %s: heartbeat stops: %s", handle.run_id, exc)
                 return

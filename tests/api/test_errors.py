@@ -224,8 +224,13 @@ def stub() -> Iterator[StubLLMServer]:
         yield server
 
 
-def llm_memory(memory: Memory, stub: StubLLMServer) -> Memory:
-    """The module's stores with a litellm summarizer talking to the stub server."""
+@pytest.fixture
+def llm_memory(memory: Memory, stub: StubLLMServer) -> Iterator[Memory]:
+    """The module's stores with a litellm summarizer talking to the stub server.
+
+    Closed by its session tier (its index worker) only: ``Memory.close`` would close the
+    module's stores, which the later tests still use.
+    """
     summarizer = LiteLLMSummarizer(
         "openai/stub-model",
         api_base=stub.api_base,
@@ -236,23 +241,25 @@ def llm_memory(memory: Memory, stub: StubLLMServer) -> Memory:
         retry_base_delay=0,
         retry_max_delay=0,
     )
-    return Memory(
+    llm = Memory(
         kv=memory.kv,
         index=memory.index,
         embedder=memory.embedder,
         summarizer=summarizer,
         tenant=new_tenant(),
     )
+    yield llm
+    llm.sessions.close()
 
 
 @pytest.mark.slow
 def test_502_when_the_model_answers_garbage(
-    memory: Memory, stub: StubLLMServer, tmp_path: Path
+    llm_memory: Memory, stub: StubLLMServer, tmp_path: Path
 ) -> None:
     stub.fallback = lambda body: StubReply.chat("this is not JSON")
     with start_app(
         Settings(data_dir=tmp_path, auth_enabled=False, job_max_attempts=2),
-        llm_memory(memory, stub),
+        llm_memory,
     ) as api:
         r = api.client.post(
             "/v1/users/u1/sessions?wait=true", json={"session_id": "s1", "transcript": TRANSCRIPT}
@@ -298,12 +305,10 @@ def test_502_when_the_model_answers_garbage(
 
 
 def test_503_when_the_model_is_unreachable(
-    memory: Memory, stub: StubLLMServer, tmp_path: Path
+    llm_memory: Memory, stub: StubLLMServer, tmp_path: Path
 ) -> None:
     stub.fallback = lambda body: StubReply.error(503, "overloaded upstream")
-    with start_app(
-        Settings(data_dir=tmp_path, auth_enabled=False), llm_memory(memory, stub)
-    ) as api:
+    with start_app(Settings(data_dir=tmp_path, auth_enabled=False), llm_memory) as api:
         r = api.client.post(
             "/v1/users/u1/sessions?wait=true", json={"session_id": "s1", "transcript": TRANSCRIPT}
         )
@@ -313,13 +318,13 @@ def test_503_when_the_model_is_unreachable(
 
 
 def test_429_when_too_many_summaries_are_queued(
-    memory: Memory, stub: StubLLMServer, tmp_path: Path
+    memory: Memory, llm_memory: Memory, stub: StubLLMServer, tmp_path: Path
 ) -> None:
     stub.fallback = lambda body: StubReply.json(GOOD_SUMMARY, delay=1.0)
     settings = Settings(
         data_dir=tmp_path, auth_enabled=False, max_pending_jobs=1, summarize_workers=1
     )
-    with start_app(settings, llm_memory(memory, stub)) as api:
+    with start_app(settings, llm_memory) as api:
         first = api.client.post(
             "/v1/users/u1/sessions", json={"session_id": "s1", "transcript": TRANSCRIPT}
         )

@@ -20,7 +20,7 @@ import pytest
 from tests.servers import ChromaServer, chroma_binary
 from tiers.backends.base import VectorIndex, VectorItem
 from tiers.backends.chroma_index import ChromaVectorIndex
-from tiers.errors import BackendUnavailableError, InvalidInputError
+from tiers.errors import InvalidInputError, StoreClosedError
 
 DIM = 4
 NAME = "test-embedder"
@@ -266,7 +266,7 @@ def test_ping_answers_and_close_is_final_and_idempotent(index: ChromaVectorIndex
         lambda: index.ids(where={}),
         lambda: index.delete(["a"]),
     ):
-        with pytest.raises(BackendUnavailableError, match="closed"):
+        with pytest.raises(StoreClosedError, match="closed"):
             call()
 
 

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import textwrap
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Annotated, Any, TypedDict
 
@@ -53,11 +53,18 @@ class Chat(TypedDict):
     turns: int
 
 
-def chat_graph(saver: TiermemSaver, delay: float = 0.0) -> Any:
-    """A 3-node chat graph: plan -> answer -> review, each adding a message."""
+def chat_graph(
+    saver: TiermemSaver, delay: float = 0.0, *, meet: Callable[[], None] | None = None
+) -> Any:
+    """A 3-node chat graph: plan -> answer -> review, each adding a message.
+
+    ``meet``, if given, is called in each plan, after its model call.
+    """
 
     def plan(state: Chat) -> dict[str, Any]:
         time.sleep(delay)  # a model call
+        if meet is not None:
+            meet()
         return {"messages": [AIMessage(f"plan {state.get('turns', 0)}")]}
 
     def answer(state: Chat) -> dict[str, Any]:
@@ -334,8 +341,22 @@ WORKER = textwrap.dedent(
 
     settings = Settings.model_validate_json(os.environ["SETTINGS"])
     name, count = sys.argv[1], int(sys.argv[2])
+    met = []
+
+    def meet():
+        # The first plan of each process waits for the other's: both are inside an invoke at
+        # once, so one writes on a head the other moved (a conflict), whatever the scheduler.
+        if met:
+            return
+        met.append(name)
+        open(os.environ["READY"] + "inside-" + name, "w").close()
+        other = os.environ["READY"] + "inside-" + ("b" if name == "a" else "a")
+        deadline = time.monotonic() + 120
+        while not os.path.exists(other) and time.monotonic() < deadline:
+            time.sleep(0.001)
+
     memory = Memory.from_settings(settings)
-    graph = chat_graph(TiermemSaver(memory), delay=0.02)
+    graph = chat_graph(TiermemSaver(memory), delay=0.02, meet=meet)
     config = {"configurable": {"thread_id": "shared"}}
     conflicts = done = 0
     # Both processes start invoking at the same moment, however long each took to start.
@@ -410,7 +431,8 @@ def test_two_processes_on_one_thread_never_fork_it(
         final = chat_graph(saver).get_state(config).values["messages"]
         contents = {m.content for m in final}
         assert {f"{n}-{i}" for n in "ab" for i in range(15)} <= contents
-    # The race really happened (otherwise this test proves nothing).
+    # The race really happened (otherwise this test proves nothing): the processes met inside
+    # their first invokes (WORKER's meet), so this holds however they are scheduled.
     assert conflicts > 0
 
 

@@ -593,6 +593,14 @@ def test_the_sweeper_thread_deletes_expired_items(memory: Memory, clock: Clock) 
     assert future.result(timeout=10) is None
 
 
+def test_the_sweeper_thread_stops_when_the_store_is_closed(memory: Memory, clock: Clock) -> None:
+    store = TiermemStore(memory, ttl={"default_ttl": 1.0, "sweep_interval_minutes": 1}, clock=clock)
+    future = store.start_ttl_sweeper(sweep_interval_minutes=0.001)
+    memory.close()  # a closed store is final: sweeping it again cannot succeed
+    assert future.result(timeout=60) is None  # it used to retry (and log) every interval
+    assert store.stop_ttl_sweeper(timeout=10)
+
+
 # -- tenants, users, deletion ---------------------------------------------------------------------
 
 

@@ -265,6 +265,22 @@ def test_stop_lets_the_current_step_commit_then_releases_the_run(
     assert log.read_text().splitlines() == ["r/effect:append/0"]
 
 
+def test_a_worker_stops_when_its_store_is_closed_instead_of_polling_it_forever(
+    store: KVStore, tasks: TaskTier
+) -> None:
+    worker = Worker(tasks, workflows, lease_ttl=60, poll_interval=0.05, concurrency=2)
+    serving = threading.Thread(target=worker.run)
+    serving.start()
+    try:
+        store.close()  # a closed store is final: polling it again cannot succeed
+        serving.join(120)
+        assert not serving.is_alive(), "the worker kept polling a closed store"
+        assert worker.draining
+    finally:
+        worker.stop()
+        serving.join(60)
+
+
 def test_a_worker_counts_runs_claimed_finished_by_outcome_and_its_idle_time(
     tasks: TaskTier, tmp_path: Path
 ) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
@@ -50,6 +51,18 @@ class Recorder:
                 self.running -= 1
 
 
+def wait_until_queued(coalescer: Coalescer, texts: int) -> None:
+    """Wait until callers' requests of ``texts`` texts in all wait for a model call."""
+    deadline = time.monotonic() + 60
+    while True:
+        with coalescer._changed:  # the callers append under it
+            queued = sum(len(request.texts) for request in coalescer._queue)
+        if queued >= texts:
+            return
+        assert time.monotonic() < deadline, f"{queued} of {texts} texts queued"
+        threading.Event().wait(0.001)
+
+
 def test_a_lone_caller_runs_at_once_as_one_call() -> None:
     model = Recorder()
     vectors = Coalescer(model).embed(["ab", "abc"])
@@ -67,7 +80,7 @@ def test_concurrent_callers_share_calls_and_each_gets_its_own_rows() -> None:
         # Let every caller queue up behind the first call, then let the model run.
         while sum(len(c) for c in model.calls) == 0:
             threading.Event().wait(0.001)
-        threading.Event().wait(0.2)
+        wait_until_queued(coalescer, sum(len(t) for t in texts) - len(model.calls[0]))
         gate.set()
         results = [f.result(timeout=30) for f in futures]
     for t, rows in zip(texts, results, strict=True):
@@ -96,9 +109,9 @@ def test_a_failed_call_fails_its_callers_only() -> None:
         while not model.calls:
             threading.Event().wait(0.001)
         bad = pool.submit(coalescer.embed, ["boom"])
-        threading.Event().wait(0.05)
+        wait_until_queued(coalescer, 1)
         good = pool.submit(coalescer.embed, ["fine", "also fine"])  # over max_batch: own call
-        threading.Event().wait(0.05)
+        wait_until_queued(coalescer, 3)
         gate.set()
         assert first.result(timeout=30).tolist() == [[5, 5]]
         with pytest.raises(RuntimeError, match="model failed"):

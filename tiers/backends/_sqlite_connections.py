@@ -22,7 +22,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from tiers.errors import BackendUnavailableError
+from tiers.errors import BackendUnavailableError, StoreClosedError
 
 BUSY_TIMEOUT_S = 30.0
 
@@ -68,9 +68,9 @@ class SqliteConnections:
         if self.closed:
             raise self.closed_error()
 
-    def closed_error(self) -> BackendUnavailableError:
+    def closed_error(self) -> StoreClosedError:
         """The error every method raises once the store is closed."""
-        return BackendUnavailableError(
+        return StoreClosedError(
             f"the SQLite store at {self.path} is closed; open a new SqliteKVStore"
         )
 

@@ -50,7 +50,7 @@ from chromadb.errors import (
 from tiers.backends import redact_url
 from tiers.backends._chroma_files import hnsw_segments, zero_unused_slots
 from tiers.backends.base import Embedder, VectorHit, VectorItem
-from tiers.errors import BackendUnavailableError, InvalidInputError
+from tiers.errors import BackendUnavailableError, InvalidInputError, StoreClosedError
 
 logger = logging.getLogger(__name__)
 
@@ -287,7 +287,7 @@ class ChromaVectorIndex:
 
     def _check_open(self) -> None:
         if self._closed:
-            raise BackendUnavailableError("the Chroma index is closed")
+            raise StoreClosedError("the Chroma index is closed")
 
     def _check_vector(self, embedding: Sequence[float], field: str) -> list[float]:
         try:

@@ -56,7 +56,7 @@ from tiers.backends.common import (
     check_writes,
     prefix_upper_bound,
 )
-from tiers.errors import BackendUnavailableError, ConflictError, InvalidInputError
+from tiers.errors import BackendUnavailableError, ConflictError, InvalidInputError, StoreClosedError
 
 try:
     import psycopg
@@ -273,9 +273,9 @@ class PostgresKVStore:
 
     # ------------------------------------------------------------------ plumbing
 
-    def _closed_error(self, during: str | None = None) -> BackendUnavailableError:
+    def _closed_error(self, during: str | None = None) -> StoreClosedError:
         when = f" during a {during}" if during else ""
-        return BackendUnavailableError(
+        return StoreClosedError(
             f"the PostgreSQL store was closed{when}; open a new PostgresKVStore"
         )
 

@@ -39,7 +39,7 @@ from tiers.backends.common import (
     check_writes,
     prefix_upper_bound,
 )
-from tiers.errors import BackendUnavailableError, ConflictError, InvalidInputError
+from tiers.errors import BackendUnavailableError, ConflictError, InvalidInputError, StoreClosedError
 
 # KEYS: (values-hash, index-zset) per space. ARGV: n_checks, then 4 per check
 # (space#, key, must_exist, expected), then 4 per write (op, space#, key, value).
@@ -162,7 +162,7 @@ class RedisKVStore:
 
     def _ensure_open(self) -> None:
         if self._closed:
-            raise BackendUnavailableError("the Redis store is closed; open a new RedisKVStore")
+            raise StoreClosedError("the Redis store is closed; open a new RedisKVStore")
 
     @contextmanager
     def _translate(self, what: str) -> Iterator[None]:
@@ -171,7 +171,7 @@ class RedisKVStore:
             yield
         except (redis.RedisError, RedisClusterException) as exc:
             if self._closed:
-                raise BackendUnavailableError(
+                raise StoreClosedError(
                     f"the Redis store was closed during a {what}; open a new RedisKVStore"
                 ) from exc
             raise BackendUnavailableError(f"Redis {what} failed: {exc}") from exc

@@ -34,12 +34,12 @@ from tiers.session._index import (
     FINGERPRINT_KEY,
     Ref,
     session_fingerprint,
-    users_of,
 )
 from tiers.session._job_records import Claim, JobState, SummaryJob
 from tiers.session._job_tenants import job_tenants, retire_tenant, unfinished_jobs
 from tiers.session._jobs import SummaryJobs
 from tiers.session._keyword import tokenize
+from tiers.session._plans import users_of
 from tiers.session._reads import MAX_TOP_K, RecalledSession, check_top_k
 from tiers.session._recall import BM25Index, FusionWeights, fuse
 from tiers.session._reindex import ReindexProgress

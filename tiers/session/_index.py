@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 from collections import OrderedDict
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Sequence
 
 from tiers import keys
 from tiers.backends.base import (
@@ -49,8 +49,8 @@ from tiers.backends.base import (
     VectorItem,
     Write,
 )
-from tiers.errors import BackendUnavailableError, ConflictError
-from tiers.session._plans import CachedEmbedder, Plan, Ref, enqueue, read_plans, take
+from tiers.errors import BackendUnavailableError, ConflictError, StoreClosedError
+from tiers.session._plans import CachedEmbedder, Plan, Ref, enqueue, read_plans, take, users_of
 
 __all__ = [
     "FINGERPRINT_KEY",
@@ -265,15 +265,14 @@ class SessionIndexer:
             self.repair_if_needed()
             return not self._needs_repair.is_set()
         with self._cond:
-            return self._cond.wait_for(
-                lambda: (
-                    not self._queue
-                    and not self._busy
-                    and not self._needs_repair.is_set()
-                    and not (windows and (self._windows_queue or self._busy_windows))
-                ),
-                timeout,
-            )
+            # A worker stopped on a closed store never does the rest: no use waiting for it.
+            self._cond.wait_for(lambda: self._stopping or self._idle(windows), timeout)
+            return self._idle(windows)
+
+    def _idle(self, windows: bool) -> bool:
+        """Nothing queued or running for the first pass (and the second if ``windows``); ``_cond`` held."""
+        second = windows and bool(self._windows_queue or self._busy_windows)
+        return not (self._queue or self._busy or self._needs_repair.is_set() or second)
 
     def close(self, timeout: float | None = 10.0) -> None:
         """Stop the worker after it finishes the queue (up to ``timeout``). Idempotent.
@@ -335,6 +334,12 @@ class SessionIndexer:
                 if windows:
                     self.sync_windows(windows)
                 backoff = 0.5
+            except StoreClosedError as exc:  # final, unlike an outage: retrying cannot succeed
+                logger.warning("session index worker stops, work stays in the outboxes: %s", exc)
+                with self._cond:
+                    self._stopping = True  # flush() returns instead of waiting for it,
+                    self._needs_repair.set()  # False: work is left (in the outboxes)
+                return
             except Exception as exc:  # the worker must survive anything: the outboxes keep the work
                 failed = True
                 if windows:
@@ -593,8 +598,3 @@ class SessionIndexer:
             except ConflictError:
                 requeued.append(ref)
         return requeued
-
-
-def users_of(refs: Iterable[Ref]) -> list[str]:
-    """Distinct user ids of ``refs``, in first-seen order."""
-    return list(dict.fromkeys(user for user, _ in refs))

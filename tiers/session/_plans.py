@@ -33,7 +33,7 @@ from tiers.session._terms import (
 )
 from tiers.session._transcripts import decode_transcript, header_key, page_key, read_header
 
-__all__ = ["CachedEmbedder", "Plan", "Ref", "enqueue", "read_plans", "take"]
+__all__ = ["CachedEmbedder", "Plan", "Ref", "enqueue", "read_plans", "take", "users_of"]
 
 logger = logging.getLogger(__name__)
 
@@ -238,3 +238,8 @@ def take(queue: OrderedDict[str, dict[str, None]], limit: int) -> list[Ref]:
         if sessions:
             queue[user_id] = sessions  # to the back of the line
     return taken
+
+
+def users_of(refs: Iterable[Ref]) -> list[str]:
+    """Distinct user ids of ``refs``, in first-seen order."""
+    return list(dict.fromkeys(user for user, _ in refs))

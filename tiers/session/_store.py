@@ -20,7 +20,8 @@ from tiers.backends.base import Embedder, KVStore, Put, VectorIndex, Write
 from tiers.errors import InvalidInputError
 from tiers.ids import check_id
 from tiers.redaction import OFF, Redactor
-from tiers.session._index import Ref, SessionIndexer, users_of
+from tiers.session._index import Ref, SessionIndexer
+from tiers.session._plans import users_of
 from tiers.session._view import UserView, ViewCache, build_view
 
 __all__ = ["SessionStore"]

@@ -94,7 +94,7 @@ def plan(data: Path, users: int, per_user: int, sources_per_user: int, seed: int
         picked = rng.sample(sources, min(sources_per_user, len(sources)))
         pool = [(source, s) for source in picked for s in sessions[source]]
         while len(pool) < per_user:  # a small mix: widen it with one more source
-            extra = rng.choice(sources)
+            extra = rng.choice([source for source in sources if source not in picked])
             pool.extend((extra, s) for s in sessions[extra])
             picked.append(extra)
         chosen = sorted(rng.sample(pool, per_user), key=lambda pair: pair[1].created_at)

@@ -1,0 +1,273 @@
+"""Session recall and continuation-context latency at scale, with real transcripts (issue 19 item 2).
+
+Builds a store of ``--users`` x ``--sessions-per-user`` sessions whose transcripts
+are real ones resampled from the recall-dev data (LongMemEval_S and LoCoMo
+sessions, read at run time from ``--data``; nothing is copied into the repo).
+Each user gets a different mix: the sessions of ``--sources-per-user`` source
+users (LongMemEval haystacks or LoCoMo conversations) drawn at random, sampled
+without replacement and kept in their original chronological order. Every
+session goes through ``Memory.end_session`` (full transcript, offline summary) on
+``Memory.open`` (SQLite + embedded Chroma + local MiniLM, background indexing:
+the embedded default); ingest ends when every session is searchable
+(``sessions.flush(windows=False)``: base vector and keywords), or with
+``--windows`` when every transcript window is indexed too (``Memory.flush``, about
+4x the CPU on LongMemEval sessions).
+
+Then, for ``--rounds`` restarts: the store is opened again (``Memory.open``), one
+warm-up query of the last user goes first (model load, opening the index), and
+each other user asks one question of one of its source users:
+first through ``recall_relevant(top_k=5)`` (cold: nothing of the user is cached),
+then again (warm); then in another freshly opened store the same through
+``build_continuation_context``. Query embedding is included everywhere.
+``--profile`` prints a cProfile of the cold recalls of the first round.
+
+Without ``--windows`` the second index pass (transcript windows, ~1 session/s on
+a busy 2-core box) is still queued when ingest ends, and the index worker of
+the reopened store would run it beside the queries (both embed, on the same
+cores). So while measuring, the bench parks that queue: its outbox entries are
+moved to a side space of the KV store and put back afterwards (also when a
+measurement fails); recall then ranks each session by its base vector and
+keywords, as it does for any session whose windows are not indexed yet.
+``--unparked`` measures with the window pass running instead.
+
+The store is kept in ``--store`` and reused when it holds every user asked for
+(ingest skipped); otherwise ingest resumes at the first user not done. The plan
+(which sessions each user gets) depends only on the data, ``--seed``,
+``--sessions-per-user`` and ``--sources-per-user``, and user n's mix does not
+depend on ``--users``: a store of 500 users grows to 1,000 by a rerun with
+``--users 1000``.
+
+Usage::
+
+    python bench/session_scale_bench.py --users 200 --sessions-per-user 10 --store /tmp/scale
+    python bench/session_scale_bench.py --users 1000 --sessions-per-user 100 --store /tmp/s100k
+"""
+
+from __future__ import annotations
+
+import argparse
+import cProfile
+import json
+import os
+import pstats
+import random
+import sys
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from pathlib import Path
+
+from recall_bench import DEFAULT_DATA, Session, load, percentiles
+
+from memory import Memory
+from tiers.backends.base import Delete, Put
+from tiers.backends.sqlite_kv import SqliteKVStore
+from tiers.keys import session_windows_outbox_space
+
+DONE_FILE = "scale-bench-ingested.json"
+TENANT = "default"  # Memory.open's tenant
+
+
+@dataclass
+class User:
+    """One bench user: its sessions (a mix of real ones) and the questions it may ask."""
+
+    user_id: str
+    sessions: list[Session]
+    questions: list[str]
+
+
+def plan(data: Path, users: int, per_user: int, sources_per_user: int, seed: int) -> list[User]:
+    """Each user's sessions and questions, drawn from both datasets (deterministic in ``seed``)."""
+    sessions: dict[str, list[Session]] = {}
+    questions: dict[str, list[str]] = {}
+    for name in ("longmemeval_s", "locomo"):
+        dataset = load(data, name, 0)
+        sessions.update(dataset.sessions)
+        for query in dataset.queries:
+            questions.setdefault(query.user_id, []).append(query.text)
+    sources = sorted(sessions)
+    rng = random.Random(seed)
+    out: list[User] = []
+    for n in range(users):
+        picked = rng.sample(sources, min(sources_per_user, len(sources)))
+        pool = [(source, s) for source in picked for s in sessions[source]]
+        while len(pool) < per_user:  # a small mix: widen it with one more source
+            extra = rng.choice([source for source in sources if source not in picked])
+            pool.extend((extra, s) for s in sessions[extra])
+            picked.append(extra)
+        chosen = sorted(rng.sample(pool, per_user), key=lambda pair: pair[1].created_at)
+        user_id = f"scale{n:05d}"
+        out.append(
+            User(
+                user_id,
+                [
+                    Session(user_id, f"{source}.{s.session_id}", s.created_at, s.messages)
+                    for source, s in chosen
+                ],
+                [q for source in picked for q in questions.get(source, [])],
+            )
+        )
+    return out
+
+
+def ingest(store: Path, users: list[User], windows: bool) -> None:
+    """Every user's sessions through ``end_session``; resumes after the last user done."""
+    marker = store / DONE_FILE
+    start = int(json.loads(marker.read_text())["users"]) if marker.exists() else 0
+    if start >= len(users):
+        print(f"reusing the store in {store}: {start} users ingested (ingest skipped)")
+        return
+    total = sum(len(u.sessions) for u in users[start:])
+    print(f"ingesting {total} sessions of users {start}..{len(users) - 1} into {store}")
+    memory = Memory.open(store)
+    try:
+        memory.embedder.embed(["warm up the model"])  # model load is not ingest
+        cpu, wall = time.process_time(), time.perf_counter()
+        done = 0
+        for n, user in enumerate(users[start:], start):
+            for session in user.sessions:
+                memory.end_session(
+                    user.user_id,
+                    session.session_id,
+                    session.messages,
+                    created_at=session.created_at,
+                )
+            done += len(user.sessions)
+            marker.write_text(json.dumps({"users": n + 1}))
+            if (n + 1) % 20 == 0:
+                elapsed = time.perf_counter() - wall
+                print(
+                    f"  {n + 1} users, {done}/{total} sessions acknowledged, "
+                    f"{done / elapsed:.1f}/s, load {os.getloadavg()[0]:.1f}",
+                    flush=True,
+                )
+        acknowledged = time.perf_counter() - wall
+        caught_up = (
+            memory.flush(24 * 3600) if windows else memory.sessions.flush(24 * 3600, windows=False)
+        )
+        if not caught_up:
+            raise RuntimeError("the index did not catch up")
+        indexed = time.perf_counter() - wall
+        cpu_used = time.process_time() - cpu
+    finally:
+        memory.close()
+    what = "every window indexed" if windows else "searchable (windows pending)"
+    print(
+        f"ingested {total} sessions: {total / acknowledged:.1f}/s acknowledged, "
+        f"{total / indexed:.1f}/s {what}, CPU {cpu_used / max(total, 1):.3f} s/session, "
+        f"{indexed:.0f} s, load {os.getloadavg()[0]:.1f}"
+    )
+
+
+Call = Callable[[Memory, str, str], object]
+CALLS: dict[str, Call] = {
+    "recall_relevant(top_k=5)": lambda m, user, text: m.recall_relevant(user, text, top_k=5),
+    "build_continuation_context": lambda m, user, text: m.build_continuation_context(user, text),
+}
+
+
+@contextmanager
+def windows_parked(store: Path) -> Iterator[int]:
+    """Move the queued window pass out of the index worker's way; put it back on exit."""
+    queue, parked = session_windows_outbox_space(TENANT), f"{TENANT}:scale-bench-parked-windows"
+
+    def move(source: str, target: str) -> int:
+        kv = SqliteKVStore(store / "tiermem.sqlite3")
+        try:
+            entries = list(kv.scan(source))
+            if entries:
+                kv.commit(
+                    [Put(target, key, value) for key, value in entries]
+                    + [Delete(source, key) for key, _ in entries]
+                )
+            return len(entries)
+        finally:
+            kv.close()
+
+    moved = move(queue, parked)
+    try:
+        yield moved
+    finally:
+        move(parked, queue)
+
+
+def measure(store: Path, users: list[User], seed: int, profile: bool) -> None:
+    """One round: each call kind in a freshly opened store, cold then warm per user."""
+    rng = random.Random(seed)
+    asks = [(user.user_id, rng.choice(user.questions)) for user in users]
+    warm_up, asks = asks[-1], asks[:-1]
+    for label, call in CALLS.items():
+        memory = Memory.open(store)
+        try:
+            call(memory, *warm_up)
+            profiler = cProfile.Profile() if profile and label.startswith("recall") else None
+            cold: list[float] = []
+            for user, text in asks:
+                if profiler:
+                    profiler.enable()
+                started = time.perf_counter()
+                call(memory, user, text)
+                cold.append((time.perf_counter() - started) * 1000)
+                if profiler:
+                    profiler.disable()
+            warm: list[float] = []
+            for user, text in asks:
+                started = time.perf_counter()
+                call(memory, user, text)
+                warm.append((time.perf_counter() - started) * 1000)
+        finally:
+            memory.close()
+        (c50, c95, c99), (w50, w95, w99) = percentiles(cold), percentiles(warm)
+        print(
+            f"{label}: cold (each user's first after a restart) n={len(cold)} "
+            f"p50 {c50:.1f} / p95 {c95:.1f} / p99 {c99:.1f} / max {max(cold):.1f} ms; "
+            f"warm p50 {w50:.1f} / p95 {w95:.1f} / p99 {w99:.1f} ms; "
+            f"load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+        if profiler:
+            pstats.Stats(profiler).sort_stats("cumulative").print_stats(30)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--users", type=int, default=200)
+    parser.add_argument("--sessions-per-user", type=int, default=10)
+    parser.add_argument(
+        "--sources-per-user",
+        type=int,
+        default=3,
+        help="source users (LongMemEval haystacks, LoCoMo conversations) each user's mix comes from",
+    )
+    parser.add_argument("--data", type=Path, default=DEFAULT_DATA, help="the recall-dev data")
+    parser.add_argument("--store", type=Path, required=True, help="the store; reused when complete")
+    parser.add_argument("--seed", type=int, default=19)
+    parser.add_argument("--rounds", type=int, default=2, help="restarts measured")
+    parser.add_argument(
+        "--windows", action="store_true", help="ingest until every transcript window is indexed"
+    )
+    parser.add_argument("--profile", action="store_true", help="cProfile the first cold recalls")
+    parser.add_argument("--ingest-only", action="store_true")
+    parser.add_argument(
+        "--unparked", action="store_true", help="measure with the queued window pass running"
+    )
+    args = parser.parse_args()
+    started = time.perf_counter()
+    users = plan(args.data, args.users, args.sessions_per_user, args.sources_per_user, args.seed)
+    print(
+        f"planned {args.users} users x {args.sessions_per_user} sessions in {time.perf_counter() - started:.0f} s"
+    )
+    args.store.mkdir(parents=True, exist_ok=True)
+    ingest(args.store, users, args.windows)
+    if not args.ingest_only:
+        with nullcontext(0) if args.unparked else windows_parked(args.store) as parked:
+            print(f"window pass parked for {parked} sessions while measuring")
+            for n in range(args.rounds):
+                measure(args.store, users, args.seed + n, args.profile and n == 0)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -254,6 +254,21 @@ class Steps:
         if ``output`` differs: the first commit wins. Without a key, every call
         appends (its key is ``<run_id>/<step>/@<seq>``).
 
+        Whether the checkpoint may be committed (or its key replays) is decided
+        on the run's head as :meth:`step` decides it: on the head this handle's
+        last commit or read returned while that is less than ``head_fresh_ms``
+        old and no write through this handle's ``TaskTier`` changed the run
+        since (one round trip in a tight loop: the commit), else on a head read
+        first. A refusal is only decided on a head just read, and the commit
+        checks the head's exact bytes: when another writer changed the run
+        meanwhile, the call is decided again on the fresh head, refused with
+        the error below (nothing written), answered with the checkpoint that
+        committed its key meanwhile, or committed. The caller ran the step
+        already, so the window changes what is stored in no case; the one
+        difference: a key this handle already committed is answered from the
+        trusted head, even if another writer cancelled the run inside the window
+        (nothing is written either way).
+
         Args:
             step: Step name (1-256 characters).
             output: The step's JSON-serialisable output.
@@ -271,6 +286,7 @@ class Steps:
             ValueTooLargeError: The checkpoint would exceed the store's value limit.
             StaleWriterError: The run was taken over by another handle; nothing was written.
             RunStateError: The run is finished, cancelled or paused; nothing was written.
+            RunNotFoundError: The run was deleted; nothing was written.
             ConflictError: This lease was used concurrently; nothing was written.
         """
         name = check_name(step)
@@ -280,13 +296,16 @@ class Steps:
         value = to_json(output, field="output", step=name)
         scope_value = None if scope is None else to_json_dict(scope, field="scope", step=name)
         delta = None if state is None else to_json_dict(state, field="state", step=name)
-        info = self._writer.refresh()
-        entry: bytes | None = None
-        if key is not None:
-            existing, entry = self._writer.lookup(key, info)
-            if existing is not None:
-                self._writer.verify_replay(existing, name, digest, key)
-                return existing
+
+        def admit(info: RunInfo) -> Decision:
+            # Unlike a step's replay, a committed key is not returned while the run is paused.
+            self._writer.check_writable(info)
+            return (None, None) if key is None else self._writer.lookup(key, info)
+
+        (existing, entry), trusted = self._decide(admit)
+        if existing is not None:
+            self._writer.verify_replay(existing, name, digest, existing.idempotency_key)
+            return existing
         made: list[Checkpoint] = []
 
         def build() -> Txn:
@@ -302,7 +321,20 @@ class Steps:
             )
             return txn
 
-        self._writer.commit(build, name)
+        def decide_again(fresh: RunInfo) -> None:
+            # The run changed after the head this call trusted: refuse or replay exactly as a
+            # read first would have.
+            nonlocal entry
+            committed, entry = admit(fresh)
+            if committed is not None:
+                raise AlreadyCommittedError(committed)
+
+        try:
+            self._writer.commit(build, name, decide_again if trusted else None)
+        except AlreadyCommittedError as replayed:
+            ckpt = replayed.checkpoint
+            self._writer.verify_replay(ckpt, name, digest, ckpt.idempotency_key)
+            return ckpt
         return made[0]
 
 

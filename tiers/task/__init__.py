@@ -159,6 +159,7 @@ from tiers.task._format import (
 from tiers.task._format import (
     migrate as migrate_layout,
 )
+from tiers.task._fresh import DEFAULT_HEAD_FRESH_MS
 from tiers.task._handle import (
     RunHandle,
 )
@@ -193,6 +194,7 @@ from tiers.task._txn import (
 )
 
 __all__ = [
+    "DEFAULT_HEAD_FRESH_MS",
     "DEFAULT_RETENTION",
     "DEFAULT_SNAPSHOT_EVERY",
     "LATEST_LAYOUT",

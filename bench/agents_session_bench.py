@@ -272,8 +272,12 @@ def compare(args: argparse.Namespace, redis_url: str | None) -> None:
         mode = "concurrent conversations" if concurrent else "one conversation at a time"
         print(f"{mode}:")
         best: dict[str, Figures] = {}
-        for _ in range(args.rounds):
-            for name, run in systems.items():
+        names = list(systems)
+        for round_ in range(args.rounds):
+            # Rotated each round, so no system always runs right after the same one.
+            shift = round_ % len(names)
+            for name in names[shift:] + names[:shift]:
+                run = systems[name]
                 with tempfile.TemporaryDirectory(prefix="agents-bench-") as tmp:
                     figures = asyncio.run(
                         run(Path(tmp), args.sessions, args.turns, args.limit, concurrent)

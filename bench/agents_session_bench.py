@@ -17,30 +17,42 @@ Printed: items written per second, items read per second (through
 (above 1: tiermem faster). A final ``get_items()`` of every session's whole
 history is timed too.
 
+``--head-window`` also runs tiermem with ``head_fresh_ms=0`` (every
+``add_items`` reads the run head before its commit, as before the head window
+covered ``append_checkpoint``) beside the default window, in the same run;
+``--redis`` runs tiermem's KV store on a local ``redis-server`` (``appendfsync
+always``) as well as on the embedded SQLite file.
+
 Usage::
 
     python bench/agents_session_bench.py [--sessions 4] [--turns 100] [--limit 20] [--rounds 2]
+        [--head-window] [--redis]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import functools
 import json
+import os
 import sys
 import tempfile
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "bench"))
 
 from agents.memory import SessionSettings, SQLiteSession  # noqa: E402
 
 from memory import Memory  # noqa: E402
 from memory.integrations.openai_agents import TiermemSession  # noqa: E402
+from tiers.task import DEFAULT_HEAD_FRESH_MS  # noqa: E402
 
 
 class AnySession(Protocol):
@@ -168,9 +180,20 @@ async def run_sdk(folder: Path, count: int, turns: int, limit: int, concurrent: 
 
 
 async def run_tiermem(
-    folder: Path, count: int, turns: int, limit: int, concurrent: bool
+    folder: Path,
+    count: int,
+    turns: int,
+    limit: int,
+    concurrent: bool,
+    *,
+    head_fresh_ms: float = DEFAULT_HEAD_FRESH_MS,
+    kv_url: str | None = None,
 ) -> Figures:
-    with Memory.open(folder / "tiermem") as memory:
+    if kv_url is not None:
+        import redis
+
+        redis.Redis.from_url(kv_url).flushdb()  # every run starts on an empty store
+    with Memory.open(folder / "tiermem", head_fresh_ms=head_fresh_ms, kv_url=kv_url) as memory:
         sessions = [
             TiermemSession(
                 memory,
@@ -204,7 +227,42 @@ def main() -> None:
     parser.add_argument("--turns", type=int, default=100)
     parser.add_argument("--limit", type=int, default=20)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument(
+        "--head-window", action="store_true", help="also run tiermem with head_fresh_ms=0"
+    )
+    parser.add_argument("--redis", action="store_true", help="also run tiermem on redis-server")
     args = parser.parse_args()
+    print("load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+    server = None
+    if args.redis:
+        from task_bench import RedisAlways
+
+        server = RedisAlways(Path(tempfile.mkdtemp(prefix="agents-bench-redis-")))
+    try:
+        compare(args, None if server is None else server.url)
+    finally:
+        if server is not None:
+            server.stop()
+    print("load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
+
+
+Runner = Callable[[Path, int, int, int, bool], Awaitable[Figures]]
+
+
+def compare(args: argparse.Namespace, redis_url: str | None) -> None:
+    """Run every system ``args`` asks for, in turns, and print each one's figures and ratios."""
+    window = DEFAULT_HEAD_FRESH_MS
+    systems: dict[str, Runner] = {"sdk": run_sdk, "tiermem": run_tiermem}
+    if args.head_window:
+        systems["tm-w0"] = functools.partial(run_tiermem, head_fresh_ms=0)
+    if redis_url is not None:
+        systems["tm-redis"] = functools.partial(run_tiermem, kv_url=redis_url)
+        if args.head_window:
+            systems["tm-r-w0"] = functools.partial(run_tiermem, kv_url=redis_url, head_fresh_ms=0)
+    print(
+        f"tiermem: head_fresh_ms={window:g}; tm-w0: head_fresh_ms=0; tm-redis / tm-r-w0: the same "
+        "on redis-server (appendfsync always)"
+    )
     sample = json.dumps(turn_items(0, 0))
     print(
         f"{args.sessions} sessions x {args.turns} turns (4 items, {len(sample)} bytes of JSON per "
@@ -214,8 +272,12 @@ def main() -> None:
         mode = "concurrent conversations" if concurrent else "one conversation at a time"
         print(f"{mode}:")
         best: dict[str, Figures] = {}
-        for _ in range(args.rounds):
-            for name, run in (("sdk", run_sdk), ("tiermem", run_tiermem)):
+        names = list(systems)
+        for round_ in range(args.rounds):
+            # Rotated each round, so no system always runs right after the same one.
+            shift = round_ % len(names)
+            for name in names[shift:] + names[:shift]:
+                run = systems[name]
                 with tempfile.TemporaryDirectory(prefix="agents-bench-") as tmp:
                     figures = asyncio.run(
                         run(Path(tmp), args.sessions, args.turns, args.limit, concurrent)
@@ -223,18 +285,20 @@ def main() -> None:
                 show(name, figures, concurrent)
                 if name not in best or figures.wall_s < best[name].wall_s:
                     best[name] = figures
-        sdk, ours = best["sdk"], best["tiermem"]
-        turns = (ours.turns / ours.wall_s) / (sdk.turns / sdk.wall_s)
-        if concurrent:
-            print(f"  best: tiermem / SDK SQLiteSession turns/s x{turns:.2f}")
-            continue
-        write = (ours.written / ours.write_s) / (sdk.written / sdk.write_s)
-        read = (ours.read / ours.read_s) / (sdk.read / sdk.read_s)
-        full = (ours.full_items / ours.full_s) / (sdk.full_items / sdk.full_s)
-        print(
-            f"  best: tiermem / SDK SQLiteSession write x{write:.2f}, read(limit) x{read:.2f}, "
-            f"turns x{turns:.2f}, full history x{full:.2f}"
-        )
+        sdk = best["sdk"]
+        for name in list(systems)[1:]:
+            ours = best[name]
+            turns = (ours.turns / ours.wall_s) / (sdk.turns / sdk.wall_s)
+            if concurrent:
+                print(f"  best: {name} / SDK SQLiteSession turns/s x{turns:.2f}")
+                continue
+            write = (ours.written / ours.write_s) / (sdk.written / sdk.write_s)
+            read = (ours.read / ours.read_s) / (sdk.read / sdk.read_s)
+            full = (ours.full_items / ours.full_s) / (sdk.full_items / sdk.full_s)
+            print(
+                f"  best: {name} / SDK SQLiteSession write x{write:.2f}, read(limit) "
+                f"x{read:.2f}, turns x{turns:.2f}, full history x{full:.2f}"
+            )
     print("target: tiermem at least as fast (x >= 1.00)")
 
 

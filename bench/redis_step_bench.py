@@ -9,7 +9,10 @@ blocks of ``--block`` writes, in rotating order, and each one's time and
 client CPU are summed over its blocks. Rows: raw ``SET`` of the payload's
 bytes, ``RunHandle.step`` reading the run's head before every step
 (``head_fresh_ms=0``, two round trips), with the default head window (one
-round trip), and with the window and no redaction (what redaction costs).
+round trip), and with the window and no redaction (what redaction costs);
+then ``RunHandle.append_checkpoint`` of the same payload (a step the caller ran,
+as the Agents SDK session and the HTTP checkpoint route write) without and with
+the window.
 The load average is printed before and after; quote the ratios, which come
 from one run.
 """
@@ -68,6 +71,13 @@ def main() -> None:
 
             return turn
 
+        def appends(handle: RunHandle) -> Callable[[], None]:
+            def turn() -> None:
+                for _ in range(args.block):
+                    handle.append_checkpoint("items", PAYLOAD)
+
+            return turn
+
         def raw() -> None:
             for _ in range(args.block):
                 client.set(f"raw:{next(numbers)}", value)
@@ -78,6 +88,8 @@ def main() -> None:
             "step, head read first (head_fresh_ms=0)": steps(run(0, Redactor())),
             f"step, head window (head_fresh_ms={default:g})": steps(run(default, Redactor())),
             "step, head window, no redaction": steps(run(default, None)),
+            "append_checkpoint, head read first (0)": appends(run(0, Redactor())),
+            f"append_checkpoint, head window ({default:g})": appends(run(default, Redactor())),
         }
         names = list(systems)
         wall = dict.fromkeys(names, 0.0)

@@ -33,6 +33,7 @@ from tiers.redaction import Redactor
 from tiers.retention import RetentionPolicy, SweepReport
 from tiers.session import RecalledSession
 from tiers.task import (
+    DEFAULT_HEAD_FRESH_MS,
     DEFAULT_RETENTION,
     DEFAULT_SNAPSHOT_EVERY,
 )
@@ -64,6 +65,9 @@ class Memory(RunMethods):
         run_retention: How long finished runs are kept before :meth:`sweep_runs` deletes them.
         snapshot_every: The task tier snapshots a run's state every this many
             events, which bounds the cost of resuming a long run.
+        head_fresh_ms: How long (milliseconds) a run handle's step or appended
+            checkpoint trusts the run head its last commit or read returned
+            instead of reading it first (see ``TaskTier``); ``0``: read it every time.
         scrub_deleted: After :meth:`forget_user` and :meth:`delete_session`, have
             the KV store drop the deleted data from its files too (SQLite:
             truncate the WAL; Redis: rewrite the AOF), not only from every read.
@@ -89,6 +93,7 @@ class Memory(RunMethods):
         background_indexing: bool = True,
         run_retention: timedelta = DEFAULT_RETENTION,
         snapshot_every: int = DEFAULT_SNAPSHOT_EVERY,
+        head_fresh_ms: float = DEFAULT_HEAD_FRESH_MS,
         scrub_deleted: bool = True,
         retention: RetentionPolicy | None = None,
         redactor: Redactor | None = None,
@@ -116,6 +121,7 @@ class Memory(RunMethods):
             redactor=self.redactor,
             run_retention=run_retention,
             snapshot_every=snapshot_every,
+            head_fresh_ms=head_fresh_ms,
             background_indexing=background_indexing,
             scrub_deleted=scrub_deleted,
             observer=metrics,
@@ -160,6 +166,7 @@ class Memory(RunMethods):
                     background_indexing=self.background_indexing,
                     run_retention=self.tasks.retention,
                     snapshot_every=self.tasks.snapshot_every,
+                    head_fresh_ms=self.tasks.head_fresh_ms,
                     scrub_deleted=self.scrub_deleted,
                     retention=self.retention_default,
                     redactor=self.redactor,

@@ -177,6 +177,7 @@ def memory_arguments(settings: Settings, kv: KVStore) -> dict[str, Any]:
         "background_indexing": settings.background_indexing,
         "run_retention": timedelta(days=settings.run_retention_days),
         "snapshot_every": settings.snapshot_every,
+        "head_fresh_ms": settings.head_fresh_ms,
         "scrub_deleted": settings.scrub_deleted,
         "retention": settings.retention_policy(),
         "redactor": Redactor(

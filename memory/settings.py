@@ -16,6 +16,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES
 from tiers.errors import InvalidInputError
 from tiers.redaction import DEFAULT_PLACEHOLDER, RedactMode, check_patterns
+from tiers.task import DEFAULT_HEAD_FRESH_MS
 
 if TYPE_CHECKING:
     from tiers.backends.encrypted_kv import MasterKey
@@ -147,6 +148,16 @@ class Settings(BaseSettings):
         ge=1,
         description="Snapshot a run's state every this many events, so resuming a long run "
         "reads one snapshot and a short tail.",
+    )
+    head_fresh_ms: float = Field(
+        default=DEFAULT_HEAD_FRESH_MS,
+        ge=0,
+        allow_inf_nan=False,
+        description="Milliseconds a run handle trusts the run head its last commit or read "
+        "returned: a step or appended checkpoint within it skips reading the head first (one "
+        "round trip on Redis in a tight loop). A cancel or takeover by another process inside "
+        "it is still refused, at the commit, after a step's function ran once. 0: read the "
+        "head before every step.",
     )
     scrub_deleted: bool = Field(
         default=True,

@@ -82,6 +82,7 @@ def build_tenant_tiers(
     redactor: Redactor,
     run_retention: timedelta,
     snapshot_every: int,
+    head_fresh_ms: float,
     background_indexing: bool,
     scrub_deleted: bool,
     observer: TaskObserver | None = None,
@@ -96,10 +97,21 @@ def build_tenant_tiers(
         redactor: What every tier removes before storing.
         run_retention: How long finished runs are kept.
         snapshot_every: Events between snapshots of a run's state.
+        head_fresh_ms: How long a run handle trusts the head it last read or wrote.
         background_indexing: Embed saved sessions in a worker thread.
         scrub_deleted: Whether deletes also drop data from the KV store's files.
         observer: What the task tier reports to (metrics); default: nobody.
     """
+    # First: it checks its options before any tier below starts a worker thread.
+    tasks = TaskTier(
+        kv,
+        tenant=tenant,
+        retention=run_retention,
+        snapshot_every=snapshot_every,
+        head_fresh_ms=head_fresh_ms,
+        redactor=redactor,
+        observer=observer,
+    )
     users = UserTier(kv, tenant=tenant, redactor=redactor)
 
     def withdraw_session_facts(user_id: str, session_id: str) -> None:
@@ -119,14 +131,7 @@ def build_tenant_tiers(
         kv=kv,
         index=index,
         tenant=tenant,
-        tasks=TaskTier(
-            kv,
-            tenant=tenant,
-            retention=run_retention,
-            snapshot_every=snapshot_every,
-            redactor=redactor,
-            observer=observer,
-        ),
+        tasks=tasks,
         sessions=sessions,
         users=users,
         jobs=SummaryJobs(kv, sessions, tenant=tenant),

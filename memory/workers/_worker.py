@@ -103,6 +103,7 @@ def task_tier_from_settings(
         observer=metrics,
         retention=timedelta(days=settings.run_retention_days),
         snapshot_every=settings.snapshot_every,
+        head_fresh_ms=settings.head_fresh_ms,
         redactor=Redactor(
             settings.redact,
             patterns=settings.redact_patterns,

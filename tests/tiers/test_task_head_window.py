@@ -7,7 +7,9 @@ change it makes inside the window is found by the step's commit: the step is
 refused with the error a read before its function would have raised and
 nothing is stored, but the function has run once. Outside the window (or
 with a window of 0) the function does not run. A change made through the
-worker's own tier is seen at once, window or not.
+worker's own tier is seen at once, window or not. ``append_checkpoint`` trusts
+the same window; it has no function to run, so a change inside the window only
+moves its refusal from a read before the commit to the commit.
 """
 
 from __future__ import annotations
@@ -289,6 +291,104 @@ def test_a_takeover_through_the_same_tier_fences_before_the_function_runs(
     with pytest.raises(StaleWriterError):
         run.step("two", lambda: calls(2))
     assert calls.count == 0
+
+
+# -- append_checkpoint: the same window, the same refusals ---------------------------
+
+
+def test_a_cancel_inside_the_window_refuses_an_appended_checkpoint_at_its_commit(
+    kv: KVStore, worker: TaskTier, other: TaskTier
+) -> None:
+    run = started(worker)
+    other.cancel("r1")
+    before = stored(kv, "r1")
+    with pytest.raises(RunCancelledError):
+        run.append_checkpoint("two", 2)
+    assert stored(kv, "r1") == before
+    with pytest.raises(RunCancelledError):  # decided on the head the commit read
+        run.append_checkpoint("two", 2, idempotency_key="k2")
+    assert stored(kv, "r1") == before
+
+
+def test_a_takeover_inside_the_window_fences_an_appended_checkpoint(
+    kv: KVStore, worker: TaskTier, other: TaskTier
+) -> None:
+    run = started(worker)
+    taker = other.start_run("u", "r1")
+    before = stored(kv, "r1")
+    with pytest.raises(StaleWriterError):
+        run.append_checkpoint("two", 2, idempotency_key="k2")
+    assert stored(kv, "r1") == before
+    assert taker.append_checkpoint("two", 22, idempotency_key="k2").output == 22
+
+
+def test_a_delete_inside_the_window_refuses_an_appended_checkpoint_and_does_not_recreate_the_run(
+    kv: KVStore, worker: TaskTier, other: TaskTier
+) -> None:
+    run = started(worker)
+    assert other.delete_run("r1")
+    with pytest.raises(RunNotFoundError):
+        run.append_checkpoint("two", 2)
+    assert stored(kv, "r1") == (None, [])
+
+
+def test_a_key_appended_meanwhile_by_another_user_of_the_lease_is_answered_with_its_checkpoint(
+    kv: KVStore, worker: TaskTier, other: TaskTier
+) -> None:
+    run = started(worker)
+    theirs = other.attach("r1", run.epoch).append_checkpoint("two", "theirs", idempotency_key="k")
+    mine = run.append_checkpoint("two", "mine", idempotency_key="k")
+    assert (mine.checkpoint_id, mine.output) == (theirs.checkpoint_id, "theirs")
+    assert [c.output for c in worker.history("r1")] == [1, "theirs"]
+    assert run.append_checkpoint("three", 3).seq == 3
+
+
+def test_a_change_that_still_allows_an_appended_checkpoint_commits_it(
+    kv: KVStore, worker: TaskTier, other: TaskTier
+) -> None:
+    run = started(worker, budget_tokens=100)
+    other.set_budget("r1", tokens=1000)
+    assert run.append_checkpoint("two", 2, state={"k": "v"}).seq == 2
+    info = worker.get_run("r1")
+    assert (info.head_seq, info.budget_tokens) == (2, 1000)
+    assert worker.state_at("r1", info.head_checkpoint_id or "") == {"k": "v"}
+
+
+@pytest.mark.parametrize("how", ["no-window", "window-passed"])
+def test_outside_the_window_an_appended_checkpoint_is_refused_on_the_head_read_first(
+    kv: KVStore, worker: TaskTier, other: TaskTier, how: str
+) -> None:
+    run = started(worker)
+    other.cancel("r1")
+    outside_the_window(run, how)
+    before = stored(kv, "r1")
+    with pytest.raises(RunCancelledError):
+        run.append_checkpoint("two", 2)
+    assert stored(kv, "r1") == before
+
+
+@pytest.mark.parametrize("how", ["no-window", "window-passed"])
+def test_outside_the_window_a_takeover_fences_an_appended_checkpoint(
+    kv: KVStore, worker: TaskTier, other: TaskTier, how: str
+) -> None:
+    run = started(worker)
+    other.start_run("u", "r1")
+    outside_the_window(run, how)
+    before = stored(kv, "r1")
+    with pytest.raises(StaleWriterError):
+        run.append_checkpoint("two", 2)
+    assert stored(kv, "r1") == before
+
+
+def test_a_cancel_through_the_same_tier_refuses_an_appended_checkpoint(
+    kv: KVStore, worker: TaskTier
+) -> None:
+    run = started(worker)
+    worker.cancel("r1")
+    before = stored(kv, "r1")
+    with pytest.raises(RunCancelledError):
+        run.append_checkpoint("two", 2)
+    assert stored(kv, "r1") == before
 
 
 # -- the option ----------------------------------------------------------------------

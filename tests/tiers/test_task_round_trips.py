@@ -10,6 +10,8 @@ before: two round trips. A handle that resumed a run reads the run's
 idempotency index once (runs of up to 512 checkpoints), then steps as fast;
 once anyone else writes to the run, each step also reads its own index entry
 (the replay lookup). The format record is read once per store.
+``append_checkpoint`` (a step the caller ran) trusts the same window: one round
+trip per call in a tight loop, two with ``head_fresh_ms=0``.
 
 The tests give a window far longer than any step takes, so a loaded machine
 cannot push a step out of it.
@@ -23,6 +25,7 @@ import pytest
 import redis.connection
 
 from tiers.backends.redis_kv import RedisKVStore
+from tiers.errors import RunCancelledError
 from tiers.task import TaskTier
 
 
@@ -139,3 +142,49 @@ def test_a_write_by_another_tier_costs_the_next_step_a_failed_commit_and_a_read(
     for i in range(10):
         run.step("t", lambda i=i: i)
     assert wire.sent == 2 * 10
+
+
+# -- append_checkpoint (the Agents SDK session, the HTTP checkpoint route) -----------
+
+
+@pytest.mark.parametrize("keyed", [False, True])
+def test_append_checkpoint_in_a_tight_loop_is_one_round_trip(
+    redis_kv: RedisKVStore, wire: Wire, keyed: bool
+) -> None:
+    run = TaskTier(redis_kv, head_fresh_ms=WINDOW_MS).start_run("u", "r1")
+    run.append_checkpoint("warm", 0)
+    wire.sent = 0
+    for i in range(10):
+        key = f"k{i}" if keyed else None
+        run.append_checkpoint("items", {"i": i, "text": "x" * 5000}, idempotency_key=key)
+    assert wire.sent == 10
+
+
+def test_with_no_window_append_checkpoint_reads_the_head_then_commits(
+    redis_kv: RedisKVStore, wire: Wire
+) -> None:
+    run = TaskTier(redis_kv, head_fresh_ms=0).start_run("u", "r1")
+    run.append_checkpoint("warm", 0)
+    wire.sent = 0
+    for i in range(10):
+        run.append_checkpoint("items", {"i": i})
+    assert wire.sent == 2 * 10
+
+
+def test_a_cancel_by_another_tier_refuses_append_checkpoint_at_the_commit_or_at_the_read(
+    redis_kv: RedisKVStore, wire: Wire
+) -> None:
+    inside = TaskTier(redis_kv, head_fresh_ms=WINDOW_MS).start_run("u", "r1")
+    inside.append_checkpoint("warm", 0)
+    outside = TaskTier(redis_kv, head_fresh_ms=0).start_run("u", "r2")
+    outside.append_checkpoint("warm", 0)
+    for run_id in ("r1", "r2"):
+        TaskTier(redis_kv).cancel(run_id)
+    wire.sent = 0
+    with pytest.raises(RunCancelledError):
+        inside.append_checkpoint("items", 1)
+    assert wire.sent == 2  # the commit fails its head check; the head read refuses it
+    wire.sent = 0
+    with pytest.raises(RunCancelledError):
+        outside.append_checkpoint("items", 1)
+    assert wire.sent == 1  # the head read first refuses it; no commit is tried

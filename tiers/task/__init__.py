@@ -133,6 +133,8 @@ compose around one storage core.
 - ``_lifecycle.py``: the run state machine (statuses, transitions, which events move them).
 - ``_runs.py``: taking a run's lease (start, acquire), attaching, cancel and budgets.
 - ``_handle.py``: :class:`RunHandle`, a worker's face: steps, heartbeats, the run's end.
+- ``_steps.py``: a handle's ``step`` and ``append_checkpoint``: decided on the head it
+  holds while fresh (``_fresh.py``), committed through its writer.
 - ``_writer.py``: ``RunWriter``, how a worker's step is committed (the lease a
   handle holds, its checks, ``txn`` / ``add_checkpoint`` / ``commit``).
 - ``_effects.py``: exactly-once effects, the worker's protocol (effect, begin/record).
@@ -157,6 +159,7 @@ from tiers.task._format import (
 from tiers.task._format import (
     migrate as migrate_layout,
 )
+from tiers.task._fresh import DEFAULT_HEAD_FRESH_MS
 from tiers.task._handle import (
     RunHandle,
 )
@@ -191,6 +194,7 @@ from tiers.task._txn import (
 )
 
 __all__ = [
+    "DEFAULT_HEAD_FRESH_MS",
     "DEFAULT_RETENTION",
     "DEFAULT_SNAPSHOT_EVERY",
     "LATEST_LAYOUT",

@@ -1,11 +1,12 @@
 """Which head each run last got through one tier, so a step can trust the head its handle holds.
 
-A :class:`~tiers.task.RunHandle`'s step skips reading the run's head when the
-head it holds is recent (``head_fresh_ms``) *and* it is still the last head any
-write through the same :class:`~tiers.task.TaskTier` gave the run. So a cancel,
-takeover, budget change or delete made through that tier is seen by the next
-step at once; only writers elsewhere (another process or tier) rely on the
-window and the commit's check of the head's exact bytes.
+A :class:`~tiers.task.RunHandle`'s step (or ``append_checkpoint``) skips reading
+the run's head when the head it holds is recent (``head_fresh_ms``) *and* it is
+still the last head any write through the same :class:`~tiers.task.TaskTier` gave
+the run (the decision: :mod:`tiers.task._steps`). So a cancel, takeover, budget
+change or delete made through that tier is seen by the next step at once; only
+writers elsewhere (another process or tier) rely on the window and the commit's
+check of the head's exact bytes.
 """
 
 from __future__ import annotations

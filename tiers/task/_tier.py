@@ -59,10 +59,10 @@ class TaskTier:
             checkpoint whatever the redactor changed.
         observer: Hears about commits, resumes, replays, fencing, unknown-outcome effects,
             compensations and sweeps (metrics, traces); default: nobody.
-        head_fresh_ms: How long (milliseconds) a handle's :meth:`RunHandle.step` trusts
-            the run's head its last read or commit returned, instead of reading it
-            again before the step's function runs (one round trip per step in a
-            tight loop). A cancel, takeover, pause or spent budget by another writer
+        head_fresh_ms: How long (milliseconds) a handle's :meth:`RunHandle.step` and
+            :meth:`RunHandle.append_checkpoint` trust the run's head its last read or
+            commit returned, instead of reading it again before the step's function
+            runs or the checkpoint is committed (one round trip per step in a tight loop). A cancel, takeover, pause or spent budget by another writer
             inside that window is still refused at the commit, after the function
             ran once (see :meth:`RunHandle.step`). ``0``: read before every step.
     """

@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import enum
 import json
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta, timezone
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -20,9 +22,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import JsonValue, ValidationError
 
-from tiers.codec import encode
+from tiers import keys
+from tiers.backends.sqlite_kv import SqliteKVStore
+from tiers.codec import decode, encode
 from tiers.errors import InvalidInputError
 from tiers.models import Checkpoint
+from tiers.task import Charged, TaskTier
 from tiers.task._checkpoint_encode import build_checkpoint, fast_checkpoint, index_entry_bytes
 from tiers.task._records import IdempotencyEntry, checkpoint_id
 
@@ -250,3 +255,53 @@ def test_a_datetime_subclass_and_an_old_year_take_pydantic_s_path() -> None:
         assert fast_checkpoint(**fields) is None
         ckpt, data = build_checkpoint(**fields)
         assert (ckpt, data) == _reference(fields)
+
+
+@pytest.mark.parametrize(
+    "clock",
+    [
+        lambda: datetime(2026, 11, 26, 12, 0, 0, 250),  # naive: taken as UTC
+        lambda: datetime(2026, 11, 26, 17, 0, tzinfo=timezone(timedelta(hours=5))),
+        lambda: datetime(999, 1, 1, tzinfo=UTC),  # pydantic's path
+    ],
+)
+def test_steps_store_what_pydantic_writes(tmp_path: Path, clock: Callable[[], datetime]) -> None:
+    """Through a real store: plain steps, and big ints (pydantic's path), in any clock's zone."""
+    kv = SqliteKVStore(tmp_path / "kv.sqlite3")
+    try:
+        tasks = TaskTier(kv, clock=clock)
+        run = tasks.start_run("u", "encode")
+        run.step("plain", lambda: {"b": [1.5, "é😀"], "a": None}, scope={"phase": "x"})
+        run.step("big", lambda: Charged({"n": 2**70}, state={"m": -(2**65)}))
+        run.step("odd", lambda: 1, scope={"pair": (1, "x"), "n": 2**66})
+        space = keys.run_space("default", run.run_id)
+        for seq in (1, 2, 3):
+            (data,) = kv.get_many(space, [keys.checkpoint_key(seq)])
+            assert data is not None
+            record, epoch = data.rsplit(b',"commit_epoch":', 1)
+            stored = record + b"}"
+            # pydantic reads the record and writes it back as it is: its own form, byte for byte.
+            assert encode(decode(Checkpoint, stored, where="w")) == stored
+            assert epoch == b"1}"
+        latest = tasks.latest_checkpoint(run.run_id)
+        assert latest is not None
+        assert latest.scope == {"n": 2**66, "pair": [1, "x"]}
+    finally:
+        kv.close()
+
+
+def test_an_invalid_step_is_refused_as_before(tmp_path: Path) -> None:
+    kv = SqliteKVStore(tmp_path / "kv.sqlite3")
+    try:
+        run = TaskTier(kv).start_run("u", "encode")
+        with pytest.raises(InvalidInputError):
+            run.step("s" * 257, lambda: 1)
+        with pytest.raises(InvalidInputError):
+            run.step("nan", lambda: float("nan"))
+        with pytest.raises(InvalidInputError):
+            run.step("key", lambda: 1, idempotency_key="k" * 513)
+        with pytest.raises(InvalidInputError):
+            run.step("scope", lambda: 1, scope={"tags": {"a", "b"}})
+        assert run.step("ok", lambda: 2) == 2
+    finally:
+        kv.close()

@@ -77,7 +77,7 @@ _SCOPE = st.one_of(
     st.dictionaries(st.one_of(_TEXT, st.integers()), _JSON, max_size=2),
 )
 _DELTA = st.one_of(st.none(), st.dictionaries(_TEXT, _JSON, max_size=4))
-_ZONES = st.one_of(
+_ZONES: st.SearchStrategy[Any] = st.one_of(
     st.none(),
     st.just(UTC),
     st.builds(
@@ -234,7 +234,7 @@ def test_a_datetime_subclass_and_an_old_year_take_pydantic_s_path() -> None:
     class Stamp(datetime):
         pass
 
-    base = {
+    base: dict[str, Any] = {
         "checkpoint_id": checkpoint_id("run-1", 1, "k"),
         "run_id": "run-1",
         "seq": 1,
@@ -251,7 +251,7 @@ def test_a_datetime_subclass_and_an_old_year_take_pydantic_s_path() -> None:
         "commit_epoch": None,
     }
     for when in (Stamp(2026, 1, 1, tzinfo=UTC), datetime(999, 1, 1)):
-        fields = {**base, "started_at": when}
+        fields: dict[str, Any] = {**base, "started_at": when}
         assert fast_checkpoint(**fields) is None
         ckpt, data = build_checkpoint(**fields)
         assert (ckpt, data) == _reference(fields)
@@ -303,5 +303,26 @@ def test_an_invalid_step_is_refused_as_before(tmp_path: Path) -> None:
         with pytest.raises(InvalidInputError):
             run.step("scope", lambda: 1, scope={"tags": {"a", "b"}})
         assert run.step("ok", lambda: 2) == 2
+    finally:
+        kv.close()
+
+
+def test_a_replayed_big_int_stays_an_int(tmp_path: Path) -> None:
+    """orjson reads an int over 64 bits as a float; the checkpoint read gives it back exact."""
+    kv = SqliteKVStore(tmp_path / "kv.sqlite3")
+    try:
+        tasks = TaskTier(kv)
+        run = tasks.start_run("u", "big")
+        first = run.step(
+            "big", lambda: Charged({"n": 2**70, "id": "1" * 25}, state={"m": -(2**65)})
+        )
+        again = tasks.acquire(run.run_id)
+        replayed = again.step("big", lambda: pytest.fail("replayed, not run"))
+        assert replayed == first == {"id": "1" * 25, "n": 2**70}
+        assert isinstance(replayed, dict)
+        assert type(replayed["n"]) is int
+        latest = tasks.latest_checkpoint(run.run_id)
+        assert latest is not None
+        assert latest.state_delta == {"m": -(2**65)}
     finally:
         kv.close()

@@ -449,6 +449,11 @@ def _with_commit_epoch(data: bytes, commit_epoch: int | None) -> bytes:
     return b'%s,"commit_epoch":%d}' % (data[:-1], commit_epoch)
 
 
+# ASCII digits -> "0", every other byte -> " ": a run of 19 "0"s is where an int over 64 bits may be.
+_DIGITS_ONLY: Final = bytes(ord("0") if 48 <= b <= 57 else ord(" ") for b in range(256))
+_LONG_DIGITS: Final = b"0" * 19
+
+
 def decode_checkpoint(data: bytes, *, where: str) -> Checkpoint:
     """``decode(Checkpoint, data)``: the same record, its output parsed by orjson, not walked.
 
@@ -470,6 +475,9 @@ def decode_stored_checkpoint(data: bytes, *, where: str) -> tuple[Checkpoint, in
     :func:`step_committed`).
     """
     try:
+        # orjson reads an int over 64 bits (19 digits or more) as a float: json keeps it.
+        if _LONG_DIGITS in data.translate(_DIGITS_ONLY):
+            raise orjson.JSONDecodeError("an int over 64 bits may be in it", "", 0)
         fields = orjson.loads(data)
     except orjson.JSONDecodeError:  # not JSON, or an int over 64 bits
         try:

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import JsonValue, ValidationError
+from pydantic import JsonValue
 
 from tiers import cas, keys
 from tiers.backends.base import Check, Put
@@ -37,12 +37,11 @@ from tiers.errors import (
     StaleWriterError,
 )
 from tiers.models import Checkpoint, RunInfo, RunStatus
+from tiers.task._checkpoint_encode import build_checkpoint, index_entry_bytes
 from tiers.task._records import (
     EventKind,
-    IdempotencyEntry,
     Snapshot,
     checkpoint_id,
-    encode_checkpoint,
 )
 from tiers.task._store import RunStore
 from tiers.task._txn import Txn, check_fits
@@ -386,37 +385,31 @@ class RunWriter:
         event_seq = add(
             EventKind.STEP_COMMITTED, step=step, seq=seq, checkpoint_id=ckpt_id, key=key, kind=kind
         )
-        try:
-            # The output and state delta are JSON values already (to_json, the ledger, a
-            # snapshot): validated once there, not walked again here; the rest is checked.
-            base = Checkpoint(
-                checkpoint_id=ckpt_id,
-                run_id=self.run_id,
-                seq=seq,
-                parent_id=info.head_checkpoint_id,
-                step=step,
-                input_hash=digest,
-                idempotency_key=key,
-                scope=scope,
-                started_at=started_at,
-                created_at=txn.now,
-                kind=kind,
-                event_seq=event_seq,
-            )
-        except ValidationError as exc:
-            first = exc.errors()[0]
-            where = ".".join(str(p) for p in first["loc"]) or "output"
-            raise InvalidInputError(
-                f"step {step!r}: invalid checkpoint: {where}: {first['msg']}", field=where
-            ) from exc
-        ckpt = base.model_copy(update={"output": output, "state_delta": delta})
-        data = encode_checkpoint(base, output, delta, commit_epoch)
+        # The output and state delta are JSON values already (to_json, the ledger, a
+        # snapshot): validated once there, not walked again here; the rest is checked.
+        ckpt, data = build_checkpoint(
+            checkpoint_id=ckpt_id,
+            run_id=self.run_id,
+            seq=seq,
+            parent_id=info.head_checkpoint_id,
+            step=step,
+            input_hash=digest,
+            output=output,
+            idempotency_key=key,
+            scope=scope,
+            started_at=started_at,
+            created_at=txn.now,
+            kind=kind,
+            state_delta=delta,
+            event_seq=event_seq,
+            commit_epoch=commit_epoch,
+        )
         check_fits(store.kv.max_value_bytes, data, f"checkpoint of step {step!r}", "output")
         space = keys.run_space(store.tenant, self.run_id)
         ckpt_key = keys.checkpoint_key(seq)
         index_key = keys.idempotency_key(key)
-        index = IdempotencyEntry(seq=seq, checkpoint_id=ckpt_id, input_hash=digest)
-        txn.puts += [Put(space, ckpt_key, data), Put(space, index_key, encode(index))]
+        index = index_entry_bytes(seq, ckpt_id, digest)
+        txn.puts += [Put(space, ckpt_key, data), Put(space, index_key, index)]
         txn.checks += [Check(space, ckpt_key, None), Check(space, index_key, entry)]
         txn.update.head_seq = seq
         txn.update.head_checkpoint_id = ckpt_id

@@ -224,11 +224,10 @@ def stub() -> Iterator[StubLLMServer]:
         yield server
 
 
-@pytest.fixture
-def llm_memory(memory: Memory, stub: StubLLMServer) -> Iterator[Memory]:
+def memory_with_llm(memory: Memory, stub: StubLLMServer) -> Memory:
     """The module's stores with a litellm summarizer talking to the stub server.
 
-    Closed by its session tier (its index worker) only: ``Memory.close`` would close the
+    Close it by its session tier (its index worker) only: ``Memory.close`` would close the
     module's stores, which the later tests still use.
     """
     summarizer = LiteLLMSummarizer(
@@ -241,13 +240,19 @@ def llm_memory(memory: Memory, stub: StubLLMServer) -> Iterator[Memory]:
         retry_base_delay=0,
         retry_max_delay=0,
     )
-    llm = Memory(
+    return Memory(
         kv=memory.kv,
         index=memory.index,
         embedder=memory.embedder,
         summarizer=summarizer,
         tenant=new_tenant(),
     )
+
+
+@pytest.fixture
+def llm_memory(memory: Memory, stub: StubLLMServer) -> Iterator[Memory]:
+    """:func:`memory_with_llm`, its session tier closed after the test."""
+    llm = memory_with_llm(memory, stub)
     yield llm
     llm.sessions.close()
 

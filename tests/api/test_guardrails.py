@@ -28,7 +28,7 @@ from api.server import head_timeout_protocol
 from memory.facade import Memory
 from memory.settings import Settings
 from tests.api.conftest import start_app
-from tests.api.test_errors import GOOD_SUMMARY, TRANSCRIPT, llm_memory
+from tests.api.test_errors import GOOD_SUMMARY, TRANSCRIPT, memory_with_llm
 from tests.conftest import RedisServer, free_port
 from tests.memory.test_data_dir_lock import start_holder
 from tests.summarizer.stub_server import StubLLMServer, StubReply
@@ -288,7 +288,7 @@ def test_shutdown_waits_for_queued_summaries_only_so_long(memory: Memory, tmp_pa
         # a delay of some seconds, a slow CI step before the assert let s1 finish and leave
         # the pending list.
         stub.fallback = lambda body: StubReply.json(GOOD_SUMMARY, delay=600)
-        slow = llm_memory(memory, stub)
+        slow = memory_with_llm(memory, stub)
         settings = Settings(
             data_dir=tmp_path,
             auth_enabled=False,
@@ -305,3 +305,4 @@ def test_shutdown_waits_for_queued_summaries_only_so_long(memory: Memory, tmp_pa
         # wait for it, nor for s2 and s3 queued behind it, and nothing accepted is lost:
         # all three are stored and pending.
         assert {"s1", "s2", "s3"} <= set(slow.pending_summaries("u1"))
+        slow.sessions.close()

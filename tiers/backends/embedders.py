@@ -239,6 +239,30 @@ class MiniLMEmbedder:
             max_batch=max(batch_size, coalesce_up_to),
             max_running=max_running or os.cpu_count() or 1,
         )
+        self._background: MiniLMEmbedder | None = None
+
+    def for_background(self) -> MiniLMEmbedder:
+        """The same model on one intra-op thread, for background indexing; made once.
+
+        Work nobody waits for (the transcript-windows pass of the session
+        index) runs on it, so it keeps to one core and a query embedded on
+        this instance meanwhile finds the other free. It has its own
+        onnxruntime session (loaded on its first call: ~25 MB more memory)
+        and coalesces nothing with the queries. With ``intra_op_threads``
+        already 1 it is this instance.
+        """
+        if self.intra_op_threads == 1:
+            return self
+        with self._load_lock:
+            if self._background is None:
+                self._background = MiniLMEmbedder(
+                    batch_size=self.batch_size,
+                    max_tokens=self.max_tokens,
+                    intra_op_threads=1,
+                    model_path=self._model_path,
+                    coalesce_up_to=0,
+                )
+            return self._background
 
     def load(self) -> None:
         """Load and verify the model now rather than on first use. Idempotent.

@@ -22,10 +22,11 @@ and by keywords over the full transcript, which come from the KV store), deletes
 any window vectors of an earlier state, and in the commit that clears the outbox
 entry puts an entry in ``session_windows_outbox_space``. The second pass, run
 when no first-pass work is queued and saves pause, embeds the other windows
-(summary and transcript) and clears that entry under the same token check.
-Both entries are in the KV store, so a crash between the passes loses nothing:
-the next worker replays both outboxes. In foreground mode every sync does both
-passes at once.
+(summary and transcript) and clears that entry under the same token check; it
+gives way to queries and to first-pass work between model calls
+(:mod:`tiers.session._windows`). Both entries are in the KV store, so a crash
+between the passes loses nothing: the next worker replays both outboxes. In
+foreground mode every sync does both passes at once.
 """
 
 from __future__ import annotations
@@ -39,18 +40,22 @@ from collections import OrderedDict
 from collections.abc import Callable, Sequence
 
 from tiers import keys
-from tiers.backends.base import (
-    Check,
-    Delete,
-    Embedder,
-    KVStore,
-    Put,
-    VectorIndex,
-    VectorItem,
-    Write,
-)
+from tiers.backends.base import Check, Embedder, KVStore, Put, VectorIndex, Write
 from tiers.errors import BackendUnavailableError, ConflictError, StoreClosedError
-from tiers.session._plans import CachedEmbedder, Plan, Ref, enqueue, read_plans, take, users_of
+from tiers.session._plans import (
+    FINGERPRINT_KEY,
+    CachedEmbedder,
+    Plan,
+    Ref,
+    enqueue,
+    read_plans,
+    requeue_first,
+    scan_refs,
+    take,
+    users_of,
+    vector_changes,
+)
+from tiers.session._windows import WindowPacer, background_lane
 
 __all__ = [
     "FINGERPRINT_KEY",
@@ -67,10 +72,10 @@ BATCH = 256  # sessions per index batch
 # Sessions per background batch at most: a recall that needs the sync lock waits for at most
 # one such batch of other users' work (see SessionIndexer), so it bounds that wait.
 WORKER_BATCH = 16
-# Sessions per second-pass batch at most: up to TRANSCRIPT_WINDOWS + 1 texts each. One: new first-pass work (sessions not searchable yet) then waits for at most one
-# session's windows (~0.5 CPU s for a LongMemEval-sized one), and so does a recall; batching
-# more sessions saved little (the model's calls are per text-length group anyway) but made
-# sessions saved during a window batch wait for all of it (measured: bench/README.md).
+# Sessions per second-pass batch at most: up to TRANSCRIPT_WINDOWS + 1 texts each, embedded
+# WINDOW_CHUNK at a time, giving way to queries and first-pass work between model calls.
+# Batching more sessions saved little (the model's calls are per text-length group anyway)
+# but made sessions saved during a window batch wait for all of it (bench/README.md).
 WINDOW_BATCH = 1
 # A second-pass batch starts once no session was submitted for this long (a burst of saves is
 # made searchable first), or at the latest this long after the last one (windows never starve).
@@ -81,9 +86,6 @@ _MAX_BACKOFF = 30.0
 # Part of every fingerprint: change it when the texts embedded for a session change
 # (windowing, what a summary's text holds), and every vector counts as stale.
 _SCHEME = b"tiermem-session-vectors/2"  # /2: at most TRANSCRIPT_WINDOWS windows
-
-FINGERPRINT_KEY = "rev"
-"""Metadata key of a session vector holding its :func:`session_fingerprint`."""
 
 
 def session_fingerprint(record: bytes, transcript_header: bytes | None) -> str:
@@ -119,8 +121,11 @@ class SessionIndexer:
     hold back another user's sessions; second-pass batches are taken only when
     no first-pass work is queued; and it starts no new batch while a foreground
     sync (a recall settling its user's queued work) waits for the lock. So a
-    recall waits for at most the one batch in flight, whatever the backlog of
-    other users or tenants.
+    recall waits for at most the one first-pass batch in flight, whatever the
+    backlog of other users or tenants. The second pass embeds before it takes
+    the lock, ``WINDOW_CHUNK`` windows per model call, and makes none while a
+    query of the process is in flight (:mod:`tiers.session._windows`): a query
+    shares the cores with at most one such call.
 
     Args:
         kv: The authoritative store.
@@ -152,6 +157,9 @@ class SessionIndexer:
         self._sync_lock = threading.Lock()
         self._needs_repair = threading.Event()
         self._embed = CachedEmbedder(embedder)
+        # The second pass embeds on one thread where it can: nobody waits for it.
+        self._lane = background_lane(embedder) if background else embedder
+        self._pacer = WindowPacer()
         self.background = background
         # user -> session ids (an ordered set): first-pass work, and second-pass work.
         self._queue: OrderedDict[str, dict[str, None]] = OrderedDict()
@@ -215,7 +223,7 @@ class SessionIndexer:
         Raises:
             BackendUnavailableError: A store failed; the work stays queued.
         """
-        refs = self._scan_refs(self._outbox)
+        refs = scan_refs(self._kv, self._outbox)
         in_worker = threading.current_thread() is self._worker
         # In the worker, repair keeps the fairness bound: small batches, recalls first.
         step = WORKER_BATCH if in_worker else BATCH
@@ -224,7 +232,7 @@ class SessionIndexer:
                 with self._cond:
                     self._cond.wait_for(lambda: self._stopping or not self._foreground)
             self.sync(refs[start : start + step])
-        windows = self._scan_refs(self._windows_outbox)
+        windows = scan_refs(self._kv, self._windows_outbox)
         if self.background:
             with self._cond:
                 enqueue(self._windows_queue, windows)
@@ -236,14 +244,6 @@ class SessionIndexer:
         if refs:
             logger.info("session index repair processed %d queued session(s)", len(refs))
         return len(refs)
-
-    def _scan_refs(self, space: str) -> list[Ref]:
-        refs: list[Ref] = []
-        for key, _ in self._kv.scan(space):
-            user_id, _, session_id = key.partition("/")
-            if user_id and session_id:
-                refs.append((user_id, session_id))
-        return refs
 
     def queued(self, user_id: str) -> list[Ref]:
         """The user's sessions with an outbox entry (not yet searchable by their base vector)."""
@@ -294,7 +294,14 @@ class SessionIndexer:
         if not self._windows_queue:
             return None
         due = min(self._last_submit + _WINDOW_IDLE, self._last_windows + _WINDOW_MAX_DELAY)
-        return max(0.0, due - time.monotonic())
+        wait = due - time.monotonic()
+        return wait if wait > 0 else self._pacer.wait()
+
+    @property
+    def windows_held(self) -> int:
+        """How many times queries in flight held the second pass back (each hold counted once)."""
+        with self._cond:
+            return self._pacer.holds
 
     def _wait_for_work(self) -> bool:
         """Wait until the worker may start a batch; False when it is stopping (``_cond`` held)."""
@@ -332,7 +339,11 @@ class SessionIndexer:
                 if taken:
                     self.sync(taken)
                 if windows:
-                    self.sync_windows(windows)
+                    if self._embed_windows(windows):
+                        self.sync_windows(windows)
+                    else:  # gave way: first-pass work or a stop came first
+                        with self._cond:
+                            requeue_first(self._windows_queue, windows)
                 backoff = 0.5
             except StoreClosedError as exc:  # final, unlike an outage: retrying cannot succeed
                 logger.warning("session index worker stops, work stays in the outboxes: %s", exc)
@@ -361,6 +372,27 @@ class SessionIndexer:
                 with self._cond:
                     self._cond.wait_for(lambda: self._stopping, backoff)
                 backoff = min(backoff * 2, _MAX_BACKOFF)
+
+    def _embed_windows(self, refs: list[Ref]) -> bool:
+        """Embed the windows ``refs`` need into the cache, giving way between model calls.
+
+        Without the sync lock: the locked pass then finds them cached. False: it gave way."""
+        tokens = self._tokens(refs, _Pass.WINDOWS)
+        live = [ref for ref, token in zip(refs, tokens, strict=True) if token is not None]
+        plans = read_plans(
+            self._kv,
+            self._tenant,
+            live,
+            fingerprint=session_fingerprint,
+            with_windows=True,
+            with_terms=False,
+        )
+        return self._pacer.run(
+            [text for plan in plans for text in plan.indexed[1:]],
+            lambda texts: self._embed.embed(texts, using=self._lane),
+            self._cond,
+            give_way=lambda: self._stopping or bool(self._queue) or self._needs_repair.is_set(),
+        )
 
     def queued_in_worker(self) -> int:
         """Sessions handed to the background worker and not yet taken into a batch."""
@@ -466,13 +498,7 @@ class SessionIndexer:
         source = self._windows_outbox if kind is _Pass.WINDOWS else self._outbox
         entry_keys = [keys.session_outbox_key(user, sid) for user, sid in refs]
         # Tokens are read before records: a record read later is at least as new as its token.
-        tokens = self._kv.get_many(source, entry_keys)
-        if kind is _Pass.WINDOWS:
-            # A session with first-pass work queued is redone by it, windows queued again.
-            ahead = self._kv.get_many(self._outbox, entry_keys)
-            tokens = [
-                token if first is None else None for token, first in zip(tokens, ahead, strict=True)
-            ]
+        tokens = self._tokens(refs, kind)
         work = [
             (ref, key, token)
             for ref, key, token in zip(refs, entry_keys, tokens, strict=True)
@@ -486,9 +512,11 @@ class SessionIndexer:
             [ref for ref, _, _ in work],
             fingerprint=session_fingerprint,
             with_windows=kind is not _Pass.BASE,
+            with_terms=kind is not _Pass.WINDOWS,  # only a first (or full) pass stores them
         )
+        counts = keys.session_vectors_space
         grown = [
-            Put(self._counts(plan.ref[0]), plan.ref[1], str(plan.new_count).encode())
+            Put(counts(self._tenant, plan.ref[0]), plan.ref[1], str(plan.new_count).encode())
             for plan in plans
             if plan.new_count > plan.old_count
         ]
@@ -508,45 +536,22 @@ class SessionIndexer:
                 self._cond.notify_all()
         return requeued
 
-    def _counts(self, user_id: str) -> str:
-        return keys.session_vectors_space(self._tenant, user_id)
+    def _tokens(self, refs: Sequence[Ref], kind: _Pass) -> list[bytes | None]:
+        """The outbox tokens of ``refs`` for a pass of ``kind``; ``None``: no work queued."""
+        entry_keys = [keys.session_outbox_key(user, sid) for user, sid in refs]
+        if kind is not _Pass.WINDOWS:
+            return self._kv.get_many(self._outbox, entry_keys)
+        tokens = self._kv.get_many(self._windows_outbox, entry_keys)
+        # A session with first-pass work queued is redone by it, windows queued again.
+        ahead = self._kv.get_many(self._outbox, entry_keys)
+        return [
+            token if first is None else None for token, first in zip(tokens, ahead, strict=True)
+        ]
 
     def _write_vectors(self, plans: list[Plan], *, windows_only: bool) -> None:
         first = 1 if windows_only else 0
-        vectors = iter(self._embed.embed([text for plan in plans for text in plan.indexed[first:]]))
-        items: list[VectorItem] = []
-        removals: list[str] = []
-        for plan in plans:
-            user_id, session_id = plan.ref
-            base = keys.session_vector_id(self._tenant, user_id, session_id)
-            if plan.summary is None:
-                removals.append(base)
-            else:
-                metadata: dict[str, str | int | float | bool] = {
-                    "tenant": self._tenant,
-                    "user_id": user_id,
-                    "session_id": session_id,
-                    "created_at": plan.summary.created_at.timestamp(),
-                    "created_at_iso": plan.summary.created_at.isoformat(),
-                    FINGERPRINT_KEY: plan.fingerprint,
-                }
-                for n in range(first, len(plan.indexed)):
-                    chunk_id = keys.session_chunk_vector_id(self._tenant, user_id, session_id, n)
-                    items.append(
-                        VectorItem(
-                            id=base if n == 0 else chunk_id,
-                            embedding=next(vectors),
-                            # No text in the index: recall reads summaries from the KV store,
-                            # and a vector index's own log (embedded Chroma's queue table, a
-                            # server's WAL) would keep a deleted user's words out of reach.
-                            document="",
-                            metadata={**metadata, "window": n},
-                        )
-                    )
-            removals.extend(
-                keys.session_chunk_vector_id(self._tenant, user_id, session_id, n)
-                for n in range(plan.new_count + 1, plan.old_count + 1)
-            )
+        vectors = self._embed.embed([text for plan in plans for text in plan.indexed[first:]])
+        items, removals = vector_changes(self._tenant, plans, vectors, first=first)
         if items:
             self._index.upsert(items)
         if removals:
@@ -567,18 +572,9 @@ class SessionIndexer:
         for (ref, key, token), plan in zip(work, plans, strict=True):
             if token is None:
                 continue
-            writes: list[Write] = [Delete(source, key)]
-            if plan.summary is None or plan.new_count == 0 < plan.old_count:
-                writes.append(Delete(self._counts(ref[0]), ref[1]))
-            elif plan.new_count < plan.old_count:
-                writes.append(Put(self._counts(ref[0]), ref[1], str(plan.new_count).encode()))
-            if source == self._outbox:
-                writes.append(
-                    Put(self._windows_outbox, key, token)
-                    if plan.deferred
-                    else Delete(self._windows_outbox, key)
-                )
-                writes.append(plan.terms_write(self._tenant))  # token-checked: never resurrected
+            writes = plan.clear_writes(
+                self._tenant, source, key, token, first_pass=source == self._outbox
+            )
             held.append((ref, writes, Check(source, key, token)))
         if not held:
             return []

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 from tiers import keys
-from tiers.backends.base import Embedder, KVStore, Write
+from tiers.backends.base import Delete, Embedder, KVStore, Put, VectorItem, Write
 from tiers.codec import decode
 from tiers.errors import CorruptRecordError
 from tiers.models import Message, SessionSummary
@@ -33,13 +33,28 @@ from tiers.session._terms import (
 )
 from tiers.session._transcripts import decode_transcript, header_key, page_key, read_header
 
-__all__ = ["CachedEmbedder", "Plan", "Ref", "enqueue", "read_plans", "take", "users_of"]
+__all__ = [
+    "FINGERPRINT_KEY",
+    "CachedEmbedder",
+    "Plan",
+    "Ref",
+    "enqueue",
+    "read_plans",
+    "requeue_first",
+    "scan_refs",
+    "take",
+    "users_of",
+    "vector_changes",
+]
 
 logger = logging.getLogger(__name__)
 
 Ref = tuple[str, str]  # (user_id, session_id)
 
 _EMBED_CACHE = 4096  # recently embedded texts kept, so re-indexing unchanged windows is free
+
+FINGERPRINT_KEY = "rev"
+"""Metadata key of a session vector holding its :func:`~tiers.session._index.session_fingerprint`."""
 
 
 @dataclass(slots=True)
@@ -61,6 +76,30 @@ class Plan:
         of the token read: a session changed or deleted since gets no record back.
         """
         return terms_write(tenant, *self.ref, self.terms)
+
+    def clear_writes(
+        self, tenant: str, source: str, key: str, token: bytes, *, first_pass: bool
+    ) -> list[Write]:
+        """The writes clearing the session's ``source`` outbox entry after a pass.
+
+        They lower the session's vector count to what is now indexed; clearing
+        a first-pass entry queues the session's windows for the second pass
+        under the same ``token`` (or drops such an entry when nothing is left
+        for it) and keeps the term counts in line. Committed under a check of
+        the token, so a newer writer's higher count is never lowered.
+        """
+        user_id, session_id = self.ref
+        counts = keys.session_vectors_space(tenant, user_id)
+        writes: list[Write] = [Delete(source, key)]
+        if self.summary is None or self.new_count == 0 < self.old_count:
+            writes.append(Delete(counts, session_id))
+        elif self.new_count < self.old_count:
+            writes.append(Put(counts, session_id, str(self.new_count).encode()))
+        if first_pass:
+            windows = keys.session_windows_outbox_space(tenant)
+            writes.append(Put(windows, key, token) if self.deferred else Delete(windows, key))
+            writes.append(self.terms_write(tenant))  # token-checked: never resurrected
+        return writes
 
     @property
     def indexed(self) -> list[str]:
@@ -87,6 +126,7 @@ def read_plans(
     *,
     fingerprint: Callable[[bytes, bytes | None], str],
     with_windows: bool,
+    with_terms: bool = True,
 ) -> list[Plan]:
     """Plans for ``refs`` (in their order) from the KV store's summaries, transcripts and counts.
 
@@ -96,6 +136,7 @@ def read_plans(
         refs: The sessions, each once.
         fingerprint: Gives the fingerprint of a stored summary and transcript header.
         with_windows: Whether the pass embeds every window (or only the base vector's text).
+        with_terms: Whether to count the sessions' terms (only the first pass stores them).
     """
     by_user: dict[str, list[str]] = {}
     for user_id, session_id in refs:
@@ -133,10 +174,58 @@ def read_plans(
                 ),
                 with_windows=with_windows,
                 terms=_terms_record(data, raw_headers.get(session_id), transcripts, session_id)
-                if summary is not None and data is not None
+                if with_terms and summary is not None and data is not None
                 else None,
             )
     return [plans[ref] for ref in refs]
+
+
+def vector_changes(
+    tenant: str, plans: list[Plan], vectors: list[list[float]], *, first: int
+) -> tuple[list[VectorItem], list[str]]:
+    """The vectors to upsert and the ids to delete for one pass over ``plans``.
+
+    Args:
+        tenant: The tenant of the sessions.
+        plans: The sessions' plans.
+        vectors: One per text the pass embeds: ``plan.indexed[first:]`` of each plan, in order.
+        first: The first window the pass writes (1: the second pass, the base vector is in).
+    """
+    rows = iter(vectors)
+    items: list[VectorItem] = []
+    removals: list[str] = []
+    for plan in plans:
+        user_id, session_id = plan.ref
+        base = keys.session_vector_id(tenant, user_id, session_id)
+        if plan.summary is None:
+            removals.append(base)
+        else:
+            metadata: dict[str, str | int | float | bool] = {
+                "tenant": tenant,
+                "user_id": user_id,
+                "session_id": session_id,
+                "created_at": plan.summary.created_at.timestamp(),
+                "created_at_iso": plan.summary.created_at.isoformat(),
+                FINGERPRINT_KEY: plan.fingerprint,
+            }
+            for n in range(first, len(plan.indexed)):
+                chunk_id = keys.session_chunk_vector_id(tenant, user_id, session_id, n)
+                items.append(
+                    VectorItem(
+                        id=base if n == 0 else chunk_id,
+                        embedding=next(rows),
+                        # No text in the index: recall reads summaries from the KV store,
+                        # and a vector index's own log (embedded Chroma's queue table, a
+                        # server's WAL) would keep a deleted user's words out of reach.
+                        document="",
+                        metadata={**metadata, "window": n},
+                    )
+                )
+        removals.extend(
+            keys.session_chunk_vector_id(tenant, user_id, session_id, n)
+            for n in range(plan.new_count + 1, plan.old_count + 1)
+        )
+    return items, removals
 
 
 def _terms_record(
@@ -198,8 +287,14 @@ class CachedEmbedder:
         self._lock = threading.Lock()
         self._embedded: OrderedDict[str, list[float]] = OrderedDict()
 
-    def embed(self, texts: list[str]) -> list[list[float]]:
-        """The vectors of ``texts``, in order; only texts not cached reach the embedder."""
+    def embed(self, texts: list[str], *, using: Embedder | None = None) -> list[list[float]]:
+        """The vectors of ``texts``, in order; only texts not cached reach the embedder.
+
+        Args:
+            texts: The texts.
+            using: Another lane of the same model to embed them on (fewer threads,
+                see :func:`tiers.session._windows.background_lane`); cached alike.
+        """
         digests = [hashlib.blake2b(text.encode(), digest_size=16).hexdigest() for text in texts]
         found: dict[str, list[float]] = {}
         with self._lock:
@@ -210,7 +305,7 @@ class CachedEmbedder:
         missing = list(dict.fromkeys(d for d in digests if d not in found))
         if missing:
             text_of = dict(zip(digests, texts, strict=True))
-            fresh = self._embedder.embed([text_of[digest] for digest in missing])
+            fresh = (using or self._embedder).embed([text_of[digest] for digest in missing])
             with self._lock:
                 for digest, vector in zip(missing, fresh, strict=True):
                     found[digest] = vector
@@ -240,6 +335,23 @@ def take(queue: OrderedDict[str, dict[str, None]], limit: int) -> list[Ref]:
     return taken
 
 
+def scan_refs(kv: KVStore, space: str) -> list[Ref]:
+    """The sessions with an entry in an outbox ``space`` (keys ``<user>/<session>``)."""
+    refs: list[Ref] = []
+    for key, _ in kv.scan(space):
+        user_id, _, session_id = key.partition("/")
+        if user_id and session_id:
+            refs.append((user_id, session_id))
+    return refs
+
+
 def users_of(refs: Iterable[Ref]) -> list[str]:
     """Distinct user ids of ``refs``, in first-seen order."""
     return list(dict.fromkeys(user for user, _ in refs))
+
+
+def requeue_first(queue: OrderedDict[str, dict[str, None]], refs: Iterable[Ref]) -> None:
+    """Put refs taken from a per-user work queue back at its head (taken, not done)."""
+    for user_id, session_id in reversed(list(refs)):
+        queue[user_id] = {session_id: None, **queue.get(user_id, {})}
+        queue.move_to_end(user_id, last=False)

@@ -62,6 +62,7 @@ from tiers.session._reindex import ReindexProgress, SessionReindexer
 from tiers.session._retention import SessionExpiry
 from tiers.session._store import SessionStore
 from tiers.session._transcripts import TranscriptHeader
+from tiers.session._windows import QUERIES
 from tiers.session._writes import SessionWriter
 
 __all__ = ["SessionTier"]
@@ -506,4 +507,5 @@ class SessionTier:
             CorruptRecordError: A matching stored record is not a valid summary.
             BackendUnavailableError: The KV store, index or embedder failed.
         """
-        return self._reader.recall(user_id, query, top_k, now)
+        with QUERIES.query():  # the transcript-windows pass gives way meanwhile (._windows)
+            return self._reader.recall(user_id, query, top_k, now)

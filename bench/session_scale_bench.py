@@ -28,7 +28,13 @@ cores). So while measuring, the bench parks that queue: its outbox entries are
 moved to a side space of the KV store and put back afterwards (also when a
 measurement fails); recall then ranks each session by its base vector and
 keywords, as it does for any session whose windows are not indexed yet.
-``--unparked`` measures with the window pass running instead.
+``--unparked`` measures with the window pass running instead; ``--compare`` measures
+both in each round, parked first (the same run, the same load), and reports how many
+sessions' windows the pass indexed while the queries ran. ``--gap-ms`` adds a pause
+after each query (a client's think time; not counted in the latency): back to back,
+the pass (which since session 24 gives way to queries, ``tiers/session/_windows.py``)
+gets almost no gap to run in; with a gap it runs between queries and a query may
+arrive while one of its model calls is running.
 
 The store is kept in ``--store`` and reused when it holds every user asked for
 (ingest skipped); otherwise ingest resumes at the first user not done. The plan
@@ -54,14 +60,14 @@ import random
 import sys
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager, nullcontext
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
 from recall_bench import DEFAULT_DATA, Session, load, percentiles
 
 from memory import Memory
-from tiers.backends.base import Delete, Put
+from tiers.backends.base import Delete, KVStore, Put
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.keys import session_windows_outbox_space
 
@@ -193,16 +199,24 @@ def windows_parked(store: Path) -> Iterator[int]:
         move(parked, queue)
 
 
-def measure(store: Path, users: list[User], seed: int, profile: bool) -> None:
+def windows_pending(kv: KVStore) -> int:
+    """Sessions whose transcript windows are still queued for the second index pass."""
+    return len(kv.scan(session_windows_outbox_space(TENANT)))
+
+
+def measure(
+    store: Path, users: list[User], seed: int, profile: bool, label: str = "", gap: float = 0.0
+) -> None:
     """One round: each call kind in a freshly opened store, cold then warm per user."""
     rng = random.Random(seed)
     asks = [(user.user_id, rng.choice(user.questions)) for user in users]
     warm_up, asks = asks[-1], asks[:-1]
-    for label, call in CALLS.items():
+    for name, call in CALLS.items():
         memory = Memory.open(store)
         try:
             call(memory, *warm_up)
-            profiler = cProfile.Profile() if profile and label.startswith("recall") else None
+            profiler = cProfile.Profile() if profile and name.startswith("recall") else None
+            pending = windows_pending(memory.kv)
             cold: list[float] = []
             for user, text in asks:
                 if profiler:
@@ -212,19 +226,23 @@ def measure(store: Path, users: list[User], seed: int, profile: bool) -> None:
                 cold.append((time.perf_counter() - started) * 1000)
                 if profiler:
                     profiler.disable()
+                time.sleep(gap)
             warm: list[float] = []
             for user, text in asks:
                 started = time.perf_counter()
                 call(memory, user, text)
                 warm.append((time.perf_counter() - started) * 1000)
+                time.sleep(gap)
+            # The worker's commits are done under its lock: this reads what it finished.
+            indexed = pending - windows_pending(memory.kv)
         finally:
             memory.close()
         (c50, c95, c99), (w50, w95, w99) = percentiles(cold), percentiles(warm)
         print(
-            f"{label}: cold (each user's first after a restart) n={len(cold)} "
+            f"{label}{name}: cold (each user's first after a restart) n={len(cold)} "
             f"p50 {c50:.1f} / p95 {c95:.1f} / p99 {c99:.1f} / max {max(cold):.1f} ms; "
             f"warm p50 {w50:.1f} / p95 {w95:.1f} / p99 {w99:.1f} ms; "
-            f"load {os.getloadavg()[0]:.1f}",
+            f"windows of {indexed} sessions indexed meanwhile; load {os.getloadavg()[0]:.1f}",
             flush=True,
         )
         if profiler:
@@ -253,6 +271,12 @@ def main() -> int:
     parser.add_argument(
         "--unparked", action="store_true", help="measure with the queued window pass running"
     )
+    parser.add_argument(
+        "--compare", action="store_true", help="each round: parked, then with the pass running"
+    )
+    parser.add_argument(
+        "--gap-ms", type=float, default=0.0, help="pause after each query (not counted)"
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     users = plan(args.data, args.users, args.sessions_per_user, args.sources_per_user, args.seed)
@@ -261,11 +285,19 @@ def main() -> int:
     )
     args.store.mkdir(parents=True, exist_ok=True)
     ingest(args.store, users, args.windows)
-    if not args.ingest_only:
-        with nullcontext(0) if args.unparked else windows_parked(args.store) as parked:
-            print(f"window pass parked for {parked} sessions while measuring")
-            for n in range(args.rounds):
-                measure(args.store, users, args.seed + n, args.profile and n == 0)
+    if args.ingest_only:
+        return 0
+    gap = args.gap_ms / 1000
+    print(f"load {os.getloadavg()}")
+    for n in range(args.rounds):
+        profile = args.profile and n == 0
+        if args.compare or not args.unparked:
+            with windows_parked(args.store) as parked:
+                label = f"round {n + 1} parked ({parked} sessions' windows): "
+                measure(args.store, users, args.seed + n, profile, label, gap)
+        if args.compare or args.unparked:
+            label = f"round {n + 1} pass running: "
+            measure(args.store, users, args.seed + n, profile, label, gap)
     return 0
 
 

@@ -23,17 +23,18 @@ from memory.facade import Memory
 from memory.settings import Settings
 from tests.api.conftest import start_app
 from tests.conftest import RedisServer
+from tests.memory.test_erasure import BlockingSummarizer
 
 
-def loop_settings(data_dir: Path) -> Settings:
+def loop_settings(data_dir: Path, *, workers: int = 2) -> Settings:
     """Every background loop on, with short periods so they meet the closed store at once."""
     return Settings(
         data_dir=data_dir,
         auth_enabled=False,
         run_sweep_interval_seconds=0.1,
         index_check_interval_seconds=0.1,
-        summarize_workers=2,
-        job_lease_seconds=0.6,  # the heartbeat beats every 0.2 s
+        summarize_workers=workers,
+        job_lease_seconds=3.0,  # the heartbeat beats every second
         shutdown_timeout_seconds=5,
     )
 
@@ -98,6 +99,39 @@ def test_every_background_loop_ends_when_its_store_is_closed(
     jobs_stop = [r for r in caplog.records if r.getMessage().startswith("summary jobs stop")]
     assert len(jobs_stop) == 1
     assert jobs_stop[0].levelno == logging.INFO
+
+
+def test_the_lease_heartbeat_of_a_running_job_ends_when_its_store_is_closed(
+    own_memory: Memory, tmp_path: Path
+) -> None:
+    summarizer = BlockingSummarizer()
+    own_memory.summarizer = summarizer
+    try:
+        with start_app(loop_settings(tmp_path, workers=1), own_memory) as api:
+            *workers, heartbeat = api.service.jobs._threads
+            assert heartbeat.name == "tiermem-job-lease"
+            posted = api.client.post(
+                "/v1/users/u1/sessions",
+                json={
+                    "session_id": "s1",
+                    "transcript": [{"role": "user", "content": "Plan a trip to Lisbon."}],
+                },
+            )
+            assert posted.status_code == 202, posted.text
+            assert summarizer.entered.wait(30)
+
+            own_memory.close()
+
+            # The only worker is busy in the job: the heartbeat itself met the closed store.
+            heartbeat.join(30)
+            assert not heartbeat.is_alive()
+            assert all(worker.is_alive() for worker in workers)
+            summarizer.release.set()
+            for worker in workers:
+                worker.join(30)
+            assert not any(worker.is_alive() for worker in workers)
+    finally:
+        summarizer.release.set()
 
 
 def test_the_loops_keep_retrying_while_the_store_is_down(

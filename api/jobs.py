@@ -17,6 +17,10 @@ jobs for a bounded time, and gives back the ones still running (not counted
 as an attempt): they stay in the store for the next claim, here or elsewhere.
 The worker threads are daemon threads, so one stuck in a slow model call does
 not hold the process; its late result is not recorded (its claim was given back).
+
+A store closed under the registry (its memory closed before :meth:`JobRegistry.close`)
+stops the workers and the heartbeat: unlike an outage, which they wait out, no
+claim or renewal can succeed again.
 """
 
 from __future__ import annotations
@@ -37,7 +41,12 @@ from api.schemas.sessions import JobStatus
 from memory.facade import Memory
 from summarizer.errors import InvalidTranscriptError
 from tiers.backends.base import KVStore
-from tiers.errors import CorruptRecordError, InvalidInputError, SessionNotFoundError
+from tiers.errors import (
+    CorruptRecordError,
+    InvalidInputError,
+    SessionNotFoundError,
+    StoreClosedError,
+)
 from tiers.models import Message, SessionSummary, utcnow
 from tiers.session import Claim, JobState, SummaryJob, job_tenants, retire_tenant, unfinished_jobs
 
@@ -47,6 +56,9 @@ logger = logging.getLogger("tiermem.api")
 
 # An idle worker looks for jobs submitted through other replicas this often.
 _POLL_SECONDS = 0.5
+# While claims fail (the store is down), a worker's wait doubles up to this long: an outage
+# logs a warning now and then, not one per poll and worker.
+_MAX_CLAIM_WAIT_SECONDS = 10.0
 # Retries back off 1 s, 2 s, 4 s, ... at most this long.
 _MAX_BACKOFF_SECONDS = 60.0
 # Finished jobs past retention purged after each job (the service's sweep does the rest).
@@ -324,15 +336,23 @@ class JobRegistry:
 
     def _work(self, n: int) -> None:
         owner = f"{self._owner}/{n}"
+        wait = _POLL_SECONDS
         while not self._stopping.is_set():
             try:
                 taken = self._claim_next(owner)
-            except Exception as exc:  # the store is down (or closed at shutdown): look again later
+            except StoreClosedError as exc:  # final, unlike an outage: no claim can succeed
+                self._store_closed(exc)
+                return
+            except Exception as exc:  # the store is down: look again, later while it fails
                 if not self._stopping.is_set():
                     logger.warning("summary jobs: cannot claim the next one: %s", exc)
+                wait = min(wait * 2, _MAX_CLAIM_WAIT_SECONDS)
                 taken = None
+            else:
+                wait = _POLL_SECONDS
             if taken is None:
-                self._kick.wait(_POLL_SECONDS)
+                # A job submitted here ends the wait early.
+                self._kick.wait(wait)
                 self._kick.clear()
                 continue
             try:
@@ -459,6 +479,9 @@ class JobRegistry:
                         continue
                     try:
                         renewed = item.memory.jobs.renew(item.claim, lease=self._lease)
+                    except StoreClosedError as exc:  # final: no lease can be renewed again
+                        self._store_closed(exc)
+                        return
                     except Exception as exc:  # try again next period; the lease may expire
                         logger.warning("summary jobs: cannot renew a lease: %s", exc)
                         continue
@@ -470,6 +493,16 @@ class JobRegistry:
                         )
                     else:
                         item.claim = renewed
+
+    def _store_closed(self, exc: StoreClosedError) -> None:
+        """Stop every worker thread and the heartbeat: they share the store that was closed."""
+        with self._lock:
+            first = not self._stopping.is_set()
+            self._stopping.set()
+        self._kick.set()  # idle workers wake up to leave
+        # Once, by the first thread to see it; not at all if close() stopped the threads first.
+        if first:
+            logger.info("summary jobs stop, their store is closed: %s", exc)
 
     def _purge_some(self, memory: Memory) -> None:
         try:

@@ -20,6 +20,7 @@ from memory.facade import Memory
 from memory.settings import Settings
 from tiers import keys
 from tiers.backends.sqlite_kv import SqliteKVStore
+from tiers.errors import StoreClosedError
 from tiers.index_check import IndexReport
 from tiers.models import SessionSummary
 
@@ -31,6 +32,9 @@ _KEY_CACHE_MAX = 10_000
 # A hosted embedder that answered counts as ready for this long: probes come every few
 # seconds, and each answer is a paid request.
 _EMBEDDER_PROBE_TTL_S = 30.0
+# While a periodic pass fails (the store is down), its wait doubles up to this long (or its
+# period, if longer): an outage logs a warning now and then, not one per short period.
+_MAX_OUTAGE_WAIT_S = 60.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -262,6 +266,9 @@ class ServiceState:
 
         Returns:
             How many records were deleted.
+
+        Raises:
+            StoreClosedError: The store was closed (final: no tenant can be swept).
         """
         tenants = {self.memory.tenant, *(key.tenant for key in self.keys.list_keys())}
         deleted = 0
@@ -269,6 +276,8 @@ class ServiceState:
             try:
                 report = self.view(tenant).sweep()
                 self.jobs.purge(self.view(tenant))  # finished jobs past job_retention_seconds
+            except StoreClosedError:
+                raise  # final, unlike an outage: no other tenant can be swept either
             except Exception as exc:  # a store outage, a damaged record: the next period retries
                 logger.warning("retention sweep of tenant %s failed: %s", tenant, exc)
                 continue
@@ -287,11 +296,7 @@ class ServiceState:
         self._sweeper.start()
 
     def _sweep_loop(self, interval: float) -> None:
-        while not self._stop_sweeping.wait(interval):
-            try:
-                self.sweep()
-            except Exception as exc:  # the key registry unreadable: try again next period
-                logger.warning("retention sweep failed: %s", exc)
+        _every(interval, self._stop_sweeping, self.sweep, "retention sweep", at_once=False)
 
     # -- vector index consistency ---------------------------------------------------------------
 
@@ -308,6 +313,9 @@ class ServiceState:
 
         Returns:
             The latest report of every tenant checked so far.
+
+        Raises:
+            StoreClosedError: The store was closed (final: no tenant can be checked).
         """
         batch = self.settings.index_repair_batch
         repair = batch > 0 if repair is None else repair
@@ -322,6 +330,8 @@ class ServiceState:
                     report = repaired.after
                 else:
                     report = view.check_index()
+            except StoreClosedError:
+                raise  # final, unlike an outage: no other tenant can be checked either
             except Exception as exc:  # an outage: /readyz shows the store; the next period retries
                 logger.warning("index check of tenant %s failed: %s", tenant, exc)
                 continue
@@ -353,13 +363,7 @@ class ServiceState:
         self._index_checker.start()
 
     def _index_check_loop(self, interval: float) -> None:
-        while True:
-            try:
-                self.check_indexes()
-            except Exception as exc:  # the tenant list unreadable: try again next period
-                logger.warning("index check failed: %s", exc)
-            if self._stop_checking.wait(interval):
-                return
+        _every(interval, self._stop_checking, self.check_indexes, "index check", at_once=True)
 
     def close(self) -> None:
         """Stop sweeping, finish running jobs and reads, then close the stores if this app opened them.
@@ -378,3 +382,35 @@ class ServiceState:
         self.reads.close()
         if self._owns_memory:
             self.memory.close()
+
+
+def _every(
+    interval: float, stop: threading.Event, work: Callable[[], object], what: str, *, at_once: bool
+) -> None:
+    """Run ``work`` every ``interval`` seconds until ``stop`` is set or its store is closed.
+
+    A closed store (:class:`~tiers.errors.StoreClosedError`) ends the loop:
+    unlike an outage it is final, and retrying would only log the same error
+    every period. Any other error (the store is down, say) is logged and the
+    pass retried, the wait doubling while it fails, up to ``_MAX_OUTAGE_WAIT_S``
+    or ``interval``, whichever is longer.
+
+    Args:
+        interval: Seconds between passes.
+        stop: Set to end the loop.
+        work: One pass.
+        what: What a pass is called in the log.
+        at_once: Run the first pass now instead of after ``interval``.
+    """
+    wait = 0.0 if at_once else interval
+    while not stop.wait(wait):
+        try:
+            work()
+        except StoreClosedError as exc:
+            logger.info("%s stops, its store is closed: %s", what, exc)
+            return
+        except Exception as exc:  # an outage, a damaged record: the next pass retries
+            logger.warning("%s failed: %s", what, exc)
+            wait = min(max(wait, interval) * 2, max(interval, _MAX_OUTAGE_WAIT_S))
+            continue
+        wait = interval

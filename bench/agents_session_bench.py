@@ -39,7 +39,7 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Callable, Coroutine
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Protocol
@@ -246,7 +246,7 @@ def main() -> None:
     print("load average " + " ".join(f"{x:.2f}" for x in os.getloadavg()))
 
 
-Runner = Callable[[Path, int, int, int, bool], Awaitable[Figures]]
+Runner = Callable[[Path, int, int, int, bool], Coroutine[Any, Any, Figures]]
 
 
 def compare(args: argparse.Namespace, redis_url: str | None) -> None:

@@ -303,15 +303,13 @@ def python_load(route: Route, port: int, key: str, duration: float, concurrency:
         if body is not None:
             lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
         wire.append(("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b""))
+    load = _python_load("127.0.0.1", port, wire, duration, concurrency)
     try:
         import uvloop
-
-        runner = uvloop.run
     except ImportError:
-        runner = asyncio.run
-    latencies, errors, seconds = runner(
-        _python_load("127.0.0.1", port, wire, duration, concurrency)
-    )
+        latencies, errors, seconds = asyncio.run(load)
+    else:
+        latencies, errors, seconds = uvloop.run(load)
     latencies.sort()
 
     def pct(q: float) -> float:

@@ -22,6 +22,7 @@ Run (the harness starts and stops PostgreSQL by pid; LangGraph's saver needs
 
 from __future__ import annotations
 
+import importlib
 import os
 import sys
 from typing import Any
@@ -29,13 +30,15 @@ from typing import Any
 PEERS = os.environ.get("PEERS", "/work/shared/peers")
 sys.path.insert(0, PEERS)
 
-import bench  # noqa: E402  (the harness, found through PEERS)
+# The harness's bench.py, found through PEERS: an untyped script outside this repo (and, by
+# name, not this repo's bench/ folder, which is what a plain ``import bench`` means to mypy).
+bench: Any = importlib.import_module("bench")
 
 # Separate tables, so the harness's reset of PostgresSaver's tables and ours never meet.
 TABLE_NOTE = "tiermem_kv (space bytea, key bytea, value bytea, primary key (space, key))"
 
 
-class TierMemPostgres(bench.TierMem):
+class TierMemPostgres(bench.TierMem):  # type: ignore[misc]  # the harness's class is untyped
     """The harness's tiermem adapter with its KV store on the harness's PostgreSQL server."""
 
     def __init__(self, a: Any, ns: str) -> None:
@@ -54,7 +57,7 @@ class TierMemPostgres(bench.TierMem):
 
     def reset(self) -> None:
         self.close()
-        self.handles = {}
+        self.handles: dict[str, Any] = {}
         bench.shutil.rmtree(self.dir, ignore_errors=True)
         self.admin.execute("DROP TABLE IF EXISTS tiermem_kv, tiermem_kv_migrations")
         self.admin.execute("DROP FUNCTION IF EXISTS tiermem_kv_commit")

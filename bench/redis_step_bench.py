@@ -23,7 +23,6 @@ import argparse
 import itertools
 import json
 import os
-import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -119,4 +118,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

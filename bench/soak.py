@@ -351,7 +351,8 @@ class Worker(threading.Thread):
         handle = self.call(lambda c: c.start_run(user, run_id))
 
         def on(c: MemoryClient) -> RemoteRun:
-            return RemoteRun(c, handle.info, handle.epoch, worker_id=handle.worker_id)
+            # The lease re-held over this replica's connection (a client is not one).
+            return RemoteRun(c._connection, handle.info, handle.epoch, worker_id=handle.worker_id)
 
         checkpoint = self.call(
             lambda c: on(c).append_checkpoint("plan", {"n": self.seq}, idempotency_key="plan")

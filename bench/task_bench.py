@@ -31,6 +31,7 @@ Figures:
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import random
 import shutil
@@ -39,14 +40,13 @@ import sqlite3
 import statistics
 import string
 import subprocess
-import sys
 import tempfile
 import threading
 import time
 from collections.abc import Callable
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, TypedDict
+from typing import Any, Protocol, TypedDict
 
 import redis
 
@@ -155,11 +155,17 @@ class _LGState(TypedDict):
     n: int
 
 
+class _LGNode(Protocol):
+    """A graph node: LangGraph's ``add_node`` passes the state by the name ``state``."""
+
+    def __call__(self, state: _LGState) -> dict[str, Any]: ...
+
+
 def _langgraph(path: Path, delta: Callable[[str, int], dict[str, str]] | None = None) -> Any:
     from langgraph.checkpoint.sqlite import SqliteSaver
     from langgraph.graph import END, START, StateGraph
 
-    def node(name: str) -> Callable[[_LGState], dict[str, Any]]:
+    def node(name: str) -> _LGNode:
         def run(state: _LGState) -> dict[str, Any]:
             if delta is None:
                 return {"n": state["n"] + 1}
@@ -314,7 +320,7 @@ def ours_bytes(path: Path, steps: int, delta_size: int) -> tuple[float, float]:
     file0 = _file_bytes(path)
     for i in range(steps):
         delta = {f"k{i % 10}": _text(rng, delta_size)}
-        run.step("s", lambda d=delta: Charged(None, state=d))
+        run.step("s", functools.partial(Charged, None, state=delta))
     logical = sum(len(k) + len(v) for k, v in store.scan(space))
     store.close()
     return (logical - logical0) / steps, (_file_bytes(path) - file0) / steps
@@ -347,7 +353,7 @@ def resume_times(path: Path, lengths: list[int]) -> list[tuple[int, float]]:
     for length in lengths:
         run = tasks.start_run("bench", f"len-{length}")
         for i in range(length):
-            run.step("s", lambda i=i: Charged(i, state={f"k{i % 50}": i}))
+            run.step("s", functools.partial(Charged, i, state={f"k{i % 50}": i}))
     fast.close()
     store = _ours(SqliteKVStore(path))
     tasks = TaskTier(store)
@@ -503,4 +509,4 @@ def _load_average() -> str:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

@@ -144,6 +144,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     variants = [
         ("default", FusionWeights()),
         ("no dates (dates=0)", FusionWeights(dates=0.0)),
+        ("best window only (second_window=0)", FusionWeights(second_window=0.0)),
         *(parse_variant(spec) for spec in args.variant),
     ]
     model = MiniLMEmbedder()

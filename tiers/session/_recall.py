@@ -12,7 +12,10 @@ are cut by :func:`tiers.session._keyword.tokenize`. From those inputs,
    several vectors (its summary, and windows of its transcript, see
    :mod:`tiers.session._chunking`); its similarity is the *best* cosine of
    the query with any of them, so one matching passage of a long session
-   counts fully. A session with no vector indexed yet has none (NaN).
+   counts fully. For ranking (step 5) it is blended with the session's
+   *second best* cosine (:func:`best_two_similarities`): of two sessions with
+   an equally good passage, the one that comes back to the subject ranks
+   first. A session with no vector indexed yet has none (NaN).
 2. **Keyword match** (:class:`BM25Index`): Okapi BM25 (``k1`` 1.2, ``b``
    0.75, the "+1" IDF that stays positive) over the tokens of the summary
    text and transcript; a query word repeated counts once.
@@ -36,7 +39,9 @@ are cut by :func:`tiers.session._keyword.tokenize`. From those inputs,
    [0, 1] per query and combined convexly (the fusion found most robust in
    Bruch et al., "An Analysis of Fusion Functions for Hybrid Retrieval", 2023):
 
-   - dense: rescaled so the query's best session is 1 and its worst is 0
+   - dense: ``(best + w * second) / (1 + w)`` with ``w =
+     weights.second_window`` (a session with one vector counts its best as
+     its second), rescaled so the query's best session is 1 and its worst is 0
      (one candidate, or all equally similar: 1 each); a session without
      vectors counts 0;
    - keyword: the session's BM25 score divided by the query's best BM25
@@ -65,7 +70,15 @@ import numpy.typing as npt
 from tiers.session._keyword import tokenize
 from tiers.session._temporal import date_match, parse_query
 
-__all__ = ["BM25Index", "FusionWeights", "Ranked", "best_similarity", "fuse", "rank"]
+__all__ = [
+    "BM25Index",
+    "FusionWeights",
+    "Ranked",
+    "best_similarity",
+    "best_two_similarities",
+    "fuse",
+    "rank",
+]
 
 _SECONDS_PER_DAY = 86_400.0
 
@@ -86,6 +99,12 @@ class FusionWeights:
             about equally relevant, the newer one wins, however old both are.
         dates: Weight of the date match, added on top when the query names
             a time (see :mod:`tiers.session._temporal`).
+        second_window: Weight of a session's second-best cosine against its
+            best (1) in the dense score it is ranked by, ``(best + w *
+            second) / (1 + w)``; 0 ranks by the best vector alone (the
+            reported ``similarity`` is the best cosine either way). 0.5 since session
+            24: evidence spread over two passages of one session is a
+            better sign than one passage (``bench/README.md``).
     """
 
     dense: float = 0.5
@@ -93,14 +112,15 @@ class FusionWeights:
     half_life_days: float = 30.0
     newer: float = 0.02
     dates: float = 0.75
+    second_window: float = 0.5
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.dense <= 1.0:
             raise ValueError("dense weight must be within [0, 1]")
         if self.recency < 0.0 or self.half_life_days <= 0.0:
             raise ValueError("recency must be >= 0 and half_life_days > 0")
-        if self.newer < 0.0 or self.dates < 0.0:
-            raise ValueError("newer and dates must be >= 0")
+        if self.newer < 0.0 or self.dates < 0.0 or self.second_window < 0.0:
+            raise ValueError("newer, dates and second_window must be >= 0")
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +149,7 @@ def fuse(
     created_at: npt.NDArray[np.float64],
     weights: FusionWeights = FusionWeights(),
     date_fit: npt.NDArray[np.float64] | None = None,
+    second: npt.NDArray[np.float64] | None = None,
 ) -> list[Ranked]:
     """Rank sessions best first; ties go to the newer session, then to the smaller id.
 
@@ -141,18 +162,26 @@ def fuse(
         weights: The fusion weights.
         date_fit: Per session, how well its time fits the dates the query
             names, in [0, 1]; ``None`` when the query names none.
+        second: Per session, its second-best cosine with the query (NaN: it
+            has fewer than two vectors), blended into its dense score with
+            ``weights.second_window``; ``None``: the best cosine alone.
     """
     n = len(session_ids)
     if n == 0:
         return []
     dense = np.asarray(similarity, dtype=np.float64)
     known = ~np.isnan(dense)
+    blended = dense
+    if second is not None and weights.second_window > 0.0:
+        # A session with one vector counts its best as its second: no penalty for being short.
+        runner_up = np.where(np.isnan(second), dense, np.asarray(second, dtype=np.float64))
+        blended = (dense + weights.second_window * runner_up) / (1.0 + weights.second_window)
     dense_norm = np.zeros(n)
     if known.any():
-        low, high = float(dense[known].min()), float(dense[known].max())
+        low, high = float(blended[known].min()), float(blended[known].max())
         spread = high - low
         # One candidate, or all equally similar: similarity cannot order them, so it counts fully.
-        dense_norm[known] = (dense[known] - low) / spread if spread > 1e-9 else 1.0
+        dense_norm[known] = (blended[known] - low) / spread if spread > 1e-9 else 1.0
     raw_keyword = np.array([keyword.get(sid, 0.0) for sid in session_ids], dtype=np.float64)
     best_keyword = float(raw_keyword.max())
     keyword_norm = raw_keyword / best_keyword if best_keyword > 0 else raw_keyword
@@ -194,11 +223,42 @@ def best_similarity(
         owner: Per row of ``vectors``, the position of its session.
         query_vector: The query's embedding, unit length.
     """
+    return best_two_similarities(sessions, vectors, owner, query_vector)[0]
+
+
+def best_two_similarities(
+    sessions: int,
+    vectors: npt.NDArray[np.float32],
+    owner: npt.NDArray[np.intp],
+    query_vector: Sequence[float],
+) -> tuple[npt.NDArray[np.float64], npt.NDArray[np.float64]]:
+    """Per session, the best and the second-best cosine of ``query_vector`` with its vectors.
+
+    Args:
+        sessions: How many sessions are ranked.
+        vectors: One row per stored vector, unit length (so a dot product is the cosine).
+        owner: Per row of ``vectors``, the position of its session.
+        query_vector: The query's embedding, unit length.
+
+    Returns:
+        ``(best, second)``, one value per session each: NaN for a session
+        with no vector indexed; a session with one vector has NaN as second.
+    """
     best = np.full(sessions, np.nan)
-    if len(owner):
-        query = np.asarray(query_vector, dtype=np.float32)
-        np.fmax.at(best, owner, (vectors @ query).astype(np.float64))
-    return best
+    second = np.full(sessions, np.nan)
+    if not len(owner):
+        return best, second
+    query = np.asarray(query_vector, dtype=np.float32)
+    cosines = (vectors @ query).astype(np.float64)
+    np.fmax.at(best, owner, cosines)
+    # Rows grouped by session, best first: a session's second row holds its second best.
+    order = np.lexsort((-cosines, owner))
+    grouped = owner[order]
+    is_second = np.zeros(len(order), dtype=bool)
+    is_second[1:] = grouped[1:] == grouped[:-1]
+    is_second[2:] &= grouped[2:] != grouped[:-2]
+    second[grouped[is_second]] = cosines[order][is_second]
+    return best, second
 
 
 @dataclass(slots=True)
@@ -302,9 +362,11 @@ def rank(
         if dated.windows
         else None
     )
+    best, second = best_two_similarities(len(session_ids), vectors, owner, query_vector)
     return fuse(
         session_ids,
-        similarity=best_similarity(len(session_ids), vectors, owner, query_vector),
+        similarity=best,
+        second=second,
         # The time words leave the keyword match only when the date match stands in for them.
         keyword=keywords.scores(tokenize(dated.rest if weights.dates > 0 else query)),
         created_at=created_at,

@@ -48,31 +48,9 @@ class HeadUpdate:
     has no value. Assigning a field that is not declared here (a misspelling, or
     ``status``, which only events move) raises ``ValueError`` where it is
     assigned (and fails type checking), instead of being dropped from the head.
-    A plain class with slots: a transaction is built per commit, and a model's
-    validation and copied defaults were a measurable part of a step's CPU.
+    Not a pydantic model: a transaction is built per commit, and a model's
+    validation, copied defaults and field walk were a measurable part of a step's CPU.
     """
-
-    __slots__ = (
-        "budget_cost",
-        "budget_tokens",
-        "compacted_through",
-        "error",
-        "finished_at",
-        "head_checkpoint_id",
-        "head_seq",
-        "last_checkpoint_at",
-        "lease_epoch",
-        "lease_expires_at",
-        "lease_owner",
-        "lease_ttl_s",
-        "pending_approval",
-        "result",
-        "snapshot_event_seq",
-        "spent_cost",
-        "spent_tokens",
-        "superseded",
-        "unknown_effects",
-    )
 
     head_seq: int
     head_checkpoint_id: str | None
@@ -95,28 +73,22 @@ class HeadUpdate:
     error: str | None
 
     if not TYPE_CHECKING:
-        # Defined for the runtime only: mypy keeps refusing an undeclared name.
+        # Defined for the runtime only: mypy keeps refusing an undeclared name or a
+        # value of the wrong type, from the annotations above.
         def __setattr__(self, name: str, value: object) -> None:
-            try:
-                object.__setattr__(self, name, value)
-            except AttributeError:
-                raise ValueError(f'"HeadUpdate" object has no field "{name}"') from None
+            if name not in _HEAD_FIELDS:
+                raise ValueError(f'"HeadUpdate" object has no field "{name}"')
+            object.__setattr__(self, name, value)
 
     def changes(self) -> dict[str, Any]:
         """The fields assigned, by name (values as assigned, not copied or converted)."""
-        changed: dict[str, Any] = {}
-        for name in self.__slots__:
-            value = getattr(self, name, _UNASSIGNED)
-            if value is not _UNASSIGNED:
-                changed[name] = value
-        return changed
+        # The instance holds exactly the fields assigned: the class has no defaults.
+        return dict(self.__dict__)
 
 
+_HEAD_FIELDS = frozenset(HeadUpdate.__annotations__)
 _new_run_info = RunInfo.__new__
 _set = object.__setattr__
-
-# What getattr returns for a HeadUpdate field never assigned (None is a value).
-_UNASSIGNED: Any = object()
 
 
 @dataclass

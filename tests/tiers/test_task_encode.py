@@ -28,7 +28,12 @@ from tiers.codec import decode, encode
 from tiers.errors import InvalidInputError
 from tiers.models import Checkpoint
 from tiers.task import Charged, TaskTier
-from tiers.task._checkpoint_encode import build_checkpoint, fast_checkpoint, index_entry_bytes
+from tiers.task._checkpoint_encode import (
+    CheckpointFields,
+    build_checkpoint,
+    fast_checkpoint,
+    index_entry_bytes,
+)
 from tiers.task._records import IdempotencyEntry, checkpoint_id
 
 _TEXT = st.one_of(
@@ -140,18 +145,18 @@ def test_a_step_checkpoint_is_what_pydantic_builds_and_writes(fields: dict[str, 
     try:
         expected, expected_data = _reference(fields)
     except ValidationError as exc:
-        assert fast_checkpoint(**fields) is None
+        assert fast_checkpoint(CheckpointFields(**fields)) is None
         with pytest.raises(InvalidInputError) as refused:
-            build_checkpoint(**fields)
+            build_checkpoint(CheckpointFields(**fields))
         assert refused.value.__cause__ is not None
         first = exc.errors()[0]
         assert refused.value.field == (".".join(str(p) for p in first["loc"]) or "output")
         return
     except (TypeError, ValueError, OverflowError):
         # pydantic cannot write it (a lone surrogate, a set...): neither path may store it.
-        assert fast_checkpoint(**fields) is None
+        assert fast_checkpoint(CheckpointFields(**fields)) is None
         return
-    ckpt, data = build_checkpoint(**fields)
+    ckpt, data = build_checkpoint(CheckpointFields(**fields))
     assert data == expected_data
     assert ckpt == expected
     assert ckpt.model_dump() == expected.model_dump()
@@ -195,7 +200,7 @@ def test_a_plain_step_takes_the_fast_path(
         plain = True
     except (TypeError, ValueError):
         plain = False  # a lone surrogate: pydantic cannot write it either
-    built = fast_checkpoint(**fields)
+    built = fast_checkpoint(CheckpointFields(**fields))
     ordinary = all(-(2**63) <= n < 2**64 for n in _ints([output, scope, delta]))
     if plain and ordinary and _utf8([output, scope, delta]):
         assert built is not None
@@ -252,8 +257,8 @@ def test_a_datetime_subclass_and_an_old_year_take_pydantic_s_path() -> None:
     }
     for when in (Stamp(2026, 1, 1, tzinfo=UTC), datetime(999, 1, 1)):
         fields: dict[str, Any] = {**base, "started_at": when}
-        assert fast_checkpoint(**fields) is None
-        ckpt, data = build_checkpoint(**fields)
+        assert fast_checkpoint(CheckpointFields(**fields)) is None
+        ckpt, data = build_checkpoint(CheckpointFields(**fields))
         assert (ckpt, data) == _reference(fields)
 
 

@@ -23,6 +23,7 @@ processes queue behind it instead of polling SQLite's lock.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
 import threading
 import time
@@ -304,16 +305,12 @@ def _apply_merged(conn: sqlite3.Connection, batch: list[_Pending]) -> None:
     stored: dict[tuple[str, str], bytes] = {}
     for start in range(0, len(wanted), _CHECKS_PER_STATEMENT):
         chunk = wanted[start : start + _CHECKS_PER_STATEMENT]
-        where = " OR ".join(["(space = ? AND key = ?)"] * len(chunk))
         args: list[object] = []
         for space, key in chunk:
             args += [space, key]
         stored.update(
             ((space, key), bytes(value))
-            for space, key, value in conn.execute(
-                f"SELECT space, key, value FROM kv WHERE {where}",  # noqa: S608
-                args,
-            )
+            for space, key, value in conn.execute(_select_statement(len(chunk)), args)
         )
     overlay: dict[tuple[str, str], bytes | None] = {}
     accepted: list[Write] = []
@@ -354,16 +351,12 @@ def _apply(conn: sqlite3.Connection, writes: Sequence[Write], checks: Sequence[C
     """
     for start in range(0, len(checks), _CHECKS_PER_STATEMENT):
         chunk = checks[start : start + _CHECKS_PER_STATEMENT]
-        where = " OR ".join(["(space = ? AND key = ?)"] * len(chunk))
         args: list[object] = []
         for check in chunk:
             args += [check.space, check.key]
         found = {
             (space, key): bytes(value)
-            for space, key, value in conn.execute(
-                f"SELECT space, key, value FROM kv WHERE {where}",  # noqa: S608
-                args,
-            )
+            for space, key, value in conn.execute(_select_statement(len(chunk)), args)
         }
         for check in chunk:
             if found.get((check.space, check.key)) != check.expected:
@@ -389,9 +382,22 @@ def _put_rows(conn: sqlite3.Connection, puts: list[Put]) -> None:
         args: list[object] = []
         for put in chunk:
             args += [put.space, put.key, put.value]
-        rows = ",".join(["(?, ?, ?)"] * len(chunk))
-        conn.execute(
-            f"INSERT INTO kv (space, key, value) VALUES {rows} "  # noqa: S608
-            "ON CONFLICT (space, key) DO UPDATE SET value = excluded.value",
-            args,
-        )
+        conn.execute(_upsert_statement(len(chunk)), args)
+
+
+# The statements for n rows, built once per n: a commit of a step runs the same ones.
+@functools.lru_cache(maxsize=_CHECKS_PER_STATEMENT)
+def _select_statement(rows: int) -> str:
+    """Read the values at ``rows`` addresses (two parameters each)."""
+    where = " OR ".join(["(space = ? AND key = ?)"] * rows)
+    return f"SELECT space, key, value FROM kv WHERE {where}"  # noqa: S608
+
+
+@functools.lru_cache(maxsize=_PUTS_PER_STATEMENT)
+def _upsert_statement(rows: int) -> str:
+    """Upsert ``rows`` rows in order (three parameters each)."""
+    values = ",".join(["(?, ?, ?)"] * rows)
+    return (
+        f"INSERT INTO kv (space, key, value) VALUES {values} "  # noqa: S608
+        "ON CONFLICT (space, key) DO UPDATE SET value = excluded.value"
+    )

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import re
 from datetime import UTC, datetime
-from typing import Any, Final
+from typing import Any, Final, NamedTuple
 
 import orjson
 from pydantic import JsonValue, ValidationError
@@ -27,7 +27,7 @@ from tiers.ids import ID_PATTERN
 from tiers.models import SCHEMA_VERSION, Checkpoint, CheckpointStatus
 from tiers.task._records import encode_checkpoint
 
-__all__ = ["build_checkpoint", "fast_checkpoint", "index_entry_bytes"]
+__all__ = ["CheckpointFields", "build_checkpoint", "fast_checkpoint", "index_entry_bytes"]
 
 _SHA256_HEX: Final = re.compile(r"[0-9a-f]{64}")
 # A subclass of str, int, dict or list, a datetime or a dataclass in the scope reaches
@@ -38,6 +38,33 @@ _OPTIONS: Final = (
     | orjson.OPT_PASSTHROUGH_DATACLASS
 )
 _new = Checkpoint.__new__
+
+
+class CheckpointFields(NamedTuple):
+    """What a step's checkpoint is built from (:func:`build_checkpoint`, :func:`fast_checkpoint`).
+
+    The fields of :class:`~tiers.models.Checkpoint` a step sets, plus
+    ``commit_epoch``: the lease epoch a layout-2 checkpoint records (its
+    ``StepCommitted`` event), or ``None`` for a layout-1 store.
+    """
+
+    checkpoint_id: str
+    run_id: str
+    seq: int
+    parent_id: str | None
+    step: str
+    input_hash: str
+    output: JsonValue
+    idempotency_key: str
+    scope: dict[str, Any] | None
+    started_at: datetime
+    created_at: datetime
+    kind: str
+    state_delta: dict[str, JsonValue] | None
+    event_seq: int
+    commit_epoch: int | None
+
+
 _set = object.__setattr__
 
 
@@ -63,29 +90,29 @@ def _utc(value: object) -> tuple[datetime, str] | None:
     return utc, f"{utc.isoformat()[:-6]}Z"
 
 
-def fast_checkpoint(
-    *,
-    checkpoint_id: str,
-    run_id: str,
-    seq: int,
-    parent_id: str | None,
-    step: str,
-    input_hash: str,
-    output: JsonValue,
-    idempotency_key: str,
-    scope: dict[str, Any] | None,
-    started_at: datetime,
-    created_at: datetime,
-    kind: str,
-    state_delta: dict[str, JsonValue] | None,
-    event_seq: int,
-    commit_epoch: int | None,
-) -> tuple[Checkpoint, bytes] | None:
+def fast_checkpoint(fields: CheckpointFields) -> tuple[Checkpoint, bytes] | None:
     """The checkpoint these fields make and its stored bytes, or ``None`` for pydantic to judge.
 
     The bytes are ``encode_checkpoint(Checkpoint(...), output, state_delta,
     commit_epoch)``'s, byte for byte.
     """
+    (
+        checkpoint_id,
+        run_id,
+        seq,
+        parent_id,
+        step,
+        input_hash,
+        output,
+        idempotency_key,
+        scope,
+        started_at,
+        created_at,
+        kind,
+        state_delta,
+        event_seq,
+        commit_epoch,
+    ) = fields
     started = _utc(started_at)
     created = _utc(created_at)
     if (
@@ -107,7 +134,7 @@ def fast_checkpoint(
         or event_seq < 1
     ):
         return None
-    fields: dict[str, Any] = {
+    record: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
         "checkpoint_id": checkpoint_id,
         "run_id": run_id,
@@ -126,91 +153,58 @@ def fast_checkpoint(
         "event_seq": event_seq,
     }
     if commit_epoch is not None:
-        fields["commit_epoch"] = commit_epoch
+        record["commit_epoch"] = commit_epoch
     try:
-        data = orjson.dumps(fields, default=_refuse, option=_OPTIONS)
+        data = orjson.dumps(record, default=_refuse, option=_OPTIONS)
     except TypeError:  # an int over 64 bits, a lone surrogate, a type only pydantic writes
         return None
     if commit_epoch is not None:
-        del fields["commit_epoch"]
-    fields["status"] = CheckpointStatus.COMMITTED
-    fields["started_at"] = started[0]
-    fields["created_at"] = created[0]
+        del record["commit_epoch"]
+    record["status"] = CheckpointStatus.COMMITTED
+    record["started_at"] = started[0]
+    record["created_at"] = created[0]
     if scope is not None:
-        fields["scope"] = dict(scope)  # the model holds a copy, as validation made one
+        record["scope"] = dict(scope)  # the model holds a copy, as validation made one
     ckpt = _new(Checkpoint)
-    _set(ckpt, "__dict__", fields)
-    _set(ckpt, "__pydantic_fields_set__", set(fields))
+    _set(ckpt, "__dict__", record)
+    _set(ckpt, "__pydantic_fields_set__", set(record))
     _set(ckpt, "__pydantic_extra__", None)
     _set(ckpt, "__pydantic_private__", None)
     return ckpt, data
 
 
-def build_checkpoint(
-    *,
-    checkpoint_id: str,
-    run_id: str,
-    seq: int,
-    parent_id: str | None,
-    step: str,
-    input_hash: str,
-    output: JsonValue,
-    idempotency_key: str,
-    scope: dict[str, Any] | None,
-    started_at: datetime,
-    created_at: datetime,
-    kind: str,
-    state_delta: dict[str, JsonValue] | None,
-    event_seq: int,
-    commit_epoch: int | None,
-) -> tuple[Checkpoint, bytes]:
+def build_checkpoint(fields: CheckpointFields) -> tuple[Checkpoint, bytes]:
     """A step's checkpoint and its stored bytes: :func:`fast_checkpoint`'s, else pydantic's.
 
     Raises:
         InvalidInputError: A field the model refuses (named by ``field``).
     """
-    built = fast_checkpoint(
-        checkpoint_id=checkpoint_id,
-        run_id=run_id,
-        seq=seq,
-        parent_id=parent_id,
-        step=step,
-        input_hash=input_hash,
-        output=output,
-        idempotency_key=idempotency_key,
-        scope=scope,
-        started_at=started_at,
-        created_at=created_at,
-        kind=kind,
-        state_delta=state_delta,
-        event_seq=event_seq,
-        commit_epoch=commit_epoch,
-    )
+    built = fast_checkpoint(fields)
     if built is not None:
         return built
     try:
         base = Checkpoint(
-            checkpoint_id=checkpoint_id,
-            run_id=run_id,
-            seq=seq,
-            parent_id=parent_id,
-            step=step,
-            input_hash=input_hash,
-            idempotency_key=idempotency_key,
-            scope=scope,
-            started_at=started_at,
-            created_at=created_at,
-            kind=kind,
-            event_seq=event_seq,
+            checkpoint_id=fields.checkpoint_id,
+            run_id=fields.run_id,
+            seq=fields.seq,
+            parent_id=fields.parent_id,
+            step=fields.step,
+            input_hash=fields.input_hash,
+            idempotency_key=fields.idempotency_key,
+            scope=fields.scope,
+            started_at=fields.started_at,
+            created_at=fields.created_at,
+            kind=fields.kind,
+            event_seq=fields.event_seq,
         )
     except ValidationError as exc:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "output"
         raise InvalidInputError(
-            f"step {step!r}: invalid checkpoint: {where}: {first['msg']}", field=where
+            f"step {fields.step!r}: invalid checkpoint: {where}: {first['msg']}", field=where
         ) from exc
-    ckpt = base.model_copy(update={"output": output, "state_delta": state_delta})
-    return ckpt, encode_checkpoint(base, output, state_delta, commit_epoch)
+    ckpt = base.model_copy(update={"output": fields.output, "state_delta": fields.state_delta})
+    return ckpt, encode_checkpoint(base, fields.output, fields.state_delta, fields.commit_epoch)
 
 
 def index_entry_bytes(seq: int, checkpoint_id: str, input_hash: str) -> bytes:

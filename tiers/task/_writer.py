@@ -37,7 +37,7 @@ from tiers.errors import (
     StaleWriterError,
 )
 from tiers.models import Checkpoint, RunInfo, RunStatus
-from tiers.task._checkpoint_encode import build_checkpoint, index_entry_bytes
+from tiers.task._checkpoint_encode import CheckpointFields, build_checkpoint, index_entry_bytes
 from tiers.task._records import (
     EventKind,
     Snapshot,
@@ -388,21 +388,23 @@ class RunWriter:
         # The output and state delta are JSON values already (to_json, the ledger, a
         # snapshot): validated once there, not walked again here; the rest is checked.
         ckpt, data = build_checkpoint(
-            checkpoint_id=ckpt_id,
-            run_id=self.run_id,
-            seq=seq,
-            parent_id=info.head_checkpoint_id,
-            step=step,
-            input_hash=digest,
-            output=output,
-            idempotency_key=key,
-            scope=scope,
-            started_at=started_at,
-            created_at=txn.now,
-            kind=kind,
-            state_delta=delta,
-            event_seq=event_seq,
-            commit_epoch=commit_epoch,
+            CheckpointFields(
+                checkpoint_id=ckpt_id,
+                run_id=self.run_id,
+                seq=seq,
+                parent_id=info.head_checkpoint_id,
+                step=step,
+                input_hash=digest,
+                output=output,
+                idempotency_key=key,
+                scope=scope,
+                started_at=started_at,
+                created_at=txn.now,
+                kind=kind,
+                state_delta=delta,
+                event_seq=event_seq,
+                commit_epoch=commit_epoch,
+            )
         )
         check_fits(store.kv.max_value_bytes, data, f"checkpoint of step {step!r}", "output")
         space = keys.run_space(store.tenant, self.run_id)

@@ -145,7 +145,7 @@ class RedisClusterKVStore(RedisKVStore):
                 field="space",
             )
 
-    def _run_commit(self, keys: list[str], args: list[bytes | str | int]) -> list[Any]:
+    def _run_commit(self, keys: list[str], args: list[bytes]) -> list[Any]:
         cluster = self._cluster
         slot = key_slot(keys[0].encode())
         asked: ClusterNode | None = None

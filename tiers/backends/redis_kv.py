@@ -20,14 +20,14 @@ Durability is the server's: run it with ``appendonly yes`` and
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisClusterException
+from redis.exceptions import NoScriptError, RedisClusterException
 from redis.retry import Retry
 
 from tiers.backends import redact_url
@@ -42,7 +42,10 @@ from tiers.backends.common import (
 from tiers.errors import BackendUnavailableError, ConflictError, InvalidInputError, StoreClosedError
 
 # KEYS: (values-hash, index-zset) per space. ARGV: n_checks, then 4 per check
-# (space#, key, must_exist, expected), then 4 per write (op, space#, key, value).
+# (space#, key, must_exist, expected), then the writes in groups: op, space#, n, then
+# n (key, value) pairs for 'P', n keys for 'D', nothing for 'X' (see _write_groups).
+# A group is one HSET (and at most one ZADD), not one pair of commands per key: each
+# redis.call is a command the server runs and, for a write, appends to its AOF.
 _COMMIT = """
 local n = tonumber(ARGV[1])
 local i = 2
@@ -58,21 +61,36 @@ for _ = 1, n do
 end
 while i <= #ARGV do
   local op = ARGV[i]
-  local h = KEYS[2 * tonumber(ARGV[i + 1]) - 1]
-  local z = KEYS[2 * tonumber(ARGV[i + 1])]
+  local s = tonumber(ARGV[i + 1])
+  local count = tonumber(ARGV[i + 2])
+  local h = KEYS[2 * s - 1]
+  local z = KEYS[2 * s]
   if op == 'P' then
-    redis.call('HSET', h, ARGV[i + 2], ARGV[i + 3])
-    redis.call('ZADD', z, 0, ARGV[i + 2])
+    -- HSET counts the fields it added; a key already in the hash is in the index too
+    -- (every write keeps the two in step), so a group that added none skips the ZADD.
+    if redis.call('HSET', h, unpack(ARGV, i + 3, i + 2 + 2 * count)) > 0 then
+      local members = {}
+      for j = 1, count do
+        members[2 * j - 1] = 0
+        members[2 * j] = ARGV[i + 1 + 2 * j]
+      end
+      redis.call('ZADD', z, unpack(members))
+    end
+    i = i + 3 + 2 * count
   elseif op == 'D' then
-    redis.call('HDEL', h, ARGV[i + 2])
-    redis.call('ZREM', z, ARGV[i + 2])
+    redis.call('HDEL', h, unpack(ARGV, i + 3, i + 2 + count))
+    redis.call('ZREM', z, unpack(ARGV, i + 3, i + 2 + count))
+    i = i + 3 + count
   else
     redis.call('DEL', h, z)
+    i = i + 3
   end
-  i = i + 4
 end
 return {1, 0, ''}
 """
+
+# The most keys one write group holds: Lua's unpack() overflows its C stack past ~8000 values.
+_GROUP_KEYS = 1000
 
 # KEYS: values-hash, index-zset. ARGV: min, max, reverse ('1'/'0'), limit (-1 = all).
 _SCAN = """
@@ -234,21 +252,15 @@ class RedisKVStore:
         keys: list[str] = []
         for space in spaces:
             keys.extend(self._keys(space))
-        args: list[bytes | str | int] = [len(checks)]
+        args: list[bytes] = [b"%d" % len(checks)]
         for check in checks:
             args += [
-                spaces[check.space],
-                check.key,
-                "0" if check.expected is None else "1",
+                b"%d" % spaces[check.space],
+                check.key.encode(),
+                b"0" if check.expected is None else b"1",
                 check.expected or b"",
             ]
-        for write in writes:
-            if isinstance(write, Put):
-                args += ["P", spaces[write.space], write.key, write.value]
-            elif isinstance(write, Delete):
-                args += ["D", spaces[write.space], write.key, b""]
-            else:
-                args += ["X", spaces[write.space], "", b""]
+        args += _write_groups(writes, spaces)
         with self._translate("commit"):
             ok, space_no, key = self._run_commit(keys, args)
         if int(ok) != 1:
@@ -264,9 +276,40 @@ class RedisKVStore:
         One server applies any commit; a sharded store overrides this.
         """
 
-    def _run_commit(self, keys: list[str], args: list[bytes | str | int]) -> list[Any]:
-        reply: list[Any] = self._commit_script(keys=keys, args=args)
-        return reply
+    def _run_commit(self, keys: list[str], args: list[bytes]) -> list[Any]:
+        """Run the commit script with ``args``: one ``EVALSHA``, sent in one buffer.
+
+        redis-py's packer cuts a command holding a value over 6,000 bytes
+        into several buffers, one ``sendall`` each (three for a 5 KB
+        checkpoint); a step pays for each in CPU on both ends. The command is
+        packed here in one piece and sent on a connection of the client's
+        pool; a script the server does not hold (restarted, flushed) is loaded
+        and the command sent again, as redis-py's ``Script`` does (``NOSCRIPT``
+        means nothing ran).
+        """
+        client = self._client
+        if not isinstance(client, redis.Redis):
+            raise TypeError("a RedisKVStore commits through a redis.Redis client")
+        sha = self._commit_script.sha
+        words = [b"EVALSHA", sha.encode(), b"%d" % len(keys), *(k.encode() for k in keys)]
+        command = _resp_command([*words, *args])
+        pool = client.connection_pool
+        loaded = False
+        while True:
+            connection = pool.get_connection()
+            # redis-py leaves this method unannotated; this is the signature relied on.
+            send: Callable[[list[bytes]], None] = connection.send_packed_command
+            try:
+                send([command])
+                reply: list[Any] = connection.read_response()
+                return reply
+            except NoScriptError:
+                if loaded:
+                    raise
+            finally:
+                pool.release(connection)
+            client.script_load(_COMMIT)
+            loaded = True
 
     def _servers(self, *, primaries_only: bool = False) -> list[redis.Redis]:
         """The servers that hold this store's data (one, or every node of a cluster)."""
@@ -372,6 +415,46 @@ class RedisKVStore:
         self._closed = True
         if self._owns_client:
             self._client.close()
+
+
+def _write_groups(writes: Sequence[Write], spaces: dict[str, int]) -> list[bytes]:
+    """``writes`` as the commit script's write groups (see ``_COMMIT``), in their order.
+
+    Consecutive writes of one kind to one space form a group (at most
+    ``_GROUP_KEYS`` keys); within a group a later write of a key wins, as when
+    the writes are applied one by one.
+    """
+    args: list[bytes] = []
+    head = -1  # index in args of the open group's key count, or -1: none open
+    op, number, count = b"", 0, 0
+    for write in writes:
+        items: tuple[bytes, ...]
+        if isinstance(write, Put):
+            kind, items = b"P", (write.key.encode(), write.value)
+        elif isinstance(write, Delete):
+            kind, items = b"D", (write.key.encode(),)
+        else:
+            kind, items = b"X", ()
+        space_no = spaces[write.space]
+        if kind == b"X" or head < 0 or (kind, space_no) != (op, number) or count >= _GROUP_KEYS:
+            if head >= 0:
+                args[head] = b"%d" % count
+            op, number, count = kind, space_no, 0
+            args += [kind, b"%d" % space_no, b"0"]
+            head = len(args) - 1
+        args += items
+        count += 1 if items else 0
+    if head >= 0:
+        args[head] = b"%d" % count
+    return args
+
+
+def _resp_command(words: list[bytes]) -> bytes:
+    """``words`` as one RESP command (an array of bulk strings), in one buffer."""
+    parts = [b"*%d\r\n" % len(words)]
+    for word in words:
+        parts += (b"$%d\r\n" % len(word), word, b"\r\n")
+    return b"".join(parts)
 
 
 def _tighter_low(low: str, start_after: str) -> str:

@@ -1,4 +1,4 @@
-"""How a commit reaches Redis: one buffer, write groups, and a script the server lost.
+"""How a commit reaches Redis: one buffer, write groups, a lost script or connection.
 
 The commit script writes each run of puts to one space as one ``HSET`` (and a
 ``ZADD`` only when a key was added) and each run of deletes as one ``HDEL`` and
@@ -80,6 +80,21 @@ def test_a_commit_after_the_server_lost_its_scripts_loads_the_script_again(
     client = redis.Redis.from_url(redis_url)
     try:
         client.script_flush()
+    finally:
+        client.close()
+    redis_kv.commit([Put("s", "b", b"2")], [Check("s", "a", b"1")])
+    assert redis_kv.scan("s") == [("a", b"1"), ("b", b"2")]
+
+
+def test_a_commit_after_the_server_dropped_the_connection_reconnects(
+    redis_kv: RedisKVStore, redis_url: str
+) -> None:
+    redis_kv.commit([Put("s", "a", b"1")])
+    client = redis.Redis.from_url(redis_url)
+    try:
+        # The store's idle commit connection is closed by the server (as on a restart or an
+        # idle timeout); nothing was sent on it since, so the next commit is not refused.
+        assert client.client_kill_filter(_type="normal", skipme=True) >= 1
     finally:
         client.close()
     redis_kv.commit([Put("s", "b", b"2")], [Check("s", "a", b"1")])

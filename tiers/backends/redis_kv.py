@@ -19,6 +19,7 @@ Durability is the server's: run it with ``appendonly yes`` and
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
@@ -27,6 +28,7 @@ from typing import Any
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
+from redis.connection import ConnectionInterface
 from redis.exceptions import NoScriptError, RedisClusterException
 from redis.retry import Retry
 
@@ -161,6 +163,10 @@ class RedisKVStore:
             ) from exc
         self._commit_script = self._client.register_script(_COMMIT)
         self._scan_script = self._client.register_script(_SCAN)
+        # Idle connections of this store's commits (see _run_commit), and the process that
+        # opened them (a forked child must not share their sockets).
+        self._commit_connections: list[ConnectionInterface] = []
+        self._commit_pid = os.getpid()
 
     def _connect(self, url: str) -> redis.Redis | RedisCluster:
         # No automatic retry (see the module docstring). A connection the
@@ -281,11 +287,13 @@ class RedisKVStore:
 
         redis-py's packer cuts a command holding a value over 6,000 bytes
         into several buffers, one ``sendall`` each (three for a 5 KB
-        checkpoint); a step pays for each in CPU on both ends. The command is
-        packed here in one piece and sent on a connection of the client's
-        pool; a script the server does not hold (restarted, flushed) is loaded
-        and the command sent again, as redis-py's ``Script`` does (``NOSCRIPT``
-        means nothing ran).
+        checkpoint), and its pool's bookkeeping per command costs about as
+        much CPU again as the rest of a commit's client side. So a commit is
+        packed here in one piece and sent on a connection this store keeps for
+        its commits (made by the client's pool, checked before each use as the
+        pool checks what it hands out). A script the server does not hold
+        (restarted, flushed) is loaded and the command sent again, as
+        redis-py's ``Script`` does: ``NOSCRIPT`` means nothing ran.
         """
         client = self._client
         if not isinstance(client, redis.Redis):
@@ -293,23 +301,55 @@ class RedisKVStore:
         sha = self._commit_script.sha
         words = [b"EVALSHA", sha.encode(), b"%d" % len(keys), *(k.encode() for k in keys)]
         command = _resp_command([*words, *args])
-        pool = client.connection_pool
         loaded = False
         while True:
-            connection = pool.get_connection()
+            connection = self._take_connection(client)
             # redis-py leaves this method unannotated; this is the signature relied on.
             send: Callable[[list[bytes]], None] = connection.send_packed_command
             try:
                 send([command])
                 reply: list[Any] = connection.read_response()
-                return reply
             except NoScriptError:
                 if loaded:
                     raise
+            except redis.ResponseError:
+                raise  # an error reply, read whole: the connection is clean
+            except BaseException:
+                # Anything else may leave a reply unread on it: never reuse it as it is.
+                _disconnect(connection)
+                raise
+            else:
+                return reply
             finally:
-                pool.release(connection)
+                self._give_back(connection)
             client.script_load(_COMMIT)
             loaded = True
+
+    def _take_connection(self, client: redis.Redis) -> ConnectionInterface:
+        """An idle commit connection, checked; or a new one from the client's pool."""
+        if self._commit_pid != os.getpid():
+            self._commit_connections = []  # the parent's: its sockets are not this process's
+            self._commit_pid = os.getpid()
+        try:
+            connection = self._commit_connections.pop()
+        except IndexError:
+            return client.connection_pool.make_connection()
+        # As the pool does: one the server closed (restart, idle timeout) or with data
+        # waiting is reconnected before anything is sent on it.
+        try:
+            stale = connection.can_read()
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            stale = True
+        if stale:
+            _disconnect(connection)
+        return connection
+
+    def _give_back(self, connection: ConnectionInterface) -> None:
+        # list.append and pop are atomic: threads share the idle list without a lock.
+        if self._closed:
+            _disconnect(connection)
+        else:
+            self._commit_connections.append(connection)
 
     def _servers(self, *, primaries_only: bool = False) -> list[redis.Redis]:
         """The servers that hold this store's data (one, or every node of a cluster)."""
@@ -413,8 +453,17 @@ class RedisKVStore:
         if self._closed:
             return
         self._closed = True
+        while self._commit_connections:
+            _disconnect(self._commit_connections.pop())
         if self._owns_client:
             self._client.close()
+
+
+def _disconnect(connection: ConnectionInterface) -> None:
+    """Close ``connection``'s socket; its next use connects again."""
+    # redis-py leaves this method unannotated; this is the signature relied on.
+    disconnect: Callable[[], None] = connection.disconnect
+    disconnect()
 
 
 def _write_groups(writes: Sequence[Write], spaces: dict[str, int]) -> list[bytes]:

@@ -2,7 +2,7 @@
 
 The commit script writes each run of puts to one space as one ``HSET`` (and a
 ``ZADD`` only when a key was added) and each run of deletes as one ``HDEL`` and
-``ZREM``, in groups of at most ``_GROUP_KEYS`` keys; the KV contract checks the
+``ZREM``, in groups of at most ``GROUP_KEYS`` keys; the KV contract checks the
 order of writes, these check the groups' edges on both Redis stores.
 """
 
@@ -14,8 +14,9 @@ import pytest
 import redis
 import redis.connection
 
+from tiers.backends._redis_scripts import GROUP_KEYS
 from tiers.backends.base import Check, Delete, KVStore, Put, Write
-from tiers.backends.redis_kv import _GROUP_KEYS, RedisKVStore
+from tiers.backends.redis_kv import RedisKVStore
 
 
 @pytest.fixture(params=["redis_kv", "redis_cluster_kv"])
@@ -25,7 +26,7 @@ def store(request: pytest.FixtureRequest) -> KVStore:
 
 
 def test_commits_larger_than_a_group_write_and_delete_every_key(store: KVStore) -> None:
-    count = 2 * _GROUP_KEYS + 500
+    count = 2 * GROUP_KEYS + 500
     names = [f"k{i:05d}" for i in range(count)]
     # Two spaces (of one tenant, so one cluster slot) interleaved every 700 keys: groups
     # end at a space change and at the cap.
@@ -38,8 +39,8 @@ def test_commits_larger_than_a_group_write_and_delete_every_key(store: KVStore) 
     in_b = [w.key for w in writes if w.space == b]
     assert [key for key, _ in store.scan(a)] == in_a
     assert [key for key, _ in store.scan(b)] == in_b
-    store.commit([Delete(a, key) for key in in_a[: _GROUP_KEYS + 10]])
-    assert [key for key, _ in store.scan(a)] == in_a[_GROUP_KEYS + 10 :]
+    store.commit([Delete(a, key) for key in in_a[: GROUP_KEYS + 10]])
+    assert [key for key, _ in store.scan(a)] == in_a[GROUP_KEYS + 10 :]
     assert store.get_many(b, in_b[:2]) == [key.encode() for key in in_b[:2]]
 
 

@@ -33,7 +33,8 @@ from redis.exceptions import NoScriptError, RedisClusterException
 from redis.retry import Retry
 
 from tiers.backends import redact_url
-from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, Delete, Put, Write
+from tiers.backends._redis_scripts import COMMIT, SCAN, write_groups
+from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, Write
 from tiers.backends.common import (
     check_checks,
     check_reads,
@@ -42,87 +43,6 @@ from tiers.backends.common import (
     prefix_upper_bound,
 )
 from tiers.errors import BackendUnavailableError, ConflictError, InvalidInputError, StoreClosedError
-
-# KEYS: (values-hash, index-zset) per space. ARGV: n_checks, then 4 per check
-# (space#, key, must_exist, expected), then the writes in groups: op, space#, n, then
-# n (key, value) pairs for 'P', n keys for 'D', nothing for 'X' (see _write_groups).
-# A group is one HSET (and at most one ZADD), not one pair of commands per key: each
-# redis.call is a command the server runs and, for a write, appends to its AOF.
-_COMMIT = """
-local n = tonumber(ARGV[1])
-local i = 2
-for _ = 1, n do
-  local s = tonumber(ARGV[i])
-  local v = redis.call('HGET', KEYS[2 * s - 1], ARGV[i + 1])
-  if ARGV[i + 2] == '0' then
-    if v then return {0, s, ARGV[i + 1]} end
-  elseif (not v) or v ~= ARGV[i + 3] then
-    return {0, s, ARGV[i + 1]}
-  end
-  i = i + 4
-end
-while i <= #ARGV do
-  local op = ARGV[i]
-  local s = tonumber(ARGV[i + 1])
-  local count = tonumber(ARGV[i + 2])
-  local h = KEYS[2 * s - 1]
-  local z = KEYS[2 * s]
-  if op == 'P' then
-    -- HSET counts the fields it added; a key already in the hash is in the index too
-    -- (every write keeps the two in step), so a group that added none skips the ZADD.
-    if redis.call('HSET', h, unpack(ARGV, i + 3, i + 2 + 2 * count)) > 0 then
-      local members = {}
-      for j = 1, count do
-        members[2 * j - 1] = 0
-        members[2 * j] = ARGV[i + 1 + 2 * j]
-      end
-      redis.call('ZADD', z, unpack(members))
-    end
-    i = i + 3 + 2 * count
-  elseif op == 'D' then
-    redis.call('HDEL', h, unpack(ARGV, i + 3, i + 2 + count))
-    redis.call('ZREM', z, unpack(ARGV, i + 3, i + 2 + count))
-    i = i + 3 + count
-  else
-    redis.call('DEL', h, z)
-    i = i + 3
-  end
-end
-return {1, 0, ''}
-"""
-
-# The most keys one write group holds: Lua's unpack() overflows its C stack past ~8000 values.
-_GROUP_KEYS = 1000
-
-# KEYS: values-hash, index-zset. ARGV: min, max, reverse ('1'/'0'), limit (-1 = all).
-_SCAN = """
-local keys
-local limit = tonumber(ARGV[4])
-if ARGV[3] == '1' then
-  if limit >= 0 then
-    keys = redis.call('ZREVRANGEBYLEX', KEYS[2], ARGV[2], ARGV[1], 'LIMIT', 0, limit)
-  else
-    keys = redis.call('ZREVRANGEBYLEX', KEYS[2], ARGV[2], ARGV[1])
-  end
-else
-  if limit >= 0 then
-    keys = redis.call('ZRANGEBYLEX', KEYS[2], ARGV[1], ARGV[2], 'LIMIT', 0, limit)
-  else
-    keys = redis.call('ZRANGEBYLEX', KEYS[2], ARGV[1], ARGV[2])
-  end
-end
-local out = {}
--- HMGET in chunks: unpack() of more than ~8000 items overflows Lua's C stack.
-for first = 1, #keys, 1000 do
-  local last = math.min(first + 999, #keys)
-  local values = redis.call('HMGET', KEYS[1], unpack(keys, first, last))
-  for j = first, last do
-    out[2 * j - 1] = keys[j]
-    out[2 * j] = values[j - first + 1]
-  end
-end
-return out
-"""
 
 
 class RedisKVStore:
@@ -161,12 +81,12 @@ class RedisKVStore:
             raise InvalidInputError(
                 f"invalid Redis URL {redact_url(url)!r}: {exc}", field="url"
             ) from exc
-        self._commit_script = self._client.register_script(_COMMIT)
-        self._scan_script = self._client.register_script(_SCAN)
-        # Idle connections of this store's commits (see _run_commit), and the process that
-        # opened them (a forked child must not share their sockets).
-        self._commit_connections: list[ConnectionInterface] = []
-        self._commit_pid = os.getpid()
+        self._commit_script = self._client.register_script(COMMIT)
+        self._scan_script = self._client.register_script(SCAN)
+        # This store's idle connections (see _send), and the process that opened them (a
+        # forked child must not share their sockets).
+        self._connections: list[ConnectionInterface] = []
+        self._connections_pid = os.getpid()
 
     def _connect(self, url: str) -> redis.Redis | RedisCluster:
         # No automatic retry (see the module docstring). A connection the
@@ -207,7 +127,7 @@ class RedisKVStore:
             self._ensure_open()
             return []
         with self._translate("read"):
-            values: list[Any] = self._client.hmget(self._keys(space)[0], list(keys))
+            values = self._hmget(self._keys(space)[0], keys)
         return [None if v is None else bytes(v) for v in values]
 
     def scan(
@@ -234,9 +154,14 @@ class RedisKVStore:
             self._ensure_open()
             return []
         with self._translate("scan"):
-            flat: list[Any] = self._scan_script(
-                keys=list(self._keys(space)),
-                args=[low, high, "1" if reverse else "0", -1 if limit is None else limit],
+            flat = self._run_scan(
+                list(self._keys(space)),
+                [
+                    low.encode(),
+                    high.encode(),
+                    b"1" if reverse else b"0",
+                    b"%d" % (-1 if limit is None else limit),
+                ],
             )
         pairs = []
         for j in range(0, len(flat), 2):
@@ -266,7 +191,7 @@ class RedisKVStore:
                 b"0" if check.expected is None else b"1",
                 check.expected or b"",
             ]
-        args += _write_groups(writes, spaces)
+        args += write_groups(writes, spaces)
         with self._translate("commit"):
             ok, space_no, key = self._run_commit(keys, args)
         if int(ok) != 1:
@@ -283,55 +208,72 @@ class RedisKVStore:
         """
 
     def _run_commit(self, keys: list[str], args: list[bytes]) -> list[Any]:
-        """Run the commit script with ``args``: one ``EVALSHA``, sent in one buffer.
+        """Run the commit script with ``args`` (one ``EVALSHA``, see :meth:`_send`)."""
+        reply: list[Any] = self._run_script(self._commit_script.sha, COMMIT, keys, args)
+        return reply
+
+    def _run_scan(self, keys: list[str], args: list[bytes]) -> list[Any]:
+        """Run the scan script with ``args`` (one ``EVALSHA``, see :meth:`_send`)."""
+        reply: list[Any] = self._run_script(self._scan_script.sha, SCAN, keys, args)
+        return reply
+
+    def _hmget(self, name: str, fields: Sequence[str]) -> list[Any]:
+        """``HMGET`` of ``fields`` of the hash ``name`` (see :meth:`_send`)."""
+        reply: list[Any] = self._send([b"HMGET", name.encode(), *(f.encode() for f in fields)])
+        return reply
+
+    def _run_script(self, sha: str, source: str, keys: list[str], args: list[bytes]) -> Any:
+        """``EVALSHA``; a script the server does not hold is loaded and sent again.
+
+        As redis-py's ``Script`` does: ``NOSCRIPT`` means nothing ran (the
+        server restarted or its scripts were flushed).
+        """
+        words = [b"EVALSHA", sha.encode(), b"%d" % len(keys), *(k.encode() for k in keys), *args]
+        try:
+            return self._send(words)
+        except NoScriptError:
+            self._client.script_load(source)
+        return self._send(words)
+
+    def _send(self, words: list[bytes]) -> Any:
+        """Send one command, packed in one buffer, on a connection this store keeps; its reply.
 
         redis-py's packer cuts a command holding a value over 6,000 bytes
         into several buffers, one ``sendall`` each (three for a 5 KB
-        checkpoint), and its pool's bookkeeping per command costs about as
-        much CPU again as the rest of a commit's client side. So a commit is
-        packed here in one piece and sent on a connection this store keeps for
-        its commits (made by the client's pool, checked before each use as the
-        pool checks what it hands out). A script the server does not hold
-        (restarted, flushed) is loaded and the command sent again, as
-        redis-py's ``Script`` does: ``NOSCRIPT`` means nothing ran.
+        checkpoint), and its pool's bookkeeping per command cost about half
+        a commit's client CPU. So the command is packed here in one piece and
+        sent on one of this store's own connections (made by the client's
+        pool, checked before each use as the pool checks what it hands out).
+
+        Raises:
+            redis.RedisError: The server answered an error or cannot be reached.
         """
         client = self._client
         if not isinstance(client, redis.Redis):
-            raise TypeError("a RedisKVStore commits through a redis.Redis client")
-        sha = self._commit_script.sha
-        words = [b"EVALSHA", sha.encode(), b"%d" % len(keys), *(k.encode() for k in keys)]
-        command = _resp_command([*words, *args])
-        loaded = False
-        while True:
-            connection = self._take_connection(client)
-            # redis-py leaves this method unannotated; this is the signature relied on.
-            send: Callable[[list[bytes]], None] = connection.send_packed_command
-            try:
-                send([command])
-                reply: list[Any] = connection.read_response()
-            except NoScriptError:
-                if loaded:
-                    raise
-            except redis.ResponseError:
-                raise  # an error reply, read whole: the connection is clean
-            except BaseException:
-                # Anything else may leave a reply unread on it: never reuse it as it is.
-                _disconnect(connection)
-                raise
-            else:
-                return reply
-            finally:
-                self._give_back(connection)
-            client.script_load(_COMMIT)
-            loaded = True
+            raise TypeError("a RedisKVStore sends its commands through a redis.Redis client")
+        command = _resp_command(words)
+        connection = self._take_connection(client)
+        # redis-py leaves this method unannotated; this is the signature relied on.
+        send: Callable[[list[bytes]], None] = connection.send_packed_command
+        try:
+            send([command])
+            return connection.read_response()
+        except redis.ResponseError:
+            raise  # an error reply, read whole: the connection is clean
+        except BaseException:
+            # Anything else may leave a reply unread on it: never reuse it as it is.
+            _disconnect(connection)
+            raise
+        finally:
+            self._give_back(connection)
 
     def _take_connection(self, client: redis.Redis) -> ConnectionInterface:
-        """An idle commit connection, checked; or a new one from the client's pool."""
-        if self._commit_pid != os.getpid():
-            self._commit_connections = []  # the parent's: its sockets are not this process's
-            self._commit_pid = os.getpid()
+        """An idle connection of this store, checked; or a new one from the client's pool."""
+        if self._connections_pid != os.getpid():
+            self._connections = []  # the parent's: its sockets are not this process's
+            self._connections_pid = os.getpid()
         try:
-            connection = self._commit_connections.pop()
+            connection = self._connections.pop()
         except IndexError:
             return client.connection_pool.make_connection()
         # As the pool does: one the server closed (restart, idle timeout) or with data
@@ -349,7 +291,7 @@ class RedisKVStore:
         if self._closed:
             _disconnect(connection)
         else:
-            self._commit_connections.append(connection)
+            self._connections.append(connection)
 
     def _servers(self, *, primaries_only: bool = False) -> list[redis.Redis]:
         """The servers that hold this store's data (one, or every node of a cluster)."""
@@ -453,8 +395,8 @@ class RedisKVStore:
         if self._closed:
             return
         self._closed = True
-        while self._commit_connections:
-            _disconnect(self._commit_connections.pop())
+        while self._connections:
+            _disconnect(self._connections.pop())
         if self._owns_client:
             self._client.close()
 
@@ -464,38 +406,6 @@ def _disconnect(connection: ConnectionInterface) -> None:
     # redis-py leaves this method unannotated; this is the signature relied on.
     disconnect: Callable[[], None] = connection.disconnect
     disconnect()
-
-
-def _write_groups(writes: Sequence[Write], spaces: dict[str, int]) -> list[bytes]:
-    """``writes`` as the commit script's write groups (see ``_COMMIT``), in their order.
-
-    Consecutive writes of one kind to one space form a group (at most
-    ``_GROUP_KEYS`` keys); within a group a later write of a key wins, as when
-    the writes are applied one by one.
-    """
-    args: list[bytes] = []
-    head = -1  # index in args of the open group's key count, or -1: none open
-    op, number, count = b"", 0, 0
-    for write in writes:
-        items: tuple[bytes, ...]
-        if isinstance(write, Put):
-            kind, items = b"P", (write.key.encode(), write.value)
-        elif isinstance(write, Delete):
-            kind, items = b"D", (write.key.encode(),)
-        else:
-            kind, items = b"X", ()
-        space_no = spaces[write.space]
-        if kind == b"X" or head < 0 or (kind, space_no) != (op, number) or count >= _GROUP_KEYS:
-            if head >= 0:
-                args[head] = b"%d" % count
-            op, number, count = kind, space_no, 0
-            args += [kind, b"%d" % space_no, b"0"]
-            head = len(args) - 1
-        args += items
-        count += 1 if items else 0
-    if head >= 0:
-        args[head] = b"%d" % count
-    return args
 
 
 def _resp_command(words: list[bytes]) -> bytes:

@@ -6,7 +6,11 @@ Usage::
 
 One ``redis-server`` with ``appendfsync always``; the systems take turns in
 blocks of ``--block`` writes, in rotating order, and each one's time and
-client CPU are summed over its blocks. Rows: raw ``SET`` of the payload's
+client CPU are summed over its blocks, and so are the server's: the
+``usec`` that ``INFO commandstats`` adds to the commands a system sends
+(``SET``; ``EVALSHA``, and ``HMGET`` for a head read) and the growth of the
+append-only file (``aof_current_size``; automatic rewrites are off for the
+run), read before and after each block. Rows: raw ``SET`` of the payload's
 bytes, ``RunHandle.step`` reading the run's head before every step
 (``head_fresh_ms=0``, two round trips), with the default head window (one
 round trip), and with the window and no redaction (what redaction costs);
@@ -27,6 +31,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import redis
 from step_bench import PAYLOAD
@@ -41,6 +46,20 @@ def _load() -> str:
     return "load average " + " ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+# The commands the systems send themselves (the commit script's own HSET, HGET, ZADD are
+# counted inside EVALSHA's time too, so they are left out).
+_SENT = ("cmdstat_set", "cmdstat_evalsha", "cmdstat_hmget")
+
+
+def _server_usec(client: redis.Redis) -> float:
+    stats: dict[str, Any] = client.info("commandstats")
+    return sum(float(stats[name]["usec"]) for name in _SENT if name in stats)
+
+
+def _aof_bytes(client: redis.Redis) -> int:
+    return int(client.info("persistence")["aof_current_size"])
+
+
 def main() -> None:
     """Run the interleaved blocks and print each system's rate and client CPU per write."""
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -52,6 +71,7 @@ def main() -> None:
     server = RedisAlways(work)
     try:
         client = redis.Redis.from_url(server.url)
+        client.config_set("auto-aof-rewrite-percentage", 0)  # the file's growth is measured
         kv = RedisKVStore(server.url)
         value = json.dumps(PAYLOAD).encode()
         numbers = itertools.count()
@@ -93,13 +113,18 @@ def main() -> None:
         names = list(systems)
         wall = dict.fromkeys(names, 0.0)
         cpu = dict.fromkeys(names, 0.0)
+        usec = dict.fromkeys(names, 0.0)
+        aof = dict.fromkeys(names, 0)
         for turn in range(args.blocks):
             shift = turn % len(names)
             for name in names[shift:] + names[:shift]:
+                began_usec, began_aof = _server_usec(client), _aof_bytes(client)
                 began, began_cpu = time.perf_counter(), time.process_time()
                 systems[name]()
                 wall[name] += time.perf_counter() - began
                 cpu[name] += time.process_time() - began_cpu
+                usec[name] += _server_usec(client) - began_usec
+                aof[name] += _aof_bytes(client) - began_aof
         writes = args.blocks * args.block
         floor = writes / wall["raw Redis SET"]
         print(f"{writes} durable 5 KB writes per system, appendfsync always")
@@ -107,7 +132,8 @@ def main() -> None:
             rate = writes / wall[name]
             print(
                 f"  {name:<44} {rate:7.0f}/s  {rate / floor:.2f}x raw SET  "
-                f"client CPU {cpu[name] / writes * 1e6:4.0f} us/write",
+                f"client CPU {cpu[name] / writes * 1e6:4.0f} us/write  "
+                f"server {usec[name] / writes:5.1f} us/write  AOF {aof[name] / writes:5.0f} B/write",
                 flush=True,
             )
         kv.close()

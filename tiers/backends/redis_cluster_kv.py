@@ -33,6 +33,7 @@ Redis 7.0's ``WAIT`` does not wait for the replica's fsync (``WAITAOF`` is
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import parse_qsl, unquote, urlsplit
 
@@ -50,8 +51,9 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from tiers.backends import redact_url
+from tiers.backends._redis_scripts import COMMIT
 from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES
-from tiers.backends.redis_kv import _COMMIT, RedisKVStore
+from tiers.backends.redis_kv import RedisKVStore
 from tiers.errors import BackendUnavailableError, InvalidInputError
 from tiers.keys import placement
 
@@ -145,7 +147,16 @@ class RedisClusterKVStore(RedisKVStore):
                 field="space",
             )
 
-    def _run_commit(self, keys: list[str], args: list[bytes | str | int]) -> list[Any]:
+    def _hmget(self, name: str, fields: Sequence[str]) -> list[Any]:
+        # Through the cluster client, which follows the slot map and its redirections.
+        values: list[Any] = self._cluster.hmget(name, list(fields))
+        return values
+
+    def _run_scan(self, keys: list[str], args: list[bytes]) -> list[Any]:
+        flat: list[Any] = self._scan_script(keys=keys, args=args)
+        return flat
+
+    def _run_commit(self, keys: list[str], args: list[bytes]) -> list[Any]:
         cluster = self._cluster
         slot = key_slot(keys[0].encode())
         asked: ClusterNode | None = None
@@ -162,7 +173,7 @@ class RedisClusterKVStore(RedisKVStore):
             try:
                 replies = pipe.execute()
             except NoScriptError:
-                server.script_load(_COMMIT)  # a node that never ran it (new, or restarted)
+                server.script_load(COMMIT)  # a node that never ran it (new, or restarted)
                 continue
             except MovedError:
                 cluster.nodes_manager.initialize()

@@ -19,19 +19,22 @@ Durability is the server's: run it with ``appendonly yes`` and
 
 from __future__ import annotations
 
+import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
 from redis.cluster import RedisCluster
-from redis.exceptions import RedisClusterException
+from redis.connection import ConnectionInterface
+from redis.exceptions import NoScriptError, RedisClusterException
 from redis.retry import Retry
 
 from tiers.backends import redact_url
-from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, Delete, Put, Write
+from tiers.backends._redis_scripts import COMMIT, SCAN, write_groups
+from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, Write
 from tiers.backends.common import (
     check_checks,
     check_reads,
@@ -40,69 +43,6 @@ from tiers.backends.common import (
     prefix_upper_bound,
 )
 from tiers.errors import BackendUnavailableError, ConflictError, InvalidInputError, StoreClosedError
-
-# KEYS: (values-hash, index-zset) per space. ARGV: n_checks, then 4 per check
-# (space#, key, must_exist, expected), then 4 per write (op, space#, key, value).
-_COMMIT = """
-local n = tonumber(ARGV[1])
-local i = 2
-for _ = 1, n do
-  local s = tonumber(ARGV[i])
-  local v = redis.call('HGET', KEYS[2 * s - 1], ARGV[i + 1])
-  if ARGV[i + 2] == '0' then
-    if v then return {0, s, ARGV[i + 1]} end
-  elseif (not v) or v ~= ARGV[i + 3] then
-    return {0, s, ARGV[i + 1]}
-  end
-  i = i + 4
-end
-while i <= #ARGV do
-  local op = ARGV[i]
-  local h = KEYS[2 * tonumber(ARGV[i + 1]) - 1]
-  local z = KEYS[2 * tonumber(ARGV[i + 1])]
-  if op == 'P' then
-    redis.call('HSET', h, ARGV[i + 2], ARGV[i + 3])
-    redis.call('ZADD', z, 0, ARGV[i + 2])
-  elseif op == 'D' then
-    redis.call('HDEL', h, ARGV[i + 2])
-    redis.call('ZREM', z, ARGV[i + 2])
-  else
-    redis.call('DEL', h, z)
-  end
-  i = i + 4
-end
-return {1, 0, ''}
-"""
-
-# KEYS: values-hash, index-zset. ARGV: min, max, reverse ('1'/'0'), limit (-1 = all).
-_SCAN = """
-local keys
-local limit = tonumber(ARGV[4])
-if ARGV[3] == '1' then
-  if limit >= 0 then
-    keys = redis.call('ZREVRANGEBYLEX', KEYS[2], ARGV[2], ARGV[1], 'LIMIT', 0, limit)
-  else
-    keys = redis.call('ZREVRANGEBYLEX', KEYS[2], ARGV[2], ARGV[1])
-  end
-else
-  if limit >= 0 then
-    keys = redis.call('ZRANGEBYLEX', KEYS[2], ARGV[1], ARGV[2], 'LIMIT', 0, limit)
-  else
-    keys = redis.call('ZRANGEBYLEX', KEYS[2], ARGV[1], ARGV[2])
-  end
-end
-local out = {}
--- HMGET in chunks: unpack() of more than ~8000 items overflows Lua's C stack.
-for first = 1, #keys, 1000 do
-  local last = math.min(first + 999, #keys)
-  local values = redis.call('HMGET', KEYS[1], unpack(keys, first, last))
-  for j = first, last do
-    out[2 * j - 1] = keys[j]
-    out[2 * j] = values[j - first + 1]
-  end
-end
-return out
-"""
 
 
 class RedisKVStore:
@@ -141,8 +81,12 @@ class RedisKVStore:
             raise InvalidInputError(
                 f"invalid Redis URL {redact_url(url)!r}: {exc}", field="url"
             ) from exc
-        self._commit_script = self._client.register_script(_COMMIT)
-        self._scan_script = self._client.register_script(_SCAN)
+        self._commit_script = self._client.register_script(COMMIT)
+        self._scan_script = self._client.register_script(SCAN)
+        # This store's idle connections (see _send), and the process that opened them (a
+        # forked child must not share their sockets).
+        self._connections: list[ConnectionInterface] = []
+        self._connections_pid = os.getpid()
 
     def _connect(self, url: str) -> redis.Redis | RedisCluster:
         # No automatic retry (see the module docstring). A connection the
@@ -183,7 +127,7 @@ class RedisKVStore:
             self._ensure_open()
             return []
         with self._translate("read"):
-            values: list[Any] = self._client.hmget(self._keys(space)[0], list(keys))
+            values = self._hmget(self._keys(space)[0], keys)
         return [None if v is None else bytes(v) for v in values]
 
     def scan(
@@ -210,9 +154,14 @@ class RedisKVStore:
             self._ensure_open()
             return []
         with self._translate("scan"):
-            flat: list[Any] = self._scan_script(
-                keys=list(self._keys(space)),
-                args=[low, high, "1" if reverse else "0", -1 if limit is None else limit],
+            flat = self._run_scan(
+                list(self._keys(space)),
+                [
+                    low.encode(),
+                    high.encode(),
+                    b"1" if reverse else b"0",
+                    b"%d" % (-1 if limit is None else limit),
+                ],
             )
         pairs = []
         for j in range(0, len(flat), 2):
@@ -234,21 +183,15 @@ class RedisKVStore:
         keys: list[str] = []
         for space in spaces:
             keys.extend(self._keys(space))
-        args: list[bytes | str | int] = [len(checks)]
+        args: list[bytes] = [b"%d" % len(checks)]
         for check in checks:
             args += [
-                spaces[check.space],
-                check.key,
-                "0" if check.expected is None else "1",
+                b"%d" % spaces[check.space],
+                check.key.encode(),
+                b"0" if check.expected is None else b"1",
                 check.expected or b"",
             ]
-        for write in writes:
-            if isinstance(write, Put):
-                args += ["P", spaces[write.space], write.key, write.value]
-            elif isinstance(write, Delete):
-                args += ["D", spaces[write.space], write.key, b""]
-            else:
-                args += ["X", spaces[write.space], "", b""]
+        args += write_groups(writes, spaces)
         with self._translate("commit"):
             ok, space_no, key = self._run_commit(keys, args)
         if int(ok) != 1:
@@ -264,9 +207,91 @@ class RedisKVStore:
         One server applies any commit; a sharded store overrides this.
         """
 
-    def _run_commit(self, keys: list[str], args: list[bytes | str | int]) -> list[Any]:
-        reply: list[Any] = self._commit_script(keys=keys, args=args)
+    def _run_commit(self, keys: list[str], args: list[bytes]) -> list[Any]:
+        """Run the commit script with ``args`` (one ``EVALSHA``, see :meth:`_send`)."""
+        reply: list[Any] = self._run_script(self._commit_script.sha, COMMIT, keys, args)
         return reply
+
+    def _run_scan(self, keys: list[str], args: list[bytes]) -> list[Any]:
+        """Run the scan script with ``args`` (one ``EVALSHA``, see :meth:`_send`)."""
+        reply: list[Any] = self._run_script(self._scan_script.sha, SCAN, keys, args)
+        return reply
+
+    def _hmget(self, name: str, fields: Sequence[str]) -> list[Any]:
+        """``HMGET`` of ``fields`` of the hash ``name`` (see :meth:`_send`)."""
+        reply: list[Any] = self._send([b"HMGET", name.encode(), *(f.encode() for f in fields)])
+        return reply
+
+    def _run_script(self, sha: str, source: str, keys: list[str], args: list[bytes]) -> Any:
+        """``EVALSHA``; a script the server does not hold is loaded and sent again.
+
+        As redis-py's ``Script`` does: ``NOSCRIPT`` means nothing ran (the
+        server restarted or its scripts were flushed).
+        """
+        words = [b"EVALSHA", sha.encode(), b"%d" % len(keys), *(k.encode() for k in keys), *args]
+        try:
+            return self._send(words)
+        except NoScriptError:
+            self._client.script_load(source)
+        return self._send(words)
+
+    def _send(self, words: list[bytes]) -> Any:
+        """Send one command, packed in one buffer, on a connection this store keeps; its reply.
+
+        redis-py's packer cuts a command holding a value over 6,000 bytes
+        into several buffers, one ``sendall`` each (three for a 5 KB
+        checkpoint), and its pool's bookkeeping per command cost about half
+        a commit's client CPU. So the command is packed here in one piece and
+        sent on one of this store's own connections (made by the client's
+        pool, checked before each use as the pool checks what it hands out).
+
+        Raises:
+            redis.RedisError: The server answered an error or cannot be reached.
+        """
+        client = self._client
+        if not isinstance(client, redis.Redis):
+            raise TypeError("a RedisKVStore sends its commands through a redis.Redis client")
+        command = _resp_command(words)
+        connection = self._take_connection(client)
+        # redis-py leaves this method unannotated; this is the signature relied on.
+        send: Callable[[list[bytes]], None] = connection.send_packed_command
+        try:
+            send([command])
+            return connection.read_response()
+        except redis.ResponseError:
+            raise  # an error reply, read whole: the connection is clean
+        except BaseException:
+            # Anything else may leave a reply unread on it: never reuse it as it is.
+            _disconnect(connection)
+            raise
+        finally:
+            self._give_back(connection)
+
+    def _take_connection(self, client: redis.Redis) -> ConnectionInterface:
+        """An idle connection of this store, checked; or a new one from the client's pool."""
+        if self._connections_pid != os.getpid():
+            self._connections = []  # the parent's: its sockets are not this process's
+            self._connections_pid = os.getpid()
+        try:
+            connection = self._connections.pop()
+        except IndexError:
+            return client.connection_pool.make_connection()
+        # As the pool does: one the server closed (restart, idle timeout) or with data
+        # waiting is reconnected before anything is sent on it.
+        try:
+            stale = connection.can_read()
+        except (redis.ConnectionError, redis.TimeoutError, OSError):
+            stale = True
+        if stale:
+            _disconnect(connection)
+        return connection
+
+    def _give_back(self, connection: ConnectionInterface) -> None:
+        # list.append and pop are atomic: threads share the idle list without a lock.
+        if self._closed:
+            _disconnect(connection)
+        else:
+            self._connections.append(connection)
 
     def _servers(self, *, primaries_only: bool = False) -> list[redis.Redis]:
         """The servers that hold this store's data (one, or every node of a cluster)."""
@@ -370,8 +395,25 @@ class RedisKVStore:
         if self._closed:
             return
         self._closed = True
+        while self._connections:
+            _disconnect(self._connections.pop())
         if self._owns_client:
             self._client.close()
+
+
+def _disconnect(connection: ConnectionInterface) -> None:
+    """Close ``connection``'s socket; its next use connects again."""
+    # redis-py leaves this method unannotated; this is the signature relied on.
+    disconnect: Callable[[], None] = connection.disconnect
+    disconnect()
+
+
+def _resp_command(words: list[bytes]) -> bytes:
+    """``words`` as one RESP command (an array of bulk strings), in one buffer."""
+    parts = [b"*%d\r\n" % len(words)]
+    for word in words:
+        parts += (b"$%d\r\n" % len(word), word, b"\r\n")
+    return b"".join(parts)
 
 
 def _tighter_low(low: str, start_after: str) -> str:

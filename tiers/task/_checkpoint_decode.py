@@ -51,10 +51,13 @@ _FIELDS: Final = (
     "event_seq",
 )
 _STATUS: Final = {status.value: status for status in CheckpointStatus}
-_SHA256_HEX: Final = re.compile(r"[0-9a-f]{64}")
+_SHA256_HEX: Final = r"[0-9a-f]{64}"
 # The one form pydantic dumps a UTC datetime in; fromisoformat reads it as pydantic does.
 # ASCII digits only: fromisoformat refuses other Unicode digits (with a ValueError).
-_UTC_TIME: Final = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,6})?Z", re.ASCII)
+_UTC_TIME: Final = r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d{1,6})?Z"
+# The input hash and the two times in one match of "hash|started|created" (no part can hold a
+# "|", so the whole matches exactly when each part does).
+_HASH_AND_TIMES: Final = re.compile(f"{_SHA256_HEX}\\|{_UTC_TIME}\\|{_UTC_TIME}", re.ASCII)
 _new = Checkpoint.__new__
 _set = object.__setattr__
 # ASCII digits -> "0", every other byte -> " ": a run of 19 "0"s is where an int over 64 bits may be.
@@ -150,16 +153,14 @@ def trusted_checkpoint(fields: dict[str, Any], *, run_id: str | None = None) -> 
         and type(step) is str
         and 1 <= len(step) <= 256
         and type(input_hash) is str
-        and _SHA256_HEX.fullmatch(input_hash) is not None
         and type(key) is str
         and 1 <= len(key) <= 512
         and type(status) is str
         and status in _STATUS
         and (scope is None or type(scope) is dict)
         and type(started) is str
-        and _UTC_TIME.fullmatch(started) is not None
         and type(created) is str
-        and _UTC_TIME.fullmatch(created) is not None
+        and _HASH_AND_TIMES.fullmatch(f"{input_hash}|{started}|{created}") is not None
         and type(kind) is str
         and 1 <= len(kind) <= 32
         and (event_seq is None or (type(event_seq) is int and event_seq >= 1))

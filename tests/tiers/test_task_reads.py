@@ -9,6 +9,7 @@ older release or a corruption could leave.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import orjson
@@ -18,12 +19,12 @@ from hypothesis import strategies as st
 from pydantic import JsonValue
 
 from tiers import keys
-from tiers.backends.base import KVStore
+from tiers.backends.base import Check, Delete, KVStore, Put, Write
 from tiers.codec import decode, encode
-from tiers.errors import CorruptRecordError
+from tiers.errors import CorruptRecordError, RunNotFoundError
 from tiers.models import Checkpoint
 from tiers.task import TaskTier
-from tiers.task._checkpoint_decode import trusted_checkpoint
+from tiers.task._checkpoint_decode import _FIELDS, trusted_checkpoint
 from tiers.task._records import decode_stored_checkpoint
 
 _TEXT = st.one_of(
@@ -179,6 +180,7 @@ def test_a_record_in_another_field_order_decodes_as_before() -> None:
         {"event_seq": 0},
         {"started_at": "2026-W48-4T12:00:00Z"},
         {"created_at": "yesterday"},
+        {"started_at": "\u0662\u0660\u0662\u0666-11-26T12:00:00Z"},  # digits fromisoformat refuses
         {"extra": 1},
         {"checkpoint_id": 7},
     ],
@@ -211,3 +213,118 @@ def test_history_is_the_stored_records_decoded_by_pydantic(kv: KVStore) -> None:
     assert tasks.latest_checkpoint("r1") == expected[-1]
     assert history[0].created_at.tzinfo is UTC
     assert history[0].created_at - history[0].started_at < timedelta(minutes=1)
+
+
+def test_the_trusted_decode_unpacks_the_models_fields_in_order() -> None:
+    assert tuple(Checkpoint.model_fields) == _FIELDS
+
+
+class CountingReads:
+    """A real store, passed through, that counts the reads made of it (not a stand-in)."""
+
+    def __init__(self, inner: KVStore) -> None:
+        self.inner = inner
+        self.max_value_bytes = inner.max_value_bytes
+        self.reads = 0
+
+    def get_many(self, space: str, keys: Sequence[str]) -> list[bytes | None]:
+        self.reads += 1
+        return self.inner.get_many(space, keys)
+
+    def scan(
+        self,
+        space: str,
+        *,
+        prefix: str = "",
+        start_after: str | None = None,
+        limit: int | None = None,
+        reverse: bool = False,
+    ) -> list[tuple[str, bytes]]:
+        self.reads += 1
+        return self.inner.scan(
+            space, prefix=prefix, start_after=start_after, limit=limit, reverse=reverse
+        )
+
+    def commit(self, writes: Sequence[Write], checks: Sequence[Check] = ()) -> None:
+        self.inner.commit(writes, checks)
+
+
+def test_history_pages_are_the_full_historys_slices_in_one_read(kv: KVStore) -> None:
+    counting = CountingReads(kv)
+    tasks = TaskTier(counting)  # type: ignore[arg-type]  # a pass-through of a real store
+    run = tasks.start_run("alice", "r1")
+    for i in range(9):
+        run.step(f"s{i}", lambda i=i: {"i": i})
+    tasks.update_state("r1", tasks.history("r1")[4].checkpoint_id, {"x": 1})  # a branch: seq 10
+    tasks.start_run("alice", "empty")
+    full = tasks.history("r1")
+    assert [c.seq for c in full] == list(range(1, 11))
+    for limit in (None, 0, 1, 3, 20):
+        for after in (None, 0, 2, 9, 10, 12):
+            for before in (None, 0, 1, 5, 10, 11, 50, 10**12 - 1, 10**12, 10**20):
+                for newest in (False, True):
+                    wanted = [
+                        c
+                        for c in full
+                        if c.seq > (after or 0) and (before is None or c.seq < before)
+                    ]
+                    if newest:
+                        wanted.reverse()
+                    if limit is not None:
+                        wanted = wanted[:limit]
+                    bounds = {"limit": limit, "after_seq": after, "before_seq": before}
+                    counting.reads = 0
+                    got = tasks.history("r1", newest_first=newest, **bounds)  # type: ignore[arg-type]
+                    assert got == wanted, (newest, bounds)
+                    unbounded = before is None or before >= 10**keys.SEQ_WIDTH
+                    if got and not (newest and after and unbounded):
+                        assert counting.reads == 1, (newest, bounds)  # no head read
+                    assert tasks.history("empty", newest_first=newest, **bounds) == []  # type: ignore[arg-type]
+                    with pytest.raises(RunNotFoundError):
+                        tasks.history("missing", newest_first=newest, **bounds)  # type: ignore[arg-type]
+    counting.reads = 0
+    assert (
+        tasks.latest_checkpoint("r1")
+        == full[-1]
+        == tasks.get_checkpoint("r1", tasks.get_run("r1").head_checkpoint_id or "")
+    )
+    assert counting.reads == 3  # the latest: one read; then the head and the point read
+    assert tasks.latest_checkpoint("empty") is None
+    with pytest.raises(RunNotFoundError):
+        tasks.latest_checkpoint("missing")
+
+
+def test_ints_over_64_bits_read_back_exactly(kv: KVStore) -> None:
+    tasks = TaskTier(kv)
+    output = {"big": 2**70, "low": -(2**63) - 1, "top": 2**64 - 1, "text": "1" * 30, "f": 0.1}
+    tasks.start_run("alice", "r1").step("s", lambda: output)
+    for ckpt in (tasks.latest_checkpoint("r1"), tasks.history("r1")[0]):
+        assert ckpt is not None
+        assert ckpt.output == output
+        assert isinstance(ckpt.output, dict)
+        assert {k: type(v) for k, v in ckpt.output.items()} == {
+            k: type(v) for k, v in output.items()
+        }
+
+
+def test_corrupt_or_misplaced_checkpoints_are_refused_on_read(kv: KVStore) -> None:
+    tasks = TaskTier(kv)
+    for run_id in ("r1", "r2"):
+        run = tasks.start_run("alice", run_id)
+        run.step("a", lambda: 1)
+        run.step("b", lambda: 2)
+    space = keys.run_space(tasks.tenant, "r1")
+    other = kv.get_many(keys.run_space(tasks.tenant, "r2"), [keys.checkpoint_key(2)])[0]
+    assert other is not None
+    kv.commit([Put(space, keys.checkpoint_key(2), other)])  # r2's record at r1's key
+    for read in (lambda: tasks.latest_checkpoint("r1"), lambda: tasks.history("r1")):
+        with pytest.raises(CorruptRecordError, match="is for run 'r2' seq 2"):
+            read()
+    first = kv.get_many(space, [keys.checkpoint_key(1)])[0]
+    assert first is not None
+    kv.commit([Put(space, keys.checkpoint_key(2), first)])  # seq 1's record at seq 2's key
+    with pytest.raises(CorruptRecordError, match="is for run 'r1' seq 1"):
+        tasks.latest_checkpoint("r1")
+    kv.commit([Delete(space, keys.checkpoint_key(1)), Delete(space, keys.checkpoint_key(2))])
+    with pytest.raises(CorruptRecordError, match="has head_seq 2 but no checkpoint"):
+        tasks.latest_checkpoint("r1")

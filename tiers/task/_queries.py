@@ -18,6 +18,7 @@ from tiers.errors import (
 from tiers.ids import check_id
 from tiers.models import Checkpoint, RunInfo, RunStatus
 from tiers.task import _lifecycle as lifecycle
+from tiers.task._checkpoint_decode import trusted_stored_checkpoint
 from tiers.task._lifecycle import INITIAL
 from tiers.task._records import (
     EffectRecord,
@@ -35,6 +36,8 @@ __all__ = ["Queries", "RebuiltRun"]
 _RUN_CHUNK = 256
 # Ledger records read per scan when counting them (read, never decoded).
 _EFFECT_CHUNK = 1024
+# The first seq a checkpoint key cannot hold in order (keys pad seqs to SEQ_WIDTH digits).
+_NO_SEQ_FROM = 10**keys.SEQ_WIDTH
 
 
 @dataclass(frozen=True)
@@ -62,19 +65,26 @@ class Queries:
     def latest_checkpoint(self, run_id: str) -> Checkpoint | None:
         """The run's head checkpoint, or ``None`` if it has none yet.
 
+        One read: the head checkpoint is the run's last (every commit that
+        writes a checkpoint makes it the head, and a run's checkpoints are
+        deleted with its head, atomically); the head is read only when the run
+        has no checkpoint, to tell an empty run from a missing one.
+
         Raises:
             RunNotFoundError: No such run.
         """
+        check_id(run_id, "run_id")
+        space = keys.run_space(self.store.tenant, run_id)
+        found = self.store.kv.scan(space, prefix=keys.CHECKPOINT_PREFIX, reverse=True, limit=1)
+        if found:
+            return self._decode(run_id, found)[0]
         info = self.store.get_run(run_id)
         if info.head_seq == 0:
             return None
-        ckpt = self.store.read_checkpoint(run_id, info.head_seq)
-        if ckpt is None:
-            raise CorruptRecordError(
-                f"run {run_id!r} has head_seq {info.head_seq} but no checkpoint at "
-                f"{keys.run_space(self.store.tenant, run_id)}/{keys.checkpoint_key(info.head_seq)}"
-            )
-        return ckpt
+        raise CorruptRecordError(
+            f"run {run_id!r} has head_seq {info.head_seq} but no checkpoint at "
+            f"{space}/{keys.checkpoint_key(info.head_seq)}"
+        )
 
     def history(
         self,
@@ -105,27 +115,57 @@ class Queries:
             InvalidInputError: Negative ``limit``, ``after_seq`` or ``before_seq``.
         """
         _check_paging(limit, after_seq, before_seq)
-        info = self.store.get_run(run_id)
+        check_id(run_id, "run_id")
         low = after_seq or 0
-        high = info.head_seq + 1 if before_seq is None else min(before_seq, info.head_seq + 1)
-        count = high - low - 1
+        if before_seq is not None and before_seq >= _NO_SEQ_FROM:
+            before_seq = None  # past every seq a key can hold: no bound
+        if newest_first and low and before_seq is None:
+            # Only the head bounds this page (the latest ``limit`` after ``low``).
+            before_seq = self.store.get_run(run_id).head_seq + 1
+        # The run's checkpoints are seqs 1..head_seq, gap-free, the last one the head: the
+        # bounds make the page without the head, in one range read of at most ``count`` rows.
+        count = None if before_seq is None else before_seq - low - 1
         if limit is not None:
-            count = min(count, limit)
-        if count <= 0:
+            count = limit if count is None else min(count, limit)
+        items: list[tuple[str, bytes]] = []
+        if count is None or count > 0:
+            space = keys.run_space(self.store.tenant, run_id)
+            if newest_first:
+                start = None if before_seq is None else keys.checkpoint_key(before_seq)
+            else:
+                start = keys.checkpoint_key(low) if low else None
+            items = self.store.kv.scan(
+                space,
+                prefix=keys.CHECKPOINT_PREFIX,
+                start_after=start,
+                limit=count,
+                reverse=newest_first,
+            )
+            if newest_first and low:
+                # before_seq may lie past the head: the rows then run on below after_seq.
+                floor = keys.checkpoint_key(low)
+                items = [item for item in items if item[0] > floor]
+        if not items:
+            self.store.get_run(run_id)  # an empty page, but never one of a missing run
             return []
-        space = keys.run_space(self.store.tenant, run_id)
-        if newest_first:
-            start: str | None = keys.checkpoint_key(high)
-        else:
-            start = keys.checkpoint_key(low) if low else None
-        items = self.store.kv.scan(
-            space,
-            prefix=keys.CHECKPOINT_PREFIX,
-            start_after=start,
-            limit=count,
-            reverse=newest_first,
-        )
-        return [self.store.decode_checkpoint(run_id, key, data) for key, data in items]
+        return self._decode(run_id, items)
+
+    def _decode(self, run_id: str, items: list[tuple[str, bytes]]) -> list[Checkpoint]:
+        """The run's stored checkpoints ``items`` (key, bytes) as records, in their order.
+
+        Our own records take :func:`trusted_stored_checkpoint` (one orjson
+        parse, no pydantic); anything else (an older release's record, a
+        corrupt one, one that may hold an int over 64 bits) the exact decode,
+        which returns the same record or raises as before.
+        """
+        page: list[Checkpoint] = []
+        for key, data in items:
+            trusted = trusted_stored_checkpoint(data, run_id)
+            if trusted is not None and keys.checkpoint_key(trusted[0].seq) == key:
+                page.append(trusted[0])
+            else:
+                page.append(self.store.decode_checkpoint(run_id, key, data))
+        return page
 
     def checkpoint_for_key(self, run_id: str, idempotency_key: str) -> Checkpoint | None:
         """The checkpoint on the run's current branch that committed an idempotency key.

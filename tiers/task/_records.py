@@ -38,7 +38,7 @@ from tiers.codec import to_json as to_json
 from tiers.errors import InvalidInputError
 from tiers.ids import Id
 from tiers.models import Checkpoint, Record, UtcDatetime, utcnow
-from tiers.task._checkpoint_decode import trusted_checkpoint
+from tiers.task._checkpoint_decode import may_hold_big_int, trusted_checkpoint
 
 # Moved to a neutral module shared by every tier; re-exported here for existing importers.
 from tiers.values import canonical_json as canonical_json
@@ -449,11 +449,6 @@ def _with_commit_epoch(data: bytes, commit_epoch: int | None) -> bytes:
     return b'%s,"commit_epoch":%d}' % (data[:-1], commit_epoch)
 
 
-# ASCII digits -> "0", every other byte -> " ": a run of 19 "0"s is where an int over 64 bits may be.
-_DIGITS_ONLY: Final = bytes(ord("0") if 48 <= b <= 57 else ord(" ") for b in range(256))
-_LONG_DIGITS: Final = b"0" * 19
-
-
 def decode_checkpoint(data: bytes, *, where: str) -> Checkpoint:
     """``decode(Checkpoint, data)``: the same record, its output parsed by orjson, not walked.
 
@@ -476,7 +471,7 @@ def decode_stored_checkpoint(data: bytes, *, where: str) -> tuple[Checkpoint, in
     """
     try:
         # orjson reads an int over 64 bits (19 digits or more) as a float: json keeps it.
-        if _LONG_DIGITS in data.translate(_DIGITS_ONLY):
+        if may_hold_big_int(data):
             raise orjson.JSONDecodeError("an int over 64 bits may be in it", "", 0)
         fields = orjson.loads(data)
     except orjson.JSONDecodeError:  # not JSON, or an int over 64 bits

@@ -53,9 +53,11 @@ def word_places(text: str, word: str) -> tuple[list[tuple[int, int]], list[tuple
     """The string values and the keys of JSON ``text`` that hold ``word``.
 
     ``word`` must be :func:`placeable`. Each is the span of a string's text
-    between its quotes, ``text[start:end]`` (see :func:`key_text`). The search
-    skips to the end of each string it finds ``word`` in: a text is scanned
-    about once.
+    between its quotes, ``text[start:end]``. The search skips to the end of each
+    string it finds ``word`` in: a text is scanned about once. A key's span
+    starts after the last quote before ``word``: an escaped one when the key
+    holds a quote, but a key naming a credential holds none (nor any other
+    character JSON escapes), so its span is exactly its text.
     """
     values: list[tuple[int, int]] = []
     keys: list[tuple[int, int]] = []
@@ -70,13 +72,3 @@ def word_places(text: str, word: str) -> tuple[list[tuple[int, int]], list[tuple
             values.append((_opening_quote(text, at) + 1, quote))
         at = text.find(word, quote + 1)
     return values, keys
-
-
-def key_text(text: str, span: tuple[int, int]) -> str | None:
-    """The key at ``span`` (from :func:`word_places`), or None when JSON escaped part of it."""
-    start, end = span
-    # An escape in the key, or a quote found before the word that is an escaped one
-    # (the key's text starts further left): the span is not the key's text as it is.
-    if "\\" in text[max(0, start - 2) : end]:
-        return None
-    return text[start:end]

@@ -20,7 +20,7 @@ from tiers.redaction._base import (
     _group,
     _Rule,
 )
-from tiers.redaction._json_text import key_text, placeable, word_places
+from tiers.redaction._json_text import placeable, word_places
 from tiers.redaction._rules import (
     _CARD_DIGITS,
     _DIGIT_RUN,
@@ -354,8 +354,7 @@ class Redactor:
                 words[word] = values
             if not by_key and keys and word in _KEY_WORDS:
                 by_key = not ascii_text or any(
-                    (label := key_text(text, span)) is None or _key_class(label) is not None
-                    for span in keys
+                    _key_class(text[start:end]) is not None for start, end in keys
                 )
         # A trigger with a character the text lacks cannot occur in it: one fast
         # character search each spares most of the triggers' substring scans.

@@ -49,26 +49,42 @@ def _opening_quote(text: str, pos: int) -> int:
     return quote
 
 
-def word_places(text: str, word: str) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
-    """The string values and the keys of JSON ``text`` that hold ``word``.
+def word_places(
+    lowered: str, text: str, word: str
+) -> tuple[list[tuple[int, int]], set[str] | None]:
+    """The string values of a JSON text that hold ``word``, and its keys that do.
 
-    ``word`` must be :func:`placeable`. Each is the span of a string's text
-    between its quotes, ``text[start:end]``. The search skips to the end of each
-    string it finds ``word`` in: a text is scanned about once. A key's span
-    starts after the last quote before ``word``: an escaped one when the key
-    holds a quote, but a key naming a credential holds none (nor any other
-    character JSON escapes), so its span is exactly its text.
+    ``lowered`` is ``text`` lowercased and ``word`` is :func:`placeable`. Each
+    value is the span of its text between its quotes, ``lowered[start:end]``.
+    The keys are read from ``text`` (their case tells what they name), so
+    they are None unless ``text`` is ASCII (lowercasing kept every position).
+
+    A key starts after the last quote before ``word``: an escaped one when the
+    key holds a quote, but a key naming a credential holds none (nor any other
+    character JSON escapes), so then it is the key as it is. A key repeats in
+    a list of records (``idempotency_key``): once every occurrence of ``word``
+    is in a key already found, the search stops.
     """
     values: list[tuple[int, int]] = []
-    keys: list[tuple[int, int]] = []
-    at = text.find(word)
-    while at >= 0:
-        quote = _closing_quote(text, at + len(word))
+    keys: set[str] | None = set() if len(lowered) == len(text) and text.isascii() else None
+    left = lowered.count(word)
+    at = lowered.find(word)
+    while at >= 0 and left:
+        quote = _closing_quote(lowered, at + len(word))
         if quote < 0:  # not JSON text as orjson writes it: a value of it all, the safe side
-            return [(0, len(text))], keys
-        if text[quote + 1 : quote + 2] == ":":
-            keys.append((text.rfind('"', 0, at) + 1, quote))
+            return [(0, len(lowered))], keys
+        if lowered[quote + 1 : quote + 2] == ":":
+            start = lowered.rfind('"', 0, at) + 1
+            if keys is None:
+                left -= 1
+            else:
+                key = text[start:quote]
+                if key not in keys:
+                    keys.add(key)
+                    # Every occurrence of this key (exactly: the case matters) is accounted for.
+                    left -= text.count(f'"{key}":') * lowered[start:quote].count(word)
         else:
-            values.append((_opening_quote(text, at) + 1, quote))
-        at = text.find(word, quote + 1)
+            values.append((_opening_quote(lowered, at) + 1, quote))
+            left -= lowered.count(word, at, quote)
+        at = lowered.find(word, quote + 1)
     return values, keys

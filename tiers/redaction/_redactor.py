@@ -349,13 +349,11 @@ class Redactor:
         for word in self._gate_words:
             if word not in lowered:
                 continue
-            values, keys = word_places(lowered, word)
+            values, keys = word_places(lowered, text, word)
             if values:
                 words[word] = values
-            if not by_key and keys and word in _KEY_WORDS:
-                by_key = not ascii_text or any(
-                    _key_class(text[start:end]) is not None for start, end in keys
-                )
+            if not by_key and keys != set() and word in _KEY_WORDS:
+                by_key = keys is None or any(_key_class(k) is not None for k in keys)
         # A trigger with a character the text lacks cannot occur in it: one fast
         # character search each spares most of the triggers' substring scans.
         absent = frozenset(c for c in self._trigger_chars if c not in text)

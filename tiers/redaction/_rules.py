@@ -216,7 +216,7 @@ def _secret_rules() -> list[_Rule]:
             (),
             _LABEL_FIND,
             _LABEL_FIND_I,
-            ("pass", "pwd", "key", "secret", "token", "pin", "cv", "csc", "security"),
+            ("pass", "pwd", "key", "secret", "token", "pin", "cvv", "cvc", "csc", "security"),
         ),
         _rule(
             "card_number",

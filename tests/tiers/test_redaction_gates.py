@@ -62,6 +62,8 @@ KEYS = [
     "tokens",
     "idempotency_key",
     "monkey",
+    "mytoken",  # glued: no label; its camelCase twin is one
+    "myToken",
     "key",
     "pin",
     "spin",
@@ -187,6 +189,7 @@ def test_each_gate_can_tell_a_finding_from_nothing() -> None:
         {"user": {"clientSecret": "Zx9kLm2Qw8Er5Ty1Zx9kLm2Q"}},
         {"headers": {"Authorization": "Bearer Zx9kLm2Qw8Er5Ty1"}},
         {"creds": [{"password": "hunter22"}]},
+        [{"mytoken": "a"}, {"myToken": "Zx9kLm2Qw8Er5Ty1Zx9kLm2Q"}],  # keys alike but for case
     ]
     for value in cases:
         expected = _reference(redactor, value)

@@ -20,7 +20,15 @@ from tiers.redaction._base import (
     _group,
     _Rule,
 )
-from tiers.redaction._rules import _DIGIT_RUN, _PII_RULES, _SECRET_RULES, _has_digit_run
+from tiers.redaction._json_text import placeable, word_places
+from tiers.redaction._rules import (
+    _CARD_DIGITS,
+    _DIGIT_RUN,
+    _PII_RULES,
+    _SECRET_RULES,
+    _has_card_run,
+    _has_digit_run,
+)
 from tiers.redaction._values import (
     _AUTH_SCHEME,
     _CLASS_KIND,
@@ -177,11 +185,12 @@ class Redactor:
         # The rule sets redact_json narrowed to, by the rules kept (a handful in practice).
         self._narrowed: dict[tuple[int, ...], _RuleSet] = {}
         # The gates can be tested on a value's JSON text only if JSON never escapes
-        # a character of theirs, so an occurrence in a string is one in the text too.
+        # a character of theirs, so an occurrence in a string is one in the text too;
+        # and a word must be letters only, so its occurrences are inside strings,
+        # where the quote closing each tells a key from a value.
         self._text_gates = all(
-            _JSON_PLAIN.fullmatch(gate) is not None
-            for gate in (*self._all.triggers, *self._all.words, *_KEY_WORDS)
-        ) and all(word.isascii() for word in self._all.words)
+            _JSON_PLAIN.fullmatch(gate) is not None for gate in self._all.triggers
+        ) and all(placeable(word) for word in (*self._all.words, *_KEY_WORDS))
         self._trigger_chars = tuple(sorted({c for t in self._all.triggers for c in t}))
         # Per rule, its triggers as one regex when they share a first character ("AKIA",
         # "ASIA"... all start with "A"): the regex engine scans for that character once,
@@ -318,7 +327,10 @@ class Redactor:
         One pass over the value's JSON text (every string of it is in there
         verbatim) runs every rule's gates once, so each string is then tested
         against the few rules left instead of all of them: a rule whose gates
-        the whole text fails is skipped by every string's gates too.
+        the whole text fails is skipped by every string's gates too. Rules
+        look only at string values, so a word counts only where it occurs in
+        one (``key`` in ``idempotency_key`` keeps no rule), and the by-key walk
+        runs only when an actual key names a credential.
         """
         if not self._text_gates:
             return self._all, True
@@ -328,16 +340,25 @@ class Redactor:
             return self._all, True
         text = data.decode()
         lowered = text.lower()
-        digits = self._all.digits and _has_digit_run(data, text)
+        # On ASCII text lowercasing keeps every position, so a key found in the lowered
+        # text is read from the text itself, as it is (its case tells what it names).
+        ascii_text = data.isascii()
+        # Per word, the string values holding it (as spans of the text).
+        words: dict[str, list[tuple[int, int]]] = {}
+        by_key = key is not None
+        for word in self._gate_words:
+            if word not in lowered:
+                continue
+            values, keys = word_places(lowered, text, word)
+            if values:
+                words[word] = values
+            if not by_key and keys != set() and word in _KEY_WORDS:
+                by_key = keys is None or any(_key_class(k) is not None for k in keys)
         # A trigger with a character the text lacks cannot occur in it: one fast
         # character search each spares most of the triggers' substring scans.
         absent = frozenset(c for c in self._trigger_chars if c not in text)
-        # Each word is searched once, though rules and the key test share words.
-        words = frozenset(w for w in self._gate_words if w in lowered)
-        # On ASCII text lowercasing keeps every position, and an escape JSON writes
-        # starts with a backslash (no letter), so where a rule's finder finds its word
-        # in a string it finds it in the value's lowercased text too.
-        finders = data.isascii()
+        phone_digits: bool | None = None
+        card_digits: bool | None = None
         kept: list[int] = []
         for n, rule in enumerate(self._rules):
             if rule.triggers:
@@ -347,20 +368,40 @@ class Redactor:
                         continue
                 elif not any(t in text for t in rule.triggers if absent.isdisjoint(t)):
                     continue
+            if rule.words and words.keys().isdisjoint(rule.words):
+                continue
+            if rule.digits == _CARD_DIGITS:
+                if card_digits is None:
+                    card_digits = _has_card_run(data, text)
+                if not card_digits:
+                    continue
+            elif rule.digits:
+                if phone_digits is None:
+                    phone_digits = _has_digit_run(data, text)
+                if not phone_digits:
+                    continue
+            if rule.json_gate is not None and rule.json_gate.search(text) is None:
+                continue
+            # On ASCII text (where a string's lowercase is its part of the lowered text)
+            # an escape JSON writes starts with a backslash, no letter, so where a rule's
+            # finder finds its word in a string it finds it in that string's part of the
+            # lowered text too (a string without the rule's words is never searched).
             if (
-                (not rule.words or not words.isdisjoint(rule.words))
-                and (not rule.digits or digits)
-                and (rule.json_gate is None or rule.json_gate.search(text) is not None)
-                and (rule.finder is None or not finders or rule.finder.search(lowered) is not None)
+                rule.finder is not None
+                and ascii_text
+                and not any(
+                    rule.finder.search(lowered, start, end) is not None
+                    for start, end in {span for w in rule.words for span in words.get(w, ())}
+                )
             ):
-                kept.append(n)
+                continue
+            kept.append(n)
         chosen = tuple(kept)
         rule_set = self._narrowed.get(chosen)
         if rule_set is None:
             rule_set = _RuleSet.of(tuple(self._rules[n] for n in chosen))
             if len(self._narrowed) < _MAX_NARROWED:
                 self._narrowed[chosen] = rule_set
-        by_key = key is not None or not words.isdisjoint(_KEY_WORDS)
         return rule_set, by_key
 
     def _walk(self, value: object, key: str | None, rule_set: _RuleSet, by_key: bool) -> object:

@@ -23,6 +23,9 @@ from tiers.redaction._values import (
 )
 
 _WORDISH = r"[A-Za-z0-9_\-]"
+# The digit runs rules need (see _Rule.digits): a phone has 7 digits at least, a card 13.
+_PHONE_DIGITS: Final = 7
+_CARD_DIGITS: Final = 13
 
 
 def _after_boundary(literal: str) -> str:
@@ -37,7 +40,7 @@ def _rule(
     triggers: tuple[str, ...] = (),
     finder: str | None = None,
     words: tuple[str, ...] = (),
-    digits: bool = False,
+    digits: int = 0,
     json_gate: str | None = None,
 ) -> _Rule:
     return _Rule(
@@ -122,6 +125,8 @@ def _secret_rules() -> list[_Rule]:
             r"(?:xox[abposre]-[A-Za-z0-9\-]{10,}|xapp-\d-[A-Za-z0-9\-]{20,})",
             api_key,
             ("xox", "xapp-"),
+            # Prose holds "xox" ("xoxo"), rarely a dash and ten token characters after it.
+            json_gate=r"xox[abposre]-[A-Za-z0-9\-]{10}|xapp-\d-[A-Za-z0-9\-]{20}",
         ),
         _rule(
             "webhook_url",
@@ -211,13 +216,14 @@ def _secret_rules() -> list[_Rule]:
             (),
             _LABEL_FIND,
             _LABEL_FIND_I,
-            ("pass", "pwd", "key", "secret", "token", "pin", "cv", "csc", "security"),
+            ("pass", "pwd", "key", "secret", "token", "pin", "cvv", "cvc", "csc", "security"),
         ),
         _rule(
             "card_number",
             r"\d(?<![\w.+\-/]\d)(?:[ \-]?\d){12,18}(?![\w\-]|\.\d)",
             _group("card_number", check=_card),
-            digits=True,
+            # 13 digits at least: ids, timestamps and hex digests have 7-digit runs often.
+            digits=_CARD_DIGITS,
         ),
     ]
 
@@ -243,31 +249,35 @@ def _pii_rules() -> list[_Rule]:
             _word_start(_group("phone", "v", _digit_count(7, 15))),
             finder="phone|tel|mobile|cell|whatsapp|sms|fax|call me|text me|reach me",
             words=("phone", "tel", "mobile", "cell", "whatsapp", "sms", "fax", "me"),
-            digits=True,
+            digits=_PHONE_DIGITS,
         ),
         _rule(
             "phone_international",
             r"\+[1-9]\d{0,2}(?:[ .\-]?\(?\d{1,4}\)?){2,5}(?![\w\-])",
             phone(_digit_count(8, 15)),
             ("+",),
-            digits=True,
+            digits=_PHONE_DIGITS,
         ),
-        _rule("phone_nanp", r"\d{3}[\-. ]\d{3}[\-. ]\d{4}", phone(_nanp), digits=True),
+        _rule("phone_nanp", r"\d{3}[\-. ]\d{3}[\-. ]\d{4}", phone(_nanp), digits=_PHONE_DIGITS),
         _rule(
-            "phone_nanp_paren", r"\(\d{3}\) ?\d{3}[\-. ]\d{4}", phone(_nanp), ("(",), digits=True
+            "phone_nanp_paren",
+            r"\(\d{3}\) ?\d{3}[\-. ]\d{4}",
+            phone(_nanp),
+            ("(",),
+            digits=_PHONE_DIGITS,
         ),
         _rule(
             "phone_national",
             r"0\d{2,4}[ \-]\d{3,4}[ \-]?\d{3,4}",
             phone(_digit_count(10, 11)),
-            digits=True,
+            digits=_PHONE_DIGITS,
         ),
         _rule(
             "ssn",
             r"\d{3}-\d{2}-\d{4}",
             lambda m: ("ssn", m.start(), m.end()) if _standalone(_ssn)(m) else None,
             ("-",),
-            digits=True,
+            digits=_PHONE_DIGITS,
         ),
     ]
 
@@ -312,6 +322,47 @@ def _has_digit_run(data: bytes, text: str) -> bool:
     if not data.isascii():
         return _DIGIT_RUN.search(text) is not None  # \d matches other scripts' digits too
     return _MAPPED_DIGIT_RUN.search(data.translate(_DIGIT_MAP)) is not None
+
+
+# What the card rule needs: 13 digits, a space or a dash allowed between two of them.
+_CARD_RUN = re.compile(r"\d(?:[ \-]?\d){12}")
+# On a value's JSON text, ASCII: digits -> "0", space -> "s", dash -> "d", and "w" for what
+# glues a number to a word before it (the rule's lookbehind: letters, "_", ".", "+", "/"),
+# but for the letters an escape JSON writes ends with (\n, \u001f...) -> " ", as the rest.
+_CARD_MAP: Final = (
+    bytes(
+        ord("0")
+        if chr(b).isdigit()
+        else ord("s")
+        if chr(b) == " "
+        else ord("d")
+        if chr(b) == "-"
+        else ord("w")
+        if (chr(b).isalpha() and chr(b).lower() not in "abcdefnrtu") or chr(b) in "_.+/"
+        else ord(" ")
+        for b in range(128)
+    )
+    + b" " * 128
+)
+_CARD_ZEROS: Final = b"0" * 13
+# _CARD_RUN starting where the card rule may start (no digit, dash or glue before it).
+_MAPPED_CARD_RUN = re.compile(rb"0(?<![w0d]0)(?:[sd]?0){12}")
+
+
+def _has_card_run(data: bytes, text: str) -> bool:
+    """Whether a string of the JSON ``text`` (``data`` is its UTF-8) may hold a card number.
+
+    Never False where the card rule matches a string of it. Most text has no 13
+    digits in a row once spaces and dashes are deleted (a C substring test);
+    the rest is searched for such a run where a card may start, which hex
+    ids glued to a word ("eff-3-1-4129...") lack.
+    """
+    if not data.isascii():
+        return _CARD_RUN.search(text) is not None  # \d matches other scripts' digits too
+    mapped = data.translate(_CARD_MAP)
+    if _CARD_ZEROS not in mapped.translate(None, b"sd"):
+        return False
+    return _MAPPED_CARD_RUN.search(mapped) is not None
 
 
 _SECRET_RULES: Final = _secret_rules()

@@ -284,7 +284,7 @@ _AUTH_SCHEME = re.compile(r"(?i)(?:bearer|basic|token|digest|apikey)\s+")
 # Every key _KEY_LABEL classifies holds one of these, lowercased: a JSON value whose text
 # holds none has no key naming a credential (see Redactor._narrow).
 _KEY_WORDS: Final = (
-    "authorization", "cv", "csc", "key", "pass", "pin", "pwd", "secret", "security", "token",
+    "authorization", "cvc", "cvv", "csc", "key", "pass", "pin", "pwd", "secret", "security", "token",
 )  # fmt: skip
 
 

@@ -1,0 +1,90 @@
+"""Where a word sits in a value's JSON text: in a string value, or in a key.
+
+``Redactor.redact_json`` gates its rules on the value's JSON text (orjson's
+compact output), but the rules only ever look at string VALUES and a key only
+matters when it names a credential. A rule word such as ``key`` in a key name
+(``idempotency_key``) must neither keep a rule nor start the by-key walk. In
+compact JSON a string is a key exactly when its closing quote is followed by
+``:`` (a value string is followed by ``,``, ``]``, ``}`` or the end), and a
+word made of letters only occurs inside strings (outside them are numbers,
+``true``, ``false``, ``null`` and punctuation), so the closing quote after an
+occurrence tells which kind of string holds it.
+"""
+
+from __future__ import annotations
+
+# Outside its strings a JSON text has no letters but these words' (and an exponent's "e"):
+# a gate word that is none of their substrings occurs in the text only inside strings.
+_LITERALS = "true false null"
+
+
+def placeable(word: str) -> bool:
+    """Whether an occurrence of ``word`` in a JSON text is surely inside a string."""
+    return word.isascii() and word.isalpha() and word not in _LITERALS and word != "e"
+
+
+def _closing_quote(text: str, pos: int) -> int:
+    """The first unescaped ``"`` at or after ``pos`` (a string's closing quote, from inside it)."""
+    quote = text.find('"', pos)
+    while quote > 0:
+        backslashes = 0
+        while text[quote - 1 - backslashes] == "\\":
+            backslashes += 1
+        if not backslashes % 2:
+            return quote
+        quote = text.find('"', quote + 1)
+    return quote
+
+
+def _opening_quote(text: str, pos: int) -> int:
+    """The last unescaped ``"`` before ``pos`` (a string's opening quote, from inside it)."""
+    quote = text.rfind('"', 0, pos)
+    while quote > 0:
+        backslashes = 0
+        while text[quote - 1 - backslashes] == "\\":
+            backslashes += 1
+        if not backslashes % 2:
+            return quote
+        quote = text.rfind('"', 0, quote)
+    return quote
+
+
+def word_places(
+    lowered: str, text: str, word: str
+) -> tuple[list[tuple[int, int]], set[str] | None]:
+    """The string values of a JSON text that hold ``word``, and its keys that do.
+
+    ``lowered`` is ``text`` lowercased and ``word`` is :func:`placeable`. Each
+    value is the span of its text between its quotes, ``lowered[start:end]``.
+    The keys are read from ``text`` (their case tells what they name), so
+    they are None unless ``text`` is ASCII (lowercasing kept every position).
+
+    A key starts after the last quote before ``word``: an escaped one when the
+    key holds a quote, but a key naming a credential holds none (nor any other
+    character JSON escapes), so then it is the key as it is. A key repeats in
+    a list of records (``idempotency_key``): once every occurrence of ``word``
+    is in a key already found, the search stops.
+    """
+    values: list[tuple[int, int]] = []
+    keys: set[str] | None = set() if len(lowered) == len(text) and text.isascii() else None
+    left = lowered.count(word)
+    at = lowered.find(word)
+    while at >= 0 and left:
+        quote = _closing_quote(lowered, at + len(word))
+        if quote < 0:  # not JSON text as orjson writes it: a value of it all, the safe side
+            return [(0, len(lowered))], keys
+        if lowered[quote + 1 : quote + 2] == ":":
+            start = lowered.rfind('"', 0, at) + 1
+            if keys is None:
+                left -= 1
+            else:
+                key = text[start:quote]
+                if key not in keys:
+                    keys.add(key)
+                    # Every occurrence of this key (exactly: the case matters) is accounted for.
+                    left -= text.count(f'"{key}":') * lowered[start:quote].count(word)
+        else:
+            values.append((_opening_quote(lowered, at) + 1, quote))
+            left -= lowered.count(word, at, quote)
+        at = lowered.find(word, quote + 1)
+    return values, keys

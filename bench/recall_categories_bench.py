@@ -111,6 +111,8 @@ def parse_variant(spec: str) -> Variant:
         fields[key.strip()] = float(value)
     passages = fields.pop("passages", None)
     blend = fields.pop("passage_blend", 0.0)
+    if blend and passages is None:
+        raise ValueError(f"{spec}: passage_blend needs passages=W")
     return Variant(spec, FusionWeights(**fields), passages, blend)
 
 

@@ -16,6 +16,17 @@ Usage::
     python bench/recall_categories_bench.py --datasets longmemeval_s --max-users 10 \\
         --embed-cache /tmp/tiermem-emb.npz
     python bench/recall_categories_bench.py --variant recency=0.1 --variant dates=0.3
+    python bench/recall_categories_bench.py --datasets locomo --variant passages=0.5 \\
+        --variant passages=0.5,passage_blend=0.7
+
+Besides :class:`~tiers.session.FusionWeights` fields, a variant may score keywords
+by passage (session 24, issue 19 item 3; measured, not adopted: ``bench/README.md``):
+``passages=W`` takes a session's BM25 score as its best passage's plus ``W`` times its
+second best, over the summary text and every 120-word transcript window (30 words
+overlap, the windows :func:`~tiers.session.windows` makes, all of them), with document
+frequencies and mean length over the passages of the user; ``passage_blend=B`` mixes in
+the whole-session score, ``(1 - B) * passage / best passage + B * whole / best whole``.
+The tier's view is patched for those readers only: what is stored does not change.
 """
 
 from __future__ import annotations
@@ -26,8 +37,11 @@ import os
 import sys
 import tempfile
 import time
-from collections.abc import Iterator, Sequence
+from collections import Counter
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
+from unittest import mock
 
 from recall_bench import (
     DATASETS,
@@ -43,8 +57,17 @@ from recall_bench import (
     summarize,
 )
 
+from tiers.backends.base import KVStore
 from tiers.backends.embedders import MiniLMEmbedder
-from tiers.session import FusionWeights
+from tiers.models import Message
+from tiers.session import (
+    BM25Index,
+    FusionWeights,
+    UserView,
+    tokenize,
+    transcript_text,
+    windows,
+)
 
 METRICS = (*(f"r@{k}" for k in KS), "mrr")
 
@@ -62,13 +85,107 @@ def users_of(data_dir: Path, name: str, categories: Sequence[str] | None) -> set
     }
 
 
-def parse_variant(spec: str) -> tuple[str, FusionWeights]:
-    """``dates=0.3,recency=0.1`` as a named weighting (unnamed fields keep their defaults)."""
+@dataclass(frozen=True)
+class Variant:
+    """One reader over the stored dataset: its fusion weights and how keywords are scored.
+
+    Attributes:
+        name: The row's name.
+        weights: The fusion weights.
+        passages: ``None``: BM25 over whole sessions (the product); else the weight of a
+            session's second-best passage score added to its best (see the module docstring).
+        passage_blend: Share of the whole-session score mixed into the passage score.
+    """
+
+    name: str
+    weights: FusionWeights
+    passages: float | None = None
+    passage_blend: float = 0.0
+
+
+def parse_variant(spec: str) -> Variant:
+    """``dates=0.3,recency=0.1`` or ``passages=0.5`` as a named variant (others keep defaults)."""
     fields = {}
     for part in spec.split(","):
         key, _, value = part.partition("=")
         fields[key.strip()] = float(value)
-    return spec, FusionWeights(**fields)
+    passages = fields.pop("passages", None)
+    blend = fields.pop("passage_blend", 0.0)
+    if blend and passages is None:
+        raise ValueError(f"{spec}: passage_blend needs passages=W")
+    return Variant(spec, FusionWeights(**fields), passages, blend)
+
+
+@dataclass(slots=True)
+class PassageBM25(BM25Index):
+    """BM25 over passages (doc ids ``session\\x00n``), scored per session from its best two.
+
+    Attributes:
+        second: Weight of a session's second-best passage score (its best counts twice
+            when it has one passage, as the dense side does).
+        blend: Share of ``whole``'s normalised score in the result.
+        whole: BM25 over whole sessions, for ``blend``.
+    """
+
+    second: float = 0.5
+    blend: float = 0.0
+    whole: BM25Index | None = None
+
+    def scores(self, query_tokens: Sequence[str]) -> dict[str, float]:
+        """Per session, its best passage's score plus ``second`` times its second best."""
+        by_session: dict[str, list[float]] = {}
+        for doc_id, score in BM25Index.scores(self, query_tokens).items():
+            by_session.setdefault(doc_id.partition("\x00")[0], []).append(score)
+        passages: dict[str, float] = {}
+        for session_id, values in by_session.items():
+            values.sort(reverse=True)
+            passages[session_id] = values[0] + self.second * (values[1:] or values)[0]
+        if not self.blend or self.whole is None:
+            return passages
+        whole = self.whole.scores(query_tokens)
+        best_passage = max(passages.values(), default=0.0) or 1.0
+        best_whole = max(whole.values(), default=0.0) or 1.0
+        return {
+            sid: (1.0 - self.blend) * passages.get(sid, 0.0) / best_passage
+            + self.blend * whole.get(sid, 0.0) / best_whole
+            for sid in passages.keys() | whole.keys()
+        }
+
+
+@dataclass
+class PassageKeywords:
+    """A stand-in for :meth:`UserView.keywords` that scores passages (one per variant).
+
+    Attributes:
+        transcripts: Every session's messages, by ``(user_id, session_id)``.
+        variant: The variant (``passages`` not ``None``).
+        whole: The product's :meth:`UserView.keywords` (taken before it is patched).
+    """
+
+    transcripts: Mapping[tuple[str, str], Sequence[Message]]
+    variant: Variant
+    whole: Callable[[UserView, KVStore, str, str], BM25Index]
+    _built: dict[tuple[str, bytes | None], PassageBM25] = field(default_factory=dict)
+
+    def __call__(self, view: UserView, kv: KVStore, tenant: str, user_id: str) -> BM25Index:
+        """The passage index of ``view`` (built once per user and revision)."""
+        key = (user_id, view.revision)
+        if key not in self._built:
+            docs: list[tuple[str, Counter[str]]] = []
+            for session_id, text in zip(view.session_ids, view.texts, strict=True):
+                messages = self.transcripts.get((user_id, session_id))
+                passages = windows(text) + (windows(transcript_text(messages)) if messages else [])
+                docs.extend(
+                    (f"{session_id}\x00{n}", Counter(tokenize(passage)))
+                    for n, passage in enumerate(passages or [""])
+                )
+            index = PassageBM25.from_counts(docs)
+            assert isinstance(index, PassageBM25)  # from_counts builds its own class
+            index.second = self.variant.passages or 0.0
+            index.blend = self.variant.passage_blend
+            index.whole = self.whole(view, kv, tenant, user_id)
+            self._built[key] = index
+        return self._built[key]
 
 
 def score_by_category(queries: Sequence[Query], rank: Ranker) -> dict[str, dict[str, float]]:
@@ -94,17 +211,29 @@ def measure(
     dataset: Dataset,
     embedder: CachedEmbedder,
     workdir: Path,
-    variants: Sequence[tuple[str, FusionWeights]],
+    variants: Sequence[Variant],
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """Store the dataset once, then score every weighting by category."""
+    """Store the dataset once, then score every variant by category."""
     summaries = summarize(dataset)
     ours = store(dataset, workdir, embedder, summaries)
     embedder.save()
     print(f"  {dataset.name}: stored in {ours.store_seconds:.0f}s", flush=True)
-    return {
-        name: score_by_category(dataset.queries, ours.with_weights(weights).rank)
-        for name, weights in variants
+    transcripts = {
+        (user, s.session_id): s.messages
+        for user, sessions in dataset.sessions.items()
+        for s in sessions
     }
+    results: dict[str, dict[str, dict[str, float]]] = {}
+    for variant in variants:
+        reader = ours.with_weights(variant.weights)
+        if variant.passages is None:
+            results[variant.name] = score_by_category(dataset.queries, reader.rank)
+            continue
+        keywords = PassageKeywords(transcripts, variant, UserView.keywords)
+        # autospec keeps ``self``: the stand-in gets the view it is asked on.
+        with mock.patch.object(UserView, "keywords", autospec=True, side_effect=keywords):
+            results[variant.name] = score_by_category(dataset.queries, reader.rank)
+    return results
 
 
 def table(results: dict[str, dict[str, dict[str, float]]]) -> Iterator[str]:
@@ -135,16 +264,16 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--variant",
         action="append",
         default=[],
-        help="extra weighting to score, e.g. dates=0.3,recency=0.1 (repeatable)",
+        help="extra weighting to score, e.g. dates=0.3,recency=0.1 or passages=0.5 (repeatable)",
     )
     args = parser.parse_args(argv)
     if not args.data.is_dir():
         print(f"no benchmark data at {args.data}: pass --data", file=sys.stderr)
         return 2
     variants = [
-        ("default", FusionWeights()),
-        ("no dates (dates=0)", FusionWeights(dates=0.0)),
-        ("best window only (second_window=0)", FusionWeights(second_window=0.0)),
+        Variant("default", FusionWeights()),
+        Variant("no dates (dates=0)", FusionWeights(dates=0.0)),
+        Variant("best window only (second_window=0)", FusionWeights(second_window=0.0)),
         *(parse_variant(spec) for spec in args.variant),
     ]
     model = MiniLMEmbedder()

@@ -1,7 +1,8 @@
-"""How a scan reads Redis: a short listing in the script, a long one's values outside Lua.
+"""How a scan reads Redis: small values in the script, large ones outside Lua.
 
-A scan listing at most ``SCAN_INLINE`` keys reads their values in the scan
-script; a longer one reads them in a ``MULTI`` after the listing, and checks
+A scan whose values come to at most ``SCAN_INLINE_BYTES`` (estimated from the
+first one) reads them in the scan script; a larger one reads them in a
+``MULTI`` after the listing, and checks
 that the listing still holds. These tests put a real commit between the two
 round trips (a store whose ``_read_listed`` commits first) and check that the
 scan still returns one snapshot: no key without its value, no deleted key, no
@@ -16,12 +17,19 @@ from typing import Any
 
 import pytest
 
-from tiers.backends._redis_scripts import SCAN_INLINE
+from tiers.backends._redis_scripts import SCAN_INLINE_BYTES
 from tiers.backends.base import Delete, Put, Write
 from tiers.backends.redis_cluster_kv import RedisClusterKVStore
 from tiers.backends.redis_kv import RedisKVStore
 
-KEYS = [f"c/{i:04d}" for i in range(1, 3 * SCAN_INLINE + 1)]
+# Values of an eighth of the bound: the script reads up to 8 of them itself.
+INLINE = 8
+KEYS = [f"c/{i:04d}" for i in range(1, 13)]
+
+
+def value(key: str) -> bytes:
+    """The value stored at ``key``: the key, padded to an eighth of the script's bound."""
+    return key.encode().ljust(SCAN_INLINE_BYTES // INLINE, b".")
 
 
 class _Interposed(RedisKVStore):
@@ -55,22 +63,22 @@ def pair(request: pytest.FixtureRequest) -> Iterator[tuple[_Interposed, RedisKVS
         reader = _InterposedCluster(url)
         writer = RedisClusterKVStore(url)
     reader.between = []
-    writer.commit([Put("s", key, key.encode()) for key in KEYS])
+    writer.commit([Put("s", key, value(key)) for key in KEYS])
     yield reader, writer
     reader.close()
     writer.close()
 
 
-def test_short_scans_read_their_values_in_the_script(
+def test_small_scans_read_their_values_in_the_script(
     pair: tuple[_Interposed, RedisKVStore],
 ) -> None:
-    reader, _ = pair
-    assert reader.scan("s", limit=SCAN_INLINE) == [(k, k.encode()) for k in KEYS[:SCAN_INLINE]]
-    assert reader.scan("s", reverse=True, limit=1) == [(KEYS[-1], KEYS[-1].encode())]
+    reader, writer = pair
+    assert reader.scan("s", limit=INLINE) == [(k, value(k)) for k in KEYS[:INLINE]]
+    assert reader.scan("s", reverse=True, limit=1) == [(KEYS[-1], value(KEYS[-1]))]
+    writer.commit([Put("t", key, b"small") for key in KEYS])
+    assert reader.scan("t") == [(key, b"small") for key in KEYS]
     assert reader.reads == 0
-    assert reader.scan("s", limit=SCAN_INLINE + 1) == [
-        (k, k.encode()) for k in KEYS[: SCAN_INLINE + 1]
-    ]
+    assert reader.scan("s", limit=INLINE + 1) == [(k, value(k)) for k in KEYS[: INLINE + 1]]
     assert reader.reads == 1
 
 
@@ -101,7 +109,7 @@ def test_a_limited_scan_sees_the_range_as_the_commit_left_it(
     pair: tuple[_Interposed, RedisKVStore], reverse: bool
 ) -> None:
     reader, writer = pair
-    limit = SCAN_INLINE + 2
+    limit = INLINE + 2
     # A key added past the page's span leaves the page as it was; one added inside it shifts it.
     outside = "c/9999" if not reverse else "c/0000"
     inside = "c/0002x" if not reverse else f"{KEYS[-2]}x"

@@ -33,7 +33,7 @@ from redis.exceptions import NoScriptError, RedisClusterException
 from redis.retry import Retry
 
 from tiers.backends import redact_url
-from tiers.backends._redis_scripts import COMMIT, SCAN, SCAN_INLINE, write_groups
+from tiers.backends._redis_scripts import COMMIT, SCAN, SCAN_INLINE_BYTES, write_groups
 from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, Write
 from tiers.backends.common import (
     check_checks,
@@ -165,8 +165,8 @@ class RedisKVStore:
     ) -> list[tuple[str, bytes]]:
         """The pairs of the lex range ``low``..``high`` of the space ``names``, a snapshot.
 
-        The scan script lists the keys and, for at most ``SCAN_INLINE`` of them,
-        reads their values too: one round trip. A longer listing's values are
+        The scan script lists the keys and, when their values are (estimated) at
+        most ``SCAN_INLINE_BYTES``, reads them too: one round trip. Larger values are
         read in one ``MULTI``: ``HMGET`` of the listed keys and ``ZLEXCOUNT``
         of the range they span. Every key still there and no other key in that
         span means the listing is the range's at ``EXEC`` too, so keys and
@@ -183,12 +183,13 @@ class RedisKVStore:
             high.encode(),
             b"1" if reverse else b"0",
             b"%d" % (-1 if limit is None else limit),
+            b"%d" % SCAN_INLINE_BYTES,
         ]
         for _ in range(_RELISTS):
-            reply = self._run_scan([hash_name, index_name], [*args, b"%d" % SCAN_INLINE])
-            listed: list[Any] = reply[0]
-            if len(reply) > 1 or not listed:
-                return _pairs(listed, reply[1] if len(reply) > 1 else [])
+            flat = self._run_scan([hash_name, index_name], args)
+            if len(flat) != 1 or not isinstance(flat[0], list):
+                return _pairs(flat)
+            listed: list[Any] = flat[0]
             # The span the listing covers: the range, cut at its last key by the limit.
             span = (args[0], args[1])
             if limit is not None and len(listed) >= limit:
@@ -196,9 +197,9 @@ class RedisKVStore:
                 span = (last, span[1]) if reverse else (span[0], last)
             values, count = self._read_listed(hash_name, index_name, listed, span)
             if int(count) == len(listed) and all(value is not None for value in values):
-                return _pairs(listed, values)
-        reply = self._run_scan([hash_name, index_name], [*args, b"-1"])
-        return _pairs(reply[0], reply[1] if len(reply) > 1 else [])
+                return [(bytes(k).decode(), bytes(v)) for k, v in zip(listed, values, strict=True)]
+        args[-1] = b"-1"
+        return _pairs(self._run_scan([hash_name, index_name], args))
 
     def commit(self, writes: Sequence[Write], checks: Sequence[Check] = ()) -> None:
         """See :meth:`KVStore.commit`."""
@@ -466,13 +467,13 @@ def _disconnect(connection: ConnectionInterface) -> None:
     disconnect()
 
 
-def _pairs(keys: list[Any], values: list[Any]) -> list[tuple[str, bytes]]:
-    """A scan's listed ``keys`` and their ``values`` as pairs (a key without a value left out)."""
-    return [
-        (bytes(key).decode(), bytes(value))
-        for key, value in zip(keys, values, strict=True)
-        if value is not None
-    ]
+def _pairs(flat: list[Any]) -> list[tuple[str, bytes]]:
+    """The scan script's ``key, value, ...`` reply as pairs (a key without a value left out)."""
+    pairs = []
+    for j in range(0, len(flat), 2):
+        if flat[j + 1] is not None:
+            pairs.append((bytes(flat[j]).decode(), bytes(flat[j + 1])))
+    return pairs
 
 
 def _exec_replies(replies: list[Any]) -> tuple[list[Any], Any]:

@@ -67,11 +67,12 @@ GROUP_KEYS: Final = 1000
 
 # KEYS: values-hash, index-zset. ARGV: min, max, reverse ('1'/'0'), limit (-1 = all),
 # inline (bytes, -1 = no bound). Returns {key1, value1, key2, value2, ...}; or {{key1,
-# key2, ...}} (the keys alone, in one nested array) when the values would exceed `inline`
-# bytes, estimated from the first value's length (one range of a space holds records of
-# one kind, of like sizes). Each value a script reads is copied into a Lua string and
-# back (about 10 us per 5 KB value on Redis 7.0, twice a plain HMGET's whole cost), so a
-# large listing's values are read by the client outside Lua (see RedisKVStore.scan).
+# key2, ...}} (the keys alone, in one nested array) when two or more values would exceed
+# `inline` bytes, estimated from the first value's length (one range of a space holds
+# records of one kind, of like sizes); one value is always read here (one round trip).
+# Each value a script reads is copied into a Lua string and back (about 10 us per 5 KB
+# value on Redis 7.0, twice a plain HMGET's whole cost), so a large listing's values are
+# read by the client outside Lua (see RedisKVStore.scan).
 SCAN: Final = """
 local keys
 local limit = tonumber(ARGV[4])
@@ -89,7 +90,7 @@ else
   end
 end
 local inline = tonumber(ARGV[5])
-if inline >= 0 and #keys > 0 and #keys * redis.call('HSTRLEN', KEYS[1], keys[1]) > inline then
+if inline >= 0 and #keys > 1 and #keys * redis.call('HSTRLEN', KEYS[1], keys[1]) > inline then
   return {keys}
 end
 local out = {}

@@ -15,7 +15,8 @@ call, and client CPU per call.
 
 To compare two trees in one session, run it with each on ``PYTHONPATH``
 (the script only uses the public facade), one after the other, and quote the
-ratios; the load average is printed before and after.
+ratios; the load average is printed before and after, and whether redis-py
+parses replies with hiredis (the peers harness's venv has it; ours does not).
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from redis.utils import HIREDIS_AVAILABLE
 from task_bench import RedisAlways
 
 from memory import Memory
@@ -164,6 +166,9 @@ def main() -> None:
         _load(),
         "| tiers from",
         Path(sys.modules["memory"].__file__ or "").parent.parent,
+        # redis-py parses replies in Python without hiredis: several times slower on 5 KB values.
+        "| hiredis",
+        "yes" if HIREDIS_AVAILABLE else "no",
         flush=True,
     )
     work = Path(tempfile.mkdtemp(prefix="tiermem-read-"))

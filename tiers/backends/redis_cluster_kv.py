@@ -152,6 +152,17 @@ class RedisClusterKVStore(RedisKVStore):
         values: list[Any] = self._cluster.hmget(name, list(fields))
         return values
 
+    def _read_listed(
+        self, hash_name: str, index_name: str, listed: list[Any], span: tuple[bytes, bytes]
+    ) -> tuple[list[Any], Any]:
+        # One MULTI on the slot's primary (both keys share the space's hash tag), through
+        # the cluster client, which follows the slot map and its redirections.
+        pipe = self._cluster.pipeline(transaction=True)
+        pipe.hmget(hash_name, listed)
+        pipe.zlexcount(index_name, span[0], span[1])
+        values, count = pipe.execute()
+        return values, count
+
     def _run_scan(self, keys: list[str], args: list[bytes]) -> list[Any]:
         flat: list[Any] = self._scan_script(keys=keys, args=args)
         return flat

@@ -33,7 +33,7 @@ from redis.exceptions import NoScriptError, RedisClusterException
 from redis.retry import Retry
 
 from tiers.backends import redact_url
-from tiers.backends._redis_scripts import COMMIT, SCAN, write_groups
+from tiers.backends._redis_scripts import COMMIT, SCAN, SCAN_INLINE_BYTES, write_groups
 from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, Write
 from tiers.backends.common import (
     check_checks,
@@ -43,6 +43,10 @@ from tiers.backends.common import (
     prefix_upper_bound,
 )
 from tiers.errors import BackendUnavailableError, ConflictError, InvalidInputError, StoreClosedError
+
+# Listings a scan reads the values of outside the script (each one changed by a commit
+# before its values were read) before the script reads them itself (see _scan_range).
+_RELISTS = 2
 
 
 class RedisKVStore:
@@ -154,20 +158,48 @@ class RedisKVStore:
             self._ensure_open()
             return []
         with self._translate("scan"):
-            flat = self._run_scan(
-                list(self._keys(space)),
-                [
-                    low.encode(),
-                    high.encode(),
-                    b"1" if reverse else b"0",
-                    b"%d" % (-1 if limit is None else limit),
-                ],
-            )
-        pairs = []
-        for j in range(0, len(flat), 2):
-            if flat[j + 1] is not None:
-                pairs.append((bytes(flat[j]).decode(), bytes(flat[j + 1])))
-        return pairs
+            return self._scan_range(self._keys(space), low, high, reverse, limit)
+
+    def _scan_range(
+        self, names: tuple[str, str], low: str, high: str, reverse: bool, limit: int | None
+    ) -> list[tuple[str, bytes]]:
+        """The pairs of the lex range ``low``..``high`` of the space ``names``, a snapshot.
+
+        The scan script lists the keys and, when their values are (estimated) at
+        most ``SCAN_INLINE_BYTES``, reads them too: one round trip. Larger values are
+        read in one ``MULTI``: ``HMGET`` of the listed keys and ``ZLEXCOUNT``
+        of the range they span. Every key still there and no other key in that
+        span means the listing is the range's at ``EXEC`` too, so keys and
+        values are one snapshot (``EXEC``'s). Otherwise (a commit came between)
+        the range is listed again; after ``_RELISTS`` listings the script reads
+        the values itself, however many.
+
+        Raises:
+            redis.RedisError: Redis failed.
+        """
+        hash_name, index_name = names
+        args = [
+            low.encode(),
+            high.encode(),
+            b"1" if reverse else b"0",
+            b"%d" % (-1 if limit is None else limit),
+            b"%d" % SCAN_INLINE_BYTES,
+        ]
+        for _ in range(_RELISTS):
+            flat = self._run_scan([hash_name, index_name], args)
+            if len(flat) != 1 or not isinstance(flat[0], list):
+                return _pairs(flat)
+            listed: list[Any] = flat[0]
+            # The span the listing covers: the range, cut at its last key by the limit.
+            span = (args[0], args[1])
+            if limit is not None and len(listed) >= limit:
+                last = b"[" + bytes(listed[-1])
+                span = (last, span[1]) if reverse else (span[0], last)
+            values, count = self._read_listed(hash_name, index_name, listed, span)
+            if int(count) == len(listed) and all(value is not None for value in values):
+                return [(bytes(k).decode(), bytes(v)) for k, v in zip(listed, values, strict=True)]
+        args[-1] = b"-1"
+        return _pairs(self._run_scan([hash_name, index_name], args))
 
     def commit(self, writes: Sequence[Write], checks: Sequence[Check] = ()) -> None:
         """See :meth:`KVStore.commit`."""
@@ -217,6 +249,20 @@ class RedisKVStore:
         reply: list[Any] = self._run_script(self._scan_script.sha, SCAN, keys, args)
         return reply
 
+    def _read_listed(
+        self, hash_name: str, index_name: str, listed: list[Any], span: tuple[bytes, bytes]
+    ) -> tuple[list[Any], Any]:
+        """``HMGET`` of the ``listed`` keys and ``ZLEXCOUNT`` of ``span``, in one ``MULTI``."""
+        replies = self._send_all(
+            [
+                [b"MULTI"],
+                [b"HMGET", hash_name.encode(), *listed],
+                [b"ZLEXCOUNT", index_name.encode(), *span],
+                [b"EXEC"],
+            ]
+        )
+        return _exec_replies(replies[-1])
+
     def _hmget(self, name: str, fields: Sequence[str]) -> list[Any]:
         """``HMGET`` of ``fields`` of the hash ``name`` (see :meth:`_send`)."""
         reply: list[Any] = self._send([b"HMGET", name.encode(), *(f.encode() for f in fields)])
@@ -248,18 +294,31 @@ class RedisKVStore:
         Raises:
             redis.RedisError: The server answered an error or cannot be reached.
         """
+        return self._send_all([words])[0]
+
+    def _send_all(self, commands: list[list[bytes]]) -> list[Any]:
+        """Send ``commands`` in one buffer (see :meth:`_send`); their replies, in order.
+
+        Raises:
+            redis.RedisError: A command's reply is an error, or the server cannot be reached.
+        """
         client = self._client
         if not isinstance(client, redis.Redis):
             raise TypeError("a RedisKVStore sends its commands through a redis.Redis client")
-        command = _resp_command(words)
+        packed = b"".join(_resp_command(words) for words in commands)
         connection = self._take_connection(client)
         # redis-py leaves this method unannotated; this is the signature relied on.
         send: Callable[[list[bytes]], None] = connection.send_packed_command
+        replies: list[Any] = []
         try:
-            send([command])
-            return connection.read_response()
+            send([packed])
+            while len(replies) < len(commands):
+                replies.append(connection.read_response())
+            return replies
         except redis.ResponseError:
-            raise  # an error reply, read whole: the connection is clean
+            if len(replies) < len(commands) - 1:
+                _disconnect(connection)  # later replies are unread: never reuse it as it is
+            raise  # the last reply, an error read whole: the connection is clean
         except BaseException:
             # Anything else may leave a reply unread on it: never reuse it as it is.
             _disconnect(connection)
@@ -406,6 +465,29 @@ def _disconnect(connection: ConnectionInterface) -> None:
     # redis-py leaves this method unannotated; this is the signature relied on.
     disconnect: Callable[[], None] = connection.disconnect
     disconnect()
+
+
+def _pairs(flat: list[Any]) -> list[tuple[str, bytes]]:
+    """The scan script's ``key, value, ...`` reply as pairs (a key without a value left out)."""
+    pairs = []
+    for j in range(0, len(flat), 2):
+        if flat[j + 1] is not None:
+            pairs.append((bytes(flat[j]).decode(), bytes(flat[j + 1])))
+    return pairs
+
+
+def _exec_replies(replies: list[Any]) -> tuple[list[Any], Any]:
+    """The ``HMGET`` and ``ZLEXCOUNT`` replies of an ``EXEC``.
+
+    Raises:
+        redis.ResponseError: One of them failed (a key of another type).
+    """
+    for reply in replies:
+        # EXEC answers a command's error inside its array instead of raising it.
+        if isinstance(reply, redis.ResponseError):
+            raise reply
+    values, count = replies
+    return values, count
 
 
 def _resp_command(words: list[bytes]) -> bytes:

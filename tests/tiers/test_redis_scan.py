@@ -1,0 +1,161 @@
+"""How a scan reads Redis: small values in the script, large ones outside Lua.
+
+A scan whose values come to at most ``SCAN_INLINE_BYTES`` (estimated from the
+first one) reads them in the scan script; a larger one reads them in a
+``MULTI`` after the listing, and checks
+that the listing still holds. These tests put a real commit between the two
+round trips (a store whose ``_read_listed`` commits first) and check that the
+scan still returns one snapshot: no key without its value, no deleted key, no
+key a commit added inside the range left out.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+
+from tiers.backends._redis_scripts import SCAN_INLINE_BYTES
+from tiers.backends.base import Delete, Put, Write
+from tiers.backends.redis_cluster_kv import RedisClusterKVStore
+from tiers.backends.redis_kv import RedisKVStore
+
+# Values of an eighth of the bound: the script reads up to 8 of them itself.
+INLINE = 8
+KEYS = [f"c/{i:04d}" for i in range(1, 13)]
+
+
+def value(key: str) -> bytes:
+    """The value stored at ``key``: the key, padded to an eighth of the script's bound."""
+    return key.encode().ljust(SCAN_INLINE_BYTES // INLINE, b".")
+
+
+class _Interposed(RedisKVStore):
+    """A Redis store that runs ``between`` (one per read) after a listing, before its values."""
+
+    between: list[Callable[[], None]]
+    reads = 0
+
+    def _read_listed(
+        self, hash_name: str, index_name: str, listed: list[Any], span: tuple[bytes, bytes]
+    ) -> tuple[list[Any], Any]:
+        self.reads += 1
+        if self.between:
+            self.between.pop(0)()
+        return super()._read_listed(hash_name, index_name, listed, span)
+
+
+class _InterposedCluster(_Interposed, RedisClusterKVStore):
+    """The same on a Redis Cluster (its ``MULTI`` goes through the cluster client)."""
+
+
+@pytest.fixture(params=["redis", "redis_cluster"])
+def pair(request: pytest.FixtureRequest) -> Iterator[tuple[_Interposed, RedisKVStore]]:
+    """A store that interposes, and a plain one on the same server for the commits."""
+    if request.param == "redis":
+        url: str = request.getfixturevalue("redis_url")
+        reader: _Interposed = _Interposed(url)
+        writer = RedisKVStore(url)
+    else:
+        url = request.getfixturevalue("redis_cluster_url")
+        reader = _InterposedCluster(url)
+        writer = RedisClusterKVStore(url)
+    reader.between = []
+    writer.commit([Put("s", key, value(key)) for key in KEYS])
+    yield reader, writer
+    reader.close()
+    writer.close()
+
+
+def test_small_scans_read_their_values_in_the_script(
+    pair: tuple[_Interposed, RedisKVStore],
+) -> None:
+    reader, writer = pair
+    assert reader.scan("s", limit=INLINE) == [(k, value(k)) for k in KEYS[:INLINE]]
+    assert reader.scan("s", reverse=True, limit=1) == [(KEYS[-1], value(KEYS[-1]))]
+    writer.commit([Put("t", key, b"small") for key in KEYS])
+    assert reader.scan("t") == [(key, b"small") for key in KEYS]
+    assert reader.reads == 0
+    assert reader.scan("s", limit=INLINE + 1) == [(k, value(k)) for k in KEYS[: INLINE + 1]]
+    assert reader.reads == 1
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param([Delete("s", KEYS[5])], id="a-listed-key-deleted"),
+        pytest.param([Put("s", "c/0005x", b"new")], id="a-key-added-in-the-span"),
+        pytest.param([Put("s", KEYS[6], b"changed")], id="a-value-replaced"),
+        pytest.param(
+            [Delete("s", KEYS[2]), Put("s", "c/0003x", b"moved")], id="a-key-moved-atomically"
+        ),
+    ],
+)
+def test_a_commit_between_listing_and_values_gives_the_later_snapshot(
+    pair: tuple[_Interposed, RedisKVStore], change: list[Write], reverse: bool
+) -> None:
+    reader, writer = pair
+    reader.between = [lambda: writer.commit(change)]
+    got = reader.scan("s", prefix="c/", reverse=reverse)
+    assert got == writer.scan("s", prefix="c/", reverse=reverse)  # the state after the commit
+    assert reader.scan("s", prefix="c/", reverse=reverse) == got
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_a_limited_scan_sees_the_range_as_the_commit_left_it(
+    pair: tuple[_Interposed, RedisKVStore], reverse: bool
+) -> None:
+    reader, writer = pair
+    limit = INLINE + 2
+    # A key added past the page's span leaves the page as it was; one added inside it shifts it.
+    outside = "c/9999" if not reverse else "c/0000"
+    inside = "c/0002x" if not reverse else f"{KEYS[-2]}x"
+    for added in (outside, inside):
+        reader.between = [lambda key=added: writer.commit([Put("s", key, b"+")])]
+        got = reader.scan("s", prefix="c/", limit=limit, reverse=reverse)
+        assert got == writer.scan("s", prefix="c/", limit=limit, reverse=reverse)
+        assert len(got) == limit
+
+
+def test_a_range_that_keeps_changing_is_read_in_the_script(
+    pair: tuple[_Interposed, RedisKVStore],
+) -> None:
+    reader, writer = pair
+    moves = [Put("s", f"c/0001-{n}", b"+") for n in range(10)]
+    reader.between = [lambda put=put: writer.commit([put]) for put in moves]
+    got = reader.scan("s", prefix="c/")
+    # Every listing was changed before its values were read: the last try read in the script.
+    assert reader.reads == 2
+    assert got == writer.scan("s", prefix="c/")
+    assert len(got) == len(KEYS) + 2
+
+
+def test_scans_racing_atomic_moves_never_see_half_of_one(
+    pair: tuple[_Interposed, RedisKVStore],
+) -> None:
+    reader, writer = pair
+    # The writer moves one token between two keys in one commit (delete one, put the
+    # other): every snapshot holds exactly one token, whatever the interleaving.
+    writer.commit([Put("s", "c/token-a", b"t")])
+    done = threading.Event()
+
+    def move() -> None:
+        side = "a"
+        while not done.is_set():
+            other = "b" if side == "a" else "a"
+            writer.commit([Delete("s", f"c/token-{side}"), Put("s", f"c/token-{other}", b"t")])
+            side = other
+
+    thread = threading.Thread(target=move)
+    thread.start()
+    try:
+        for _ in range(300):
+            got = reader.scan("s", prefix="c/")
+            assert sum(key.startswith("c/token-") for key, _ in got) == 1
+            assert len(got) == len(KEYS) + 1
+    finally:
+        done.set()
+        thread.join()

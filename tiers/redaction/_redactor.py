@@ -113,6 +113,8 @@ def _trigger_search(triggers: tuple[str, ...]) -> re.Pattern[str] | None:
 _JSON_PLAIN: Final = re.compile(r'[^"\\\x00-\x1f]*')
 """Text JSON writes as it is (no quote, backslash or control character to escape)."""
 _MAX_NARROWED: Final = 256
+# Passes of one text at most (each finds what the last one's placeholders uncovered).
+_MAX_PASSES: Final = 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -295,17 +297,25 @@ class Redactor:
         return self._redact(text, self._all)
 
     def _redact(self, text: str, rule_set: _RuleSet) -> str:
-        found = self._find(text, rule_set)
-        if not found:
-            return text
-        parts: list[str] = []
-        pos = 0
-        for f in found:
-            parts.append(text[pos : f.start])
-            parts.append(self.render(f.kind))
-            pos = f.end
-        parts.append(text[pos:])
-        return "".join(parts)
+        # A placeholder borders its neighbours differently from what it replaced: a number
+        # glued to a key ("...TUB+1 41114111") stands alone, as a phone number, once the key
+        # is gone. So redact again until nothing more is found: redacting what was redacted
+        # changes nothing. Only a text that had a finding pays a second pass, with every rule:
+        # the narrowing judged the text before, not the placeholders' new borders.
+        for _ in range(_MAX_PASSES):
+            found = self._find(text, rule_set)
+            if not found:
+                break
+            parts: list[str] = []
+            pos = 0
+            for f in found:
+                parts.append(text[pos : f.start])
+                parts.append(self.render(f.kind))
+                pos = f.end
+            parts.append(text[pos:])
+            text = "".join(parts)
+            rule_set = self._all
+        return text
 
     def redact_json(self, value: J, *, key: str | None = None) -> J:
         """A JSON value with every string redacted; the same object when nothing changed.

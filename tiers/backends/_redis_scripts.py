@@ -17,6 +17,8 @@ __all__ = ["COMMIT", "GROUP_KEYS", "SCAN", "SCAN_INLINE_BYTES", "write_groups"]
 # KEYS: (values-hash, index-zset) per space. ARGV: n_checks, then 4 per check
 # (space#, key, must_exist, expected), then the writes in groups: op, space#, n, then
 # n (key, value) pairs for 'P', n keys for 'D', nothing for 'X' (see write_groups).
+# Returns 1 when it wrote, or {space#, key} of the first check that failed (nothing written):
+# an integer is the cheapest reply for the server to build and the client to parse.
 # A group is one HSET (and at most one ZADD), not one pair of commands per key: each
 # redis.call is a command the server runs and, for a write, appends to its AOF.
 COMMIT: Final = """
@@ -26,9 +28,9 @@ for _ = 1, n do
   local s = tonumber(ARGV[i])
   local v = redis.call('HGET', KEYS[2 * s - 1], ARGV[i + 1])
   if ARGV[i + 2] == '0' then
-    if v then return {0, s, ARGV[i + 1]} end
+    if v then return {s, ARGV[i + 1]} end
   elseif (not v) or v ~= ARGV[i + 3] then
-    return {0, s, ARGV[i + 1]}
+    return {s, ARGV[i + 1]}
   end
   i = i + 4
 end
@@ -59,7 +61,7 @@ while i <= #ARGV do
     i = i + 3
   end
 end
-return {1, 0, ''}
+return 1
 """
 
 # The most keys one write group holds: Lua's unpack() overflows its C stack past ~8000 values.

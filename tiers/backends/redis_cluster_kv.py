@@ -167,7 +167,7 @@ class RedisClusterKVStore(RedisKVStore):
         flat: list[Any] = self._scan_script(keys=keys, args=args)
         return flat
 
-    def _run_commit(self, keys: list[str], args: list[bytes]) -> list[Any]:
+    def _run_commit(self, keys: list[str], args: list[bytes]) -> Any:
         cluster = self._cluster
         slot = key_slot(keys[0].encode())
         asked: ClusterNode | None = None
@@ -202,8 +202,8 @@ class RedisClusterKVStore(RedisKVStore):
                 # Perhaps a failover: the next commit goes where the cluster now points.
                 cluster.nodes_manager.initialize(last_failed_node_name=node.name)
                 raise
-            reply: list[Any] = replies[1 if asked is not None else 0]
-            if self.wait_replicas and int(reply[0]) == 1:
+            reply: Any = replies[1 if asked is not None else 0]
+            if self.wait_replicas and reply == 1:
                 acked = int(replies[-1])
                 if acked < self.wait_replicas:
                     raise BackendUnavailableError(

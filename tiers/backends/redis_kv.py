@@ -23,7 +23,7 @@ import os
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from typing import Any
+from typing import Any, Final
 
 import redis
 from redis.backoff import NoBackoff
@@ -43,6 +43,11 @@ from tiers.backends.common import (
     prefix_upper_bound,
 )
 from tiers.errors import BackendUnavailableError, ConflictError, InvalidInputError, StoreClosedError
+
+# The most bytes a connection takes from its socket per read (redis-py's default 64 KiB):
+# a page of history (100 checkpoints of 5 KB) then arrives in a few reads, not one per
+# 64 KiB, which saved about a tenth of such a scan's client CPU.
+_READ_BYTES = 256 * 1024
 
 # Listings a scan reads the values of outside the script (each one changed by a commit
 # before its values were read) before the script reads them itself (see _scan_range).
@@ -102,6 +107,7 @@ class RedisKVStore:
             socket_connect_timeout=5,
             health_check_interval=30,
             retry=Retry(NoBackoff(), 0),
+            socket_read_size=_READ_BYTES,
         )
 
     def _keys(self, space: str) -> tuple[str, str]:
@@ -197,7 +203,7 @@ class RedisKVStore:
                 span = (last, span[1]) if reverse else (span[0], last)
             values, count = self._read_listed(hash_name, index_name, listed, span)
             if int(count) == len(listed) and all(value is not None for value in values):
-                return [(bytes(k).decode(), bytes(v)) for k, v in zip(listed, values, strict=True)]
+                return [(k.decode(), v) for k, v in zip(listed, values, strict=True)]
         args[-1] = b"-1"
         return _pairs(self._run_scan([hash_name, index_name], args))
 
@@ -225,8 +231,9 @@ class RedisKVStore:
             ]
         args += write_groups(writes, spaces)
         with self._translate("commit"):
-            ok, space_no, key = self._run_commit(keys, args)
-        if int(ok) != 1:
+            reply = self._run_commit(keys, args)
+        if reply != 1:
+            space_no, key = reply
             space = list(spaces)[int(space_no) - 1]
             raise ConflictError(
                 f"check failed on {space!r}/{bytes(key).decode()!r}: the value changed; "
@@ -239,10 +246,12 @@ class RedisKVStore:
         One server applies any commit; a sharded store overrides this.
         """
 
-    def _run_commit(self, keys: list[str], args: list[bytes]) -> list[Any]:
-        """Run the commit script with ``args`` (one ``EVALSHA``, see :meth:`_send`)."""
-        reply: list[Any] = self._run_script(self._commit_script.sha, COMMIT, keys, args)
-        return reply
+    def _run_commit(self, keys: list[str], args: list[bytes]) -> Any:
+        """Run the commit script with ``args`` (one ``EVALSHA``, see :meth:`_send`); its reply.
+
+        The reply is 1 (written) or ``[space number, key]`` of the check that failed.
+        """
+        return self._run_script(self._commit_script.sha, COMMIT, keys, args)
 
     def _run_scan(self, keys: list[str], args: list[bytes]) -> list[Any]:
         """Run the scan script with ``args`` (one ``EVALSHA``, see :meth:`_send`)."""
@@ -469,11 +478,9 @@ def _disconnect(connection: ConnectionInterface) -> None:
 
 def _pairs(flat: list[Any]) -> list[tuple[str, bytes]]:
     """The scan script's ``key, value, ...`` reply as pairs (a key without a value left out)."""
-    pairs = []
-    for j in range(0, len(flat), 2):
-        if flat[j + 1] is not None:
-            pairs.append((bytes(flat[j]).decode(), bytes(flat[j + 1])))
-    return pairs
+    # Bulk strings arrive as bytes (the client does not decode responses).
+    pairs = zip(flat[::2], flat[1::2], strict=True)
+    return [(key.decode(), value) for key, value in pairs if value is not None]
 
 
 def _exec_replies(replies: list[Any]) -> tuple[list[Any], Any]:
@@ -490,12 +497,21 @@ def _exec_replies(replies: list[Any]) -> tuple[list[Any], Any]:
     return values, count
 
 
+# The RESP length line of a bulk string shorter than 1 KiB (keys, counts, small values),
+# made once: formatting it per word was a third of packing a commit.
+_BULK_HEADS: Final = tuple(b"$%d" % length for length in range(1024))
+
+
 def _resp_command(words: list[bytes]) -> bytes:
     """``words`` as one RESP command (an array of bulk strings), in one buffer."""
-    parts = [b"*%d\r\n" % len(words)]
+    # Every line of RESP ends in CRLF: the lines joined by CRLF, plus a final one.
+    lines = [b"*%d" % len(words)]
+    heads = _BULK_HEADS
     for word in words:
-        parts += (b"$%d\r\n" % len(word), word, b"\r\n")
-    return b"".join(parts)
+        length = len(word)
+        lines += (heads[length] if length < 1024 else b"$%d" % length, word)
+    lines.append(b"")
+    return b"\r\n".join(lines)
 
 
 def _tighter_low(low: str, start_after: str) -> str:

@@ -16,7 +16,10 @@ bytes, ``RunHandle.step`` reading the run's head before every step
 round trip), and with the window and no redaction (what redaction costs);
 then ``RunHandle.append_checkpoint`` of the same payload (a step the caller ran,
 as the Agents SDK session and the HTTP checkpoint route write) without and with
-the window.
+the window. Then ``--history`` reads of a 100-step run's whole history
+(``TaskTier.history``): the median wall time, and the client CPU and server
+``usec`` per read (what the scan sends: ``EVALSHA``, ``MULTI``, ``HMGET``,
+``ZLEXCOUNT``, ``EXEC``).
 The load average is printed before and after; quote the ratios, which come
 from one run.
 """
@@ -27,6 +30,7 @@ import argparse
 import itertools
 import json
 import os
+import statistics
 import tempfile
 import time
 from collections.abc import Callable
@@ -49,11 +53,42 @@ def _load() -> str:
 # The commands the systems send themselves (the commit script's own HSET, HGET, ZADD are
 # counted inside EVALSHA's time too, so they are left out).
 _SENT = ("cmdstat_set", "cmdstat_evalsha", "cmdstat_hmget")
+# What a history read sends: the scan script, then the values in one MULTI.
+_SCAN_SENT = (
+    "cmdstat_evalsha",
+    "cmdstat_multi",
+    "cmdstat_hmget",
+    "cmdstat_zlexcount",
+    "cmdstat_exec",
+)
 
 
-def _server_usec(client: redis.Redis) -> float:
+def _server_usec(client: redis.Redis, sent: tuple[str, ...] = _SENT) -> float:
     stats: dict[str, Any] = client.info("commandstats")
-    return sum(float(stats[name]["usec"]) for name in _SENT if name in stats)
+    return sum(float(stats[name]["usec"]) for name in sent if name in stats)
+
+
+def _history(kv: RedisKVStore, client: redis.Redis, reads: int) -> None:
+    """Print the median wall time, client CPU and server usec of a 100-step run's history."""
+    tier = TaskTier(kv, redactor=Redactor())
+    handle = tier.start_run("bench", "history")
+    for _ in range(100):
+        handle.step("search", lambda: PAYLOAD)
+    tier.history(handle.run_id)  # the scan script is loaded once per connection
+    walls: list[float] = []
+    cpu = usec = 0.0
+    for _ in range(reads):
+        began_usec = _server_usec(client, _SCAN_SENT)
+        began, began_cpu = time.perf_counter(), time.process_time()
+        assert len(tier.history(handle.run_id)) == 100
+        walls.append(time.perf_counter() - began)
+        cpu += time.process_time() - began_cpu
+        usec += _server_usec(client, _SCAN_SENT) - began_usec
+    print(
+        f"history of 100 steps, {reads} reads: p50 {statistics.median(walls) * 1e3:.2f} ms  "
+        f"client CPU {cpu / reads * 1e3:.2f} ms/read  server {usec / reads:.0f} us/read",
+        flush=True,
+    )
 
 
 def _aof_bytes(client: redis.Redis) -> int:
@@ -65,6 +100,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--blocks", type=int, default=40, help="turns each system takes")
     parser.add_argument("--block", type=int, default=50, help="writes per turn")
+    parser.add_argument("--history", type=int, default=50, help="reads of a 100-step history")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="tiermem-redis-step-"))
     print(_load(), flush=True)
@@ -136,6 +172,7 @@ def main() -> None:
                 f"server {usec[name] / writes:5.1f} us/write  AOF {aof[name] / writes:5.0f} B/write",
                 flush=True,
             )
+        _history(kv, client, args.history)
         kv.close()
         client.close()
     finally:

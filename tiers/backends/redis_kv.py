@@ -223,12 +223,13 @@ class RedisKVStore:
             keys.extend(self._keys(space))
         args: list[bytes] = [b"%d" % len(checks)]
         for check in checks:
-            args += [
+            expected = check.expected
+            args += (
                 b"%d" % spaces[check.space],
                 check.key.encode(),
-                b"0" if check.expected is None else b"1",
-                check.expected or b"",
-            ]
+                b"0" if expected is None else b"1",
+                expected or b"",
+            )
         args += write_groups(writes, spaces)
         with self._translate("commit"):
             reply = self._run_commit(keys, args)
@@ -283,7 +284,7 @@ class RedisKVStore:
         As redis-py's ``Script`` does: ``NOSCRIPT`` means nothing ran (the
         server restarted or its scripts were flushed).
         """
-        words = [b"EVALSHA", sha.encode(), b"%d" % len(keys), *(k.encode() for k in keys), *args]
+        words = [b"EVALSHA", sha.encode(), b"%d" % len(keys), *[k.encode() for k in keys], *args]
         try:
             return self._send(words)
         except NoScriptError:

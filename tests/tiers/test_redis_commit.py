@@ -17,6 +17,7 @@ import redis.connection
 from tiers.backends._redis_scripts import GROUP_KEYS
 from tiers.backends.base import Check, Delete, KVStore, Put, Write
 from tiers.backends.redis_kv import RedisKVStore
+from tiers.errors import ConflictError
 
 
 @pytest.fixture(params=["redis_kv", "redis_cluster_kv"])
@@ -100,3 +101,19 @@ def test_a_commit_after_the_server_dropped_the_connection_reconnects(
         client.close()
     redis_kv.commit([Put("s", "b", b"2")], [Check("s", "a", b"1")])
     assert redis_kv.scan("s") == [("a", b"1"), ("b", b"2")]
+
+
+def test_a_failed_check_in_a_later_space_names_that_space_and_writes_nothing(
+    store: KVStore,
+) -> None:
+    # The script answers 1 when it wrote, else the failing check's space number and key:
+    # the error must name the space of that number, not the first one.
+    a, b = "t:a", "t:b"
+    store.commit([Put(a, "x", b"1"), Put(b, "y", b"2")])
+    with pytest.raises(ConflictError, match=r"'t:b'/'y'"):
+        store.commit(
+            [Put(a, "x", b"3"), Put(b, "y", b"4"), Put(b, "z", b"5")],
+            [Check(a, "x", b"1"), Check(b, "y", b"stale")],
+        )
+    assert store.get_many(a, ["x"]) == [b"1"]
+    assert store.scan(b) == [("y", b"2")]

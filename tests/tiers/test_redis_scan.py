@@ -159,3 +159,16 @@ def test_scans_racing_atomic_moves_never_see_half_of_one(
     finally:
         done.set()
         thread.join()
+
+
+@pytest.mark.parametrize("kv_name", ["redis_kv", "redis_cluster_kv"])
+def test_a_scan_over_many_socket_reads_returns_every_value_whole(
+    kv_name: str, request: pytest.FixtureRequest
+) -> None:
+    # 1.3 MB of distinct values: read outside the script, in several socket reads, each
+    # value split across them at a different offset.
+    store: RedisKVStore = request.getfixturevalue(kv_name)
+    stored = {f"v/{i:03d}": bytes([i % 251]) * (20_000 + 37 * i) for i in range(60)}
+    store.commit([Put("big", key, data) for key, data in stored.items()])
+    assert store.scan("big") == sorted(stored.items())
+    assert store.scan("big", reverse=True, limit=7) == sorted(stored.items())[::-1][:7]

@@ -1,5 +1,6 @@
 """Real servers the tests start on loopback and stop by pid (a single redis-server is in
-conftest.py; a Redis Cluster and `chroma run` are here)."""
+conftest.py; a Redis Cluster and `chroma run` are here, and the wait for a tiermem server's
+readiness)."""
 
 from __future__ import annotations
 
@@ -11,11 +12,41 @@ import time
 from pathlib import Path
 
 import chromadb
+import httpx
 import pytest
 import redis
 from chromadb.config import Settings
 
 from tests.conftest import free_port
+
+
+def wait_ready(
+    url: str, process: subprocess.Popen[bytes], log: Path, *, what: str, timeout: float = 60
+) -> None:
+    """Return once ``url`` (a started server's ``/readyz``) answers 200.
+
+    Fails the test with the server's log when the process exits first or ``timeout``
+    seconds pass; a process still running then is killed, so no test leaves it behind.
+
+    Args:
+        url: The readiness URL.
+        process: The server process.
+        log: The file its output goes to.
+        what: The command, as the failure names it (``tiermem serve``).
+        timeout: Seconds to wait at most.
+    """
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if httpx.get(url, timeout=2).status_code == 200:
+                return
+        except httpx.TransportError:
+            pass  # not listening yet
+        if process.poll() is not None or time.monotonic() > deadline:
+            process.kill()
+            process.wait()
+            pytest.fail(f"{what} did not start:\n{log.read_text()}")
+        time.sleep(0.1)
 
 
 class ChromaServer:

@@ -8,7 +8,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -38,6 +37,7 @@ from memory.client import AuthenticationError, MemoryClient, PermissionDeniedErr
 from memory.operations import OPERATIONS, RUN_OPERATIONS
 from tests.api.test_routes import SUMMARY, TRANSCRIPT
 from tests.conftest import free_port
+from tests.servers import wait_ready
 from tiers.backends import open_kv_store
 from tiers.errors import EffectNotFoundError
 from tiers.ids import run_id_for
@@ -91,17 +91,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
             [TIERMEM, "serve", "--port", str(port)], env=env, stdout=out, stderr=out
         )
     base_url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"tiermem serve did not start:\n{log.read_text()}")
-        time.sleep(0.1)
+    wait_ready(f"{base_url}/readyz", process, log, what="tiermem serve")
     served = Served(base_url, key, read_only_key, yara_key, log, process)
     yield served
     if process.poll() is None:

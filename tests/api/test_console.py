@@ -21,7 +21,6 @@ import os
 import re
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -44,6 +43,7 @@ from memory.settings import Settings
 from tests.api.conftest import Api, new_tenant, start_app
 from tests.api.test_routes import SUMMARY
 from tests.conftest import free_port
+from tests.servers import wait_ready
 from tiers.backends import open_kv_store
 from tiers.models import RunInfo
 from tiers.task import EffectRecord
@@ -98,17 +98,8 @@ def _start_server(work: Path) -> tuple[subprocess.Popen[bytes], str, dict[str, s
             [TIERMEM, "serve", "--port", str(port)], env=env, stdout=out, stderr=out
         )
     base_url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"{base_url}/readyz", timeout=2).status_code == 200:
-                return process, base_url, keys
-        except httpx.TransportError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            process.kill()
-            pytest.fail(f"tiermem serve did not start:\n{log.read_text()}")
-        time.sleep(0.1)
+    wait_ready(f"{base_url}/readyz", process, log, what="tiermem serve")
+    return process, base_url, keys
 
 
 @pytest.fixture(scope="module")

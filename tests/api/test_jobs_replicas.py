@@ -22,6 +22,7 @@ import redis
 from memory.client import MemoryClient
 from tests.api.test_routes import TRANSCRIPT
 from tests.conftest import RedisServer, free_port
+from tests.servers import wait_ready
 from tests.summarizer.stub_server import StubLLMServer, StubReply
 
 TIERMEM = str(Path(sys.executable).parent / "tiermem")
@@ -45,17 +46,7 @@ class Server:
                 stdout=out,
                 stderr=out,
             )
-        deadline = time.monotonic() + 90
-        while True:
-            try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
-                    return
-            except httpx.TransportError:
-                pass
-            if self.process.poll() is not None or time.monotonic() > deadline:
-                self.kill()
-                pytest.fail(f"tiermem serve did not start:\n{self.log.read_text()}")
-            time.sleep(0.1)
+        wait_ready(f"{self.url}/readyz", self.process, self.log, what="tiermem serve", timeout=90)
 
     def job(self, job_id: str) -> httpx.Response:
         return httpx.get(f"{self.url}/v1/jobs/{job_id}", timeout=10)

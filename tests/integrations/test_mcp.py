@@ -11,7 +11,6 @@ import json
 import os
 import subprocess
 import sys
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +29,7 @@ from memory import ApprovalPendingError, Memory, SessionSummary
 from memory.apikeys import ApiKeyRegistry
 from memory.integrations.mcp import TOOL_NAMES, McpCaller, build_server
 from tests.conftest import free_port
+from tests.servers import wait_ready
 from tiers.backends import open_kv_store
 from tiers.task import EventKind
 
@@ -387,17 +387,7 @@ def http_server(
             stderr=out,
         )
     server = HttpServer(f"http://127.0.0.1:{port}/mcp", process, log)
-    deadline = time.monotonic() + 60
-    while True:
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=2).status_code == 200:
-                break
-        except httpx.TransportError:
-            pass
-        if process.poll() is not None or time.monotonic() > deadline:
-            server.stop()
-            pytest.fail(f"tiermem mcp --transport http did not start:\n{log.read_text()}")
-        time.sleep(0.1)
+    wait_ready(f"http://127.0.0.1:{port}/readyz", process, log, what="tiermem mcp --transport http")
     try:
         yield server
     finally:

@@ -13,7 +13,7 @@ import sqlite3
 import subprocess
 import sys
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +28,9 @@ from memory import AsyncMemory, ConflictError, InvalidInputError, Memory, ValueT
 from memory.integrations.openai_agents import ITEMS_STEP, POP_STEP, TiermemSession
 from memory.settings import Settings
 from tests.integrations.agents_worker import ScriptedModel, make_agent
+from tests.kv_spies import CountingKV
 from tiers import keys
 from tiers.backends import open_kv_store
-from tiers.backends.base import Check, KVStore, Write
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.ids import run_id_for
@@ -272,48 +272,12 @@ def test_a_batch_over_one_value_is_split_and_one_item_over_it_refused(tmp_path: 
         asyncio.run(scenario(memory))
 
 
-class CountingKV:
-    """A real store, passed through, counting the rows its scans return (reads are observed, not faked)."""
-
-    def __init__(self, inner: KVStore) -> None:
-        self.inner = inner
-        self.max_value_bytes = inner.max_value_bytes
-        self.rows = 0
-
-    def get_many(self, space: str, keys: Sequence[str]) -> list[bytes | None]:
-        return self.inner.get_many(space, keys)
-
-    def scan(
-        self,
-        space: str,
-        *,
-        prefix: str = "",
-        start_after: str | None = None,
-        limit: int | None = None,
-        reverse: bool = False,
-    ) -> list[tuple[str, bytes]]:
-        found = self.inner.scan(
-            space, prefix=prefix, start_after=start_after, limit=limit, reverse=reverse
-        )
-        self.rows += len(found)
-        return found
-
-    def commit(self, writes: Sequence[Write], checks: Sequence[Check] = ()) -> None:
-        self.inner.commit(writes, checks)
-
-    def ping(self) -> None:
-        self.inner.ping()
-
-    def close(self) -> None:
-        self.inner.close()
-
-
 def test_get_items_with_a_limit_reads_the_limit_not_the_session(tmp_path: Path) -> None:
     inner = open_kv_store(str(tmp_path / "kv.sqlite3"), durable=False)
     counting = CountingKV(inner)
     embedder = MiniLMEmbedder()
     memory = Memory(
-        kv=counting,  # type: ignore[arg-type]  # a pass-through of a real store
+        kv=counting,
         index=ChromaVectorIndex(tmp_path / "chroma", embedder=embedder),
         embedder=embedder,
     )
@@ -322,44 +286,44 @@ def test_get_items_with_a_limit_reads_the_limit_not_the_session(tmp_path: Path) 
         session = session_of(memory)
         for n in range(400):
             await session.add_items([user_message(f"q{n}"), assistant_message(f"a{n}", n)])
-        counting.rows = 0
+        counting.rows_scanned = 0
         assert await session.get_items(3) == [
             assistant_message("a398", 398),
             user_message("q399"),
             assistant_message("a399", 399),
         ]
-        assert counting.rows <= 3 + 1  # at most a checkpoint per item, and one spare
+        assert counting.rows_scanned <= 3 + 1  # at most a checkpoint per item, and one spare
         # Nothing written since: served from what the object read (the head read, no scan).
-        counting.rows = 0
+        counting.rows_scanned = 0
         again = await session.get_items(3)
         assert again == [
             assistant_message("a398", 398),
             user_message("q399"),
             assistant_message("a399", 399),
         ]
-        assert counting.rows == 0
+        assert counting.rows_scanned == 0
         again[2]["content"] = "changed by the caller"  # a copy: the next read is unchanged
         assert (await session.get_items(1))[0] == assistant_message("a399", 399)
         # Another object's write moves the head: read again, with the page size learned
         # (a checkpoint holds 2 items here): 2 checkpoints, and one spare.
         other = TiermemSession(memory, session.session_id, user_id="u1")
         await other.add_items([user_message("q400"), assistant_message("a400", 400)])
-        counting.rows = 0
+        counting.rows_scanned = 0
         assert await session.get_items(3) == [
             assistant_message("a399", 399),
             user_message("q400"),
             assistant_message("a400", 400),
         ]
-        assert counting.rows <= 3
+        assert counting.rows_scanned <= 3
         for _ in range(4):
             await session.pop_item()
-        counting.rows = 0
+        counting.rows_scanned = 0
         assert [i["content"] for i in await session.get_items(2) if i.get("role") == "user"] == [
             "q398"
         ]
         # It needs 7 checkpoints (4 pop markers, the 2 batches they hid, 1 more batch); pages
         # grow by doubling past pops, so at most twice that: nothing near the 404 stored.
-        assert counting.rows <= 2 * 7
+        assert counting.rows_scanned <= 2 * 7
 
     try:
         asyncio.run(scenario())

@@ -74,15 +74,6 @@ class BlockingSummarizer:
         return result
 
 
-@pytest.fixture(params=["embedded", "redis"])
-def backend(request: pytest.FixtureRequest) -> str | None:
-    """``None`` for the embedded default, else the URL of a flushed Redis."""
-    if request.param == "redis":
-        url: str = request.getfixturevalue("redis_url")
-        return url
-    return None
-
-
 @pytest.fixture
 def memory(backend: str | None, tmp_path: Path) -> Iterator[Memory]:
     mem = Memory.from_settings(Settings(data_dir=tmp_path / "data", kv_url=backend))

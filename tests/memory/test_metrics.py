@@ -2,12 +2,7 @@
 
 from __future__ import annotations
 
-import os
 import signal
-import subprocess
-import sys
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -17,23 +12,15 @@ from prometheus_client import CollectorRegistry, generate_latest
 from memory import Memory
 from memory.metrics import TiermemMetrics
 from memory.settings import Settings
-from tests.tiers.crash_worker import USER, effect_keys, effects_done, run_to_end
+from tests.tiers.crash_worker import (
+    USER,
+    crash_frozen_worker,
+    effect_keys,
+    effects_done,
+    run_to_end,
+)
 from tiers.errors import LeaseHeldError, StaleWriterError
 from tiers.models import RunStatus
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def _stopped(pid: int) -> bool:
-    stat = Path(f"/proc/{pid}/stat").read_text()
-    return stat.rsplit(")", 1)[1].split()[0] in "TZ"
-
-
-def _wait_for(what: str, ready: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 60
-    while not ready():
-        assert time.monotonic() < deadline, f"gave up waiting: {what}"
-        time.sleep(0.01)
 
 
 def _value(metrics: TiermemMetrics, name: str, **labels: str) -> float:
@@ -56,25 +43,7 @@ def test_a_sigkilled_run_resumed_elsewhere_shows_in_the_metrics(tmp_path: Path) 
     # A worker with a long lease stops itself inside the "ship" effect (the effect happened,
     # its result is not recorded), and is then killed: a real crash, its lease still live
     # (600 s: a loaded machine can take most of a minute to get to the takeover below).
-    worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from tests.tiers.crash_worker import freeze_worker; "
-            "sys.exit(freeze_worker(sys.argv[1], sys.argv[2], sys.argv[3], 600.0, 'after:ship'))",
-            store,
-            run_id,
-            str(log),
-        ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    try:
-        _wait_for("the worker to stop inside the effect", lambda: _stopped(worker.pid))
-    finally:
-        os.kill(worker.pid, signal.SIGKILL)
-        worker.wait(30)
-    assert worker.returncode == -signal.SIGKILL
+    assert crash_frozen_worker(store, run_id, log, "after:ship") == -signal.SIGKILL
 
     metrics = TiermemMetrics()
     memory = Memory.from_settings(Settings(data_dir=data), metrics=metrics)

@@ -121,14 +121,6 @@ class LeakySummarizer:
         return Summarization(summary=summary, facts=[*result.facts, fact], usage=result.usage)
 
 
-@pytest.fixture(params=["embedded", "redis"])
-def backend(request: pytest.FixtureRequest) -> str | None:
-    if request.param == "redis":
-        url: str = request.getfixturevalue("redis_url")
-        return url
-    return None
-
-
 def open_memory(backend: str | None, root: Path, **settings: Any) -> Memory:
     return Memory.from_settings(Settings(data_dir=root, kv_url=backend, **settings))
 

@@ -57,15 +57,6 @@ POLICY = {
 }
 
 
-@pytest.fixture(params=["embedded", "redis"])
-def backend(request: pytest.FixtureRequest) -> str | None:
-    """``None`` for the embedded default, else the URL of a flushed Redis."""
-    if request.param == "redis":
-        url: str = request.getfixturevalue("redis_url")
-        return url
-    return None
-
-
 def open_memory(backend: str | None, data: Path, **settings: object) -> Memory:
     return Memory.from_settings(Settings(data_dir=data, kv_url=backend, **settings))  # type: ignore[arg-type]
 

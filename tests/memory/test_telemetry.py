@@ -4,11 +4,9 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -26,46 +24,24 @@ from memory.metrics import TiermemMetrics
 from memory.settings import Settings
 from memory.telemetry import TracingObserver, run_trace
 from tests.memory import traced_worker
-from tests.tiers.crash_worker import USER, open_store, run_to_end
+from tests.tiers.crash_worker import (
+    USER,
+    crash_frozen_worker,
+    crash_when_stopped,
+    open_store,
+    run_to_end,
+)
 from tiers.errors import ApprovalPendingError, InvalidInputError
 from tiers.task import TaskTier
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def _wait_for(what: str, ready: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 60
-    while not ready():
-        assert time.monotonic() < deadline, f"gave up waiting: {what}"
-        time.sleep(0.01)
-
-
-def _stopped(pid: int) -> bool:
-    return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] in "TZ"
-
-
 def test_a_crash_and_resume_shows_as_run_step_and_effect_spans(tmp_path: Path) -> None:
     store, log, run_id = str(tmp_path / "kv.sqlite3"), tmp_path / "effects.log", "traced"
     # The dead worker's lease must still be live when the taker steals it (a takeover): 600 s,
     # since a loaded machine can take most of a minute to get there; nothing waits it out.
-    worker = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys; from tests.tiers.crash_worker import freeze_worker; "
-            "sys.exit(freeze_worker(sys.argv[1], sys.argv[2], sys.argv[3], 600.0, 'unit:4'))",
-            store,
-            run_id,
-            str(log),
-        ],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )
-    try:
-        _wait_for("the worker to stop after four units", lambda: _stopped(worker.pid))
-    finally:
-        os.kill(worker.pid, signal.SIGKILL)  # a real crash
-        worker.wait(30)
+    crash_frozen_worker(store, run_id, log, "unit:4")  # a real crash
 
     exporter = InMemorySpanExporter()
     provider = TracerProvider()
@@ -110,16 +86,14 @@ def test_live_steps_and_effects_of_a_crashed_and_resumed_run_form_one_trace(
     data = tmp_path / "data"
     store, spans_file, run_id = str(data / "tiermem.sqlite3"), tmp_path / "spans.jsonl", "shop"
     Memory.from_settings(Settings(data_dir=data)).close()  # the store file, in the data dir
-    worker = subprocess.Popen(
-        [sys.executable, "-m", "tests.memory.traced_worker", store, run_id, str(spans_file)],
-        cwd=ROOT,
-        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    crash_when_stopped(
+        "-m",
+        "tests.memory.traced_worker",
+        store,
+        run_id,
+        str(spans_file),
+        what="the worker to stop after two units",
     )
-    try:
-        _wait_for("the worker to stop after two units", lambda: _stopped(worker.pid))
-    finally:
-        os.kill(worker.pid, signal.SIGKILL)  # a real crash, its lease still live
-        worker.wait(30)
     first = [json.loads(line) for line in spans_file.read_text().splitlines()]
 
     exporter = InMemorySpanExporter()

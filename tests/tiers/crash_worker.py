@@ -40,6 +40,7 @@ import hashlib
 import json
 import os
 import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -269,6 +270,56 @@ def freeze_worker(spec: str, run_id: str, log_path: str, ttl: float, point: str)
         Path(f"{log_path}.outcome").write_text(json.dumps(outcome))
         kv.close()
     return 0
+
+
+def crash_when_stopped(*args: str, what: str) -> int:
+    """Run ``python *args`` from the repository root and crash it where it stops itself.
+
+    Waits (60 s at most) until the process has stopped itself with SIGSTOP, then SIGKILLs
+    it: a real crash, its lease still live. Called by the tests, not by a worker.
+
+    Args:
+        args: The interpreter's arguments (``-m module ...`` or ``-c code ...``).
+        what: The stop waited for, as a failure names it.
+
+    Returns:
+        The process's exit status (``-SIGKILL``).
+    """
+    root = Path(__file__).resolve().parents[2]
+    worker = subprocess.Popen(
+        [sys.executable, *args], cwd=root, env={**os.environ, "PYTHONPATH": str(root)}
+    )
+    try:
+        deadline = time.monotonic() + 60
+        # The kernel's state letter: T when stopped, Z when exited and not yet reaped.
+        while Path(f"/proc/{worker.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] not in "TZ":
+            assert time.monotonic() < deadline, f"gave up waiting: {what}"
+            time.sleep(0.01)
+    finally:
+        os.kill(worker.pid, signal.SIGKILL)
+        worker.wait(30)
+    return worker.returncode
+
+
+def crash_frozen_worker(spec: str, run_id: str, log_path: str | Path, point: str) -> int:
+    """Run :func:`freeze_worker` with a 600 s lease and crash it where it stops at ``point``.
+
+    The lease is long because a loaded machine can take most of a minute to get to a
+    takeover; nothing waits it out. See :func:`crash_when_stopped`.
+
+    Returns:
+        The worker's exit status (``-SIGKILL``).
+    """
+    return crash_when_stopped(
+        "-c",
+        "import sys; from tests.tiers.crash_worker import freeze_worker; "
+        "sys.exit(freeze_worker(sys.argv[1], sys.argv[2], sys.argv[3], 600.0, sys.argv[4]))",
+        spec,
+        run_id,
+        str(log_path),
+        point,
+        what=f"the worker to stop at {point}",
+    )
 
 
 def _child(spec: str, run_id: str, log_path: str) -> int:

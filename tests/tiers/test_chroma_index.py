@@ -7,7 +7,6 @@ VectorIndex does is tests/contracts/test_vector_index_contract.py, run on both.
 from __future__ import annotations
 
 import json
-import math
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -18,27 +17,10 @@ import pytest
 from chromadb.config import Settings
 
 from tests.conftest import free_port
+from tests.contracts.test_vector_index_contract import DIM, NAME, item, unit
 from tests.servers import ChromaServer, chroma_binary
-from tiers.backends.base import VectorItem
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.errors import BackendUnavailableError, InvalidInputError
-
-DIM = 4
-NAME = "test-embedder"
-
-
-def unit(*values: float) -> list[float]:
-    norm = math.sqrt(sum(v * v for v in values))
-    return [v / norm for v in values]
-
-
-def item(id_: str, vector: list[float], user: str, tenant: str = "t1") -> VectorItem:
-    return VectorItem(
-        id=id_,
-        embedding=vector,
-        document=f"doc {id_}",
-        metadata={"tenant": tenant, "user_id": user, "n": 1, "ok": True, "at": 1.5},
-    )
 
 
 def test_reopen_in_a_fresh_client_without_network(tmp_path: Path, no_network: None) -> None:

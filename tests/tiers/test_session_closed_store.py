@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Sequence
 from datetime import UTC, datetime
 
 import pytest
 
+from tests.tiers.holding_embedder import HoldingEmbedder
 from tiers.backends.base import KVStore
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
@@ -25,23 +25,6 @@ from tiers.session import SessionSummary, SessionTier
 
 TENANT = "closing"  # the worker thread is named after it: no other test's worker matches
 WORKER = f"tiermem-session-index-{TENANT}"
-
-
-class HoldWindows:
-    """The real model; the second pass's call (several windows at once) waits for ``release``."""
-
-    def __init__(self, inner: MiniLMEmbedder) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.dimension = inner.dimension
-        self.held = threading.Event()
-        self.release = threading.Event()
-
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        if len(texts) > 1 and not self.release.is_set():
-            self.held.set()
-            assert self.release.wait(120), "the test never released the windows pass"
-        return self.inner.embed(texts)
 
 
 def workers() -> list[threading.Thread]:
@@ -70,7 +53,8 @@ def test_the_index_worker_stops_when_a_store_is_closed_under_its_pending_windows
         task_description="Kayak trip",
         created_at=datetime(2025, 4, 1, tzinfo=UTC),
     )
-    held = HoldWindows(embedder)
+    # The second pass's call (several windows at once) waits.
+    held = HoldingEmbedder(embedder, lambda texts: len(texts) > 1, timeout=120)
     tier = SessionTier(kv, index, held, tenant=TENANT, background=True)
     try:
         assert len(workers()) == 1

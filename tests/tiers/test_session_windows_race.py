@@ -13,10 +13,9 @@ second pass inside its embedding call until the test has ended the session again
 
 from __future__ import annotations
 
-import threading
-from collections.abc import Sequence
 from datetime import UTC, datetime
 
+from tests.tiers.holding_embedder import HoldingEmbedder
 from tiers import keys
 from tiers.backends.base import KVStore
 from tiers.backends.chroma_index import ChromaVectorIndex
@@ -26,23 +25,6 @@ from tiers.models import Message
 from tiers.session import FINGERPRINT_KEY, SessionSummary, SessionTier, session_windows
 
 FIRST = "Quetzal"  # only in the first transcript
-
-
-class HoldFirstWindows:
-    """The real model; a call embedding the first transcript's windows waits for ``release``."""
-
-    def __init__(self, inner: MiniLMEmbedder) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.dimension = inner.dimension
-        self.held = threading.Event()
-        self.release = threading.Event()
-
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        if sum(FIRST in text for text in texts) > 1 and not self.release.is_set():
-            self.held.set()
-            assert self.release.wait(60), "the test never released the windows pass"
-        return self.inner.embed(texts)
 
 
 def said(topic: str) -> list[Message]:
@@ -66,7 +48,10 @@ def test_windows_of_a_replaced_transcript_written_mid_pass_are_deleted_by_the_re
 ) -> None:
     first = said(f"we watch the {FIRST} birds in the cloud forest near Monteverde")
     second = said("we take the night train to Vienna and visit the opera")
-    held = HoldFirstWindows(embedder)
+    # A call embedding the first transcript's windows waits.
+    held = HoldingEmbedder(
+        embedder, lambda texts: sum(FIRST in text for text in texts) > 1, timeout=60
+    )
     tier = SessionTier(kv, index, held, background=True)
     try:
         tier.save_transcript("dana", "trip", first)

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import pytest
 
+from tests.contracts.test_kv_contract import descriptors_under
 from tiers.backends.base import Check, Delete, DeleteSpace, Put, Write
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.errors import ConflictError
@@ -259,23 +260,6 @@ def test_opening_and_closing_stores_leaks_no_descriptor(tmp_path: Path) -> None:
         store.commit([Put("s", "k", b"v")])
         store.close()
     assert descriptors_under(tmp_path) - before < 3
-
-
-def descriptors_under(folder: Path) -> int:
-    """This process's open descriptors on files in ``folder``: those a store there could leak.
-
-    Counting every descriptor would also count files other threads (left over from earlier
-    tests) open meanwhile; these are the test's own.
-    """
-    prefix = f"{folder.resolve()}{os.sep}"
-    count = 0
-    for fd in os.listdir("/proc/self/fd"):
-        try:
-            target = os.readlink(f"/proc/self/fd/{fd}")
-        except OSError:  # closed since the listing (e.g. the listing's own)
-            continue
-        count += target.startswith(prefix)
-    return count
 
 
 _STEPPING_CHILD = """

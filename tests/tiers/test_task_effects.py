@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Sequence
 from typing import Any
 
 import pytest
 
+from tests.kv_spies import CountingKV
 from tiers import keys
-from tiers.backends.base import Check, KVStore, Write
+from tiers.backends.base import KVStore
 from tiers.errors import (
     ConflictError,
     EffectNotFoundError,
@@ -48,31 +48,6 @@ class External:
 
     def probe(self, key: str) -> object:
         return {"id": "probed", "key": key} if key in self.done else NOT_DONE
-
-
-class CountingKV:
-    """Delegates to a real store and counts its commits (what each call costs in fsyncs)."""
-
-    def __init__(self, inner: KVStore) -> None:
-        self.inner = inner
-        self.max_value_bytes = inner.max_value_bytes
-        self.commits = 0
-
-    def get_many(self, space: str, keys: Sequence[str]) -> list[bytes | None]:
-        return self.inner.get_many(space, keys)
-
-    def scan(self, space: str, **kwargs: Any) -> list[tuple[str, bytes]]:
-        return self.inner.scan(space, **kwargs)
-
-    def commit(self, writes: Sequence[Write], checks: Sequence[Check] = ()) -> None:
-        self.commits += 1
-        self.inner.commit(writes, checks)
-
-    def ping(self) -> None:
-        self.inner.ping()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 @pytest.fixture
@@ -142,7 +117,7 @@ def test_a_step_replays_its_recorded_effects_when_it_reruns(tasks: TaskTier) -> 
 
 def test_costs_one_commit_per_step_and_two_per_effect(kv: KVStore) -> None:
     counting = CountingKV(kv)
-    tasks = TaskTier(counting)  # type: ignore[arg-type]
+    tasks = TaskTier(counting)
     run = tasks.start_run("u", "r1")
     before = counting.commits
     run.step("plain", lambda: 1)

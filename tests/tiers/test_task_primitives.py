@@ -8,14 +8,14 @@ reads are bounded by the page, and external ids mapped to run ids.
 from __future__ import annotations
 
 import string
-from collections.abc import Sequence
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tests.kv_spies import CountingKV
 from tiers import keys
-from tiers.backends.base import Check, KVStore, Write
+from tiers.backends.base import KVStore
 from tiers.errors import (
     CheckpointNotFoundError,
     ConflictError,
@@ -27,46 +27,6 @@ from tiers.models import RunInfo, RunStatus
 from tiers.task import TaskTier
 
 TENANT = "default"
-
-
-class CountingKV:
-    """A real store, passed through, that counts the rows its scans return.
-
-    Not a stand-in: every call reaches the wrapped store; this only observes
-    how much a read touched.
-    """
-
-    def __init__(self, inner: KVStore) -> None:
-        self.inner = inner
-        self.max_value_bytes = inner.max_value_bytes
-        self.rows_scanned = 0
-
-    def get_many(self, space: str, keys: Sequence[str]) -> list[bytes | None]:
-        return self.inner.get_many(space, keys)
-
-    def scan(
-        self,
-        space: str,
-        *,
-        prefix: str = "",
-        start_after: str | None = None,
-        limit: int | None = None,
-        reverse: bool = False,
-    ) -> list[tuple[str, bytes]]:
-        rows = self.inner.scan(
-            space, prefix=prefix, start_after=start_after, limit=limit, reverse=reverse
-        )
-        self.rows_scanned += len(rows)
-        return rows
-
-    def commit(self, writes: Sequence[Write], checks: Sequence[Check] = ()) -> None:
-        self.inner.commit(writes, checks)
-
-    def ping(self) -> None:
-        self.inner.ping()
-
-    def close(self) -> None:
-        self.inner.close()
 
 
 @pytest.fixture
@@ -260,7 +220,7 @@ def test_history_pages_newest_first_and_oldest_first(tasks: TaskTier) -> None:
 
 def test_a_history_page_reads_only_its_rows(kv: KVStore) -> None:
     counting = CountingKV(kv)
-    tasks = TaskTier(counting)  # type: ignore[arg-type]  # a pass-through of a real store
+    tasks = TaskTier(counting)
     run = tasks.start_run("u1", "long")
     for n in range(300):
         run.append_checkpoint("s", n)

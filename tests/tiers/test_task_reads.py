@@ -9,7 +9,6 @@ older release or a corruption could leave.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 
 import orjson
@@ -18,8 +17,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from pydantic import JsonValue
 
+from tests.kv_spies import CountingKV
 from tiers import keys
-from tiers.backends.base import Check, Delete, KVStore, Put, Write
+from tiers.backends.base import Delete, KVStore, Put
 from tiers.codec import decode, encode
 from tiers.errors import CorruptRecordError, RunNotFoundError
 from tiers.models import Checkpoint
@@ -219,39 +219,9 @@ def test_the_trusted_decode_unpacks_the_models_fields_in_order() -> None:
     assert tuple(Checkpoint.model_fields) == _FIELDS
 
 
-class CountingReads:
-    """A real store, passed through, that counts the reads made of it (not a stand-in)."""
-
-    def __init__(self, inner: KVStore) -> None:
-        self.inner = inner
-        self.max_value_bytes = inner.max_value_bytes
-        self.reads = 0
-
-    def get_many(self, space: str, keys: Sequence[str]) -> list[bytes | None]:
-        self.reads += 1
-        return self.inner.get_many(space, keys)
-
-    def scan(
-        self,
-        space: str,
-        *,
-        prefix: str = "",
-        start_after: str | None = None,
-        limit: int | None = None,
-        reverse: bool = False,
-    ) -> list[tuple[str, bytes]]:
-        self.reads += 1
-        return self.inner.scan(
-            space, prefix=prefix, start_after=start_after, limit=limit, reverse=reverse
-        )
-
-    def commit(self, writes: Sequence[Write], checks: Sequence[Check] = ()) -> None:
-        self.inner.commit(writes, checks)
-
-
 def test_history_pages_are_the_full_historys_slices_in_one_read(kv: KVStore) -> None:
-    counting = CountingReads(kv)
-    tasks = TaskTier(counting)  # type: ignore[arg-type]  # a pass-through of a real store
+    counting = CountingKV(kv)
+    tasks = TaskTier(counting)
     run = tasks.start_run("alice", "r1")
     for i in range(9):
         run.step(f"s{i}", lambda i=i: {"i": i})

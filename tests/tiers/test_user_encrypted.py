@@ -13,13 +13,14 @@ encrypted store that offers no key tokens, and no mark of opaque fact names.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 
 import pytest
 
+from tests.kv_spies import PassThroughKV
 from tiers import keys
-from tiers.backends.base import Check, DeleteSpace, KVStore, Put, Write
+from tiers.backends.base import DeleteSpace, KVStore, Put
 from tiers.backends.encrypted_kv import (
     EncryptedKVStore,
     MasterKey,
@@ -173,45 +174,13 @@ def test_facts_expire_by_retention_history_included(users: UserTier, kv: KVStore
 # -- a store encrypted by the previous release ----------------------------------------------------
 
 
-class ReadableNames:
-    """An encrypted store that offers no key tokens: what the previous release's tier wrote
-    through (values encrypted, fact keys readable). Every call goes to the real store."""
-
-    def __init__(self, store: EncryptedKVStore) -> None:
-        self._store = store
-        self.max_value_bytes = store.max_value_bytes
-
-    def get_many(self, space: str, keys: Sequence[str]) -> list[bytes | None]:
-        return self._store.get_many(space, keys)
-
-    def scan(
-        self,
-        space: str,
-        *,
-        prefix: str = "",
-        start_after: str | None = None,
-        limit: int | None = None,
-        reverse: bool = False,
-    ) -> list[tuple[str, bytes]]:
-        return self._store.scan(
-            space, prefix=prefix, start_after=start_after, limit=limit, reverse=reverse
-        )
-
-    def commit(self, writes: Sequence[Write], checks: Sequence[Check] = ()) -> None:
-        self._store.commit(writes, checks)
-
-    def ping(self) -> None:
-        self._store.ping()
-
-    def close(self) -> None:
-        self._store.close()
-
-
 def write_as_the_previous_release(
     inner: KVStore, master: MasterKey, write: Callable[[UserTier], object]
 ) -> None:
     """Encrypt ``inner`` and let ``write`` store facts as the previous release did."""
-    write(UserTier(ReadableNames(EncryptedKVStore(inner, master))))
+    # Seen through the KVStore protocol alone, the encrypted store offers no key tokens: the
+    # tier writes fact keys readable, values encrypted, as that release did.
+    write(UserTier(PassThroughKV(EncryptedKVStore(inner, master))))
     # That release kept no mark of opaque fact names.
     inner.commit([DeleteSpace(keys.opaque_names_space())])
 

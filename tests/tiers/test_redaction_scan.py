@@ -180,7 +180,7 @@ def test_redact_json_equals_the_walk_at_the_scans_edges(value: object, mode: str
 @given(st.text(alphabet=string.ascii_letters + 'İß\u212a\n"\\:_.- ', max_size=40))
 def test_the_scan_finds_every_occurrence_substring_tests_find(text: str) -> None:
     words = ["key", "pass", "cvc", "csc", "pin", "token", "ss", "s"]
-    triggers = ["sK-", "ya29.", "AKIA", "\u212aey"]
+    triggers = ["sK-", "ya29.", "AKIA", "KEY"]  # "KEY": the lowercase of a trigger is a word
     lowered = text.lower()
     found, present = GateScan(words, triggers).scan(text, lowered)
     for word in words:

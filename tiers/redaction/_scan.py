@@ -8,15 +8,15 @@ and its alternations and tries were measured slower still. An Aho-Corasick
 automaton (``ahocorasick_rs``, in Rust) finds every one of them, overlapping
 occurrences included, in one pass.
 
-Words are matched case-insensitively (on the lowercased text) and triggers
-case-sensitively (on the text). Both are searched in the lowercased text's
-UTF-8 bytes: a trigger's lowercase occurs wherever the trigger does
-(lowercasing maps each character by itself; only a capital sigma looks at
-its neighbours, and no trigger holds one), so the triggers whose lowercase
-occurs are the candidates, each then confirmed in the text itself (they are
-rare: most text holds none). An ASCII pattern occurs in a string exactly
-where its bytes occur in the string's UTF-8 (a byte below 0x80 is never part
-of a longer character's encoding), so the bytes answer for the string.
+Words are matched case-insensitively (in the lowercased text) and triggers
+case-sensitively (in the text), both in one pass over the lowercased text: a
+trigger's lowercase occurs wherever the trigger does (lowercasing maps each
+character by itself; only a capital sigma looks at its neighbours, and no
+trigger holds one), so the triggers whose lowercase occurs are the
+candidates, each then confirmed in the text itself (they are rare: most text
+holds none). ASCII text is scanned as bytes, whose offsets are the string's;
+other text as a string (slower: the binding translates byte offsets to
+characters), so the places found are always the lowercased string's.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from ahocorasick_rs import AhoCorasick, BytesAhoCorasick, Implementation
 
 
 class GateScan:
-    """The gate words and triggers of a rule set, as one automaton.
+    """The gate words and triggers of a rule set, as an Aho-Corasick automaton.
 
     Args:
         words: Lowercase ASCII words, found in a text whatever their case.

@@ -13,6 +13,9 @@ occurrence tells which kind of string holds it.
 
 from __future__ import annotations
 
+from bisect import bisect_left
+from collections.abc import Sequence
+
 # Outside its strings a JSON text has no letters but these words' (and an exponent's "e"):
 # a gate word that is none of their substrings occurs in the text only inside strings.
 _LITERALS = "true false null"
@@ -49,15 +52,32 @@ def _opening_quote(text: str, pos: int) -> int:
     return quote
 
 
+def _disjoint(at: Sequence[int], size: int) -> int:
+    """How many of the occurrences at ``at`` (sorted) do not overlap an earlier one counted.
+
+    What ``str.count`` answers: occurrences counted left to right, each one
+    starting where the last one counted ends or later.
+    """
+    count = 0
+    free = 0
+    for pos in at:
+        if pos >= free:
+            count += 1
+            free = pos + size
+    return count
+
+
 def word_places(
-    lowered: str, text: str, word: str
+    lowered: str, text: str, word: str, at: Sequence[int]
 ) -> tuple[list[tuple[int, int]], set[str] | None]:
     """The string values of a JSON text that hold ``word``, and its keys that do.
 
-    ``lowered`` is ``text`` lowercased and ``word`` is :func:`placeable`. Each
-    value is the span of its text between its quotes, ``lowered[start:end]``.
-    The keys are read from ``text`` (their case tells what they name), so
-    they are None unless ``text`` is ASCII (lowercasing kept every position).
+    ``lowered`` is ``text`` lowercased, ``word`` is :func:`placeable` and
+    ``at`` holds every place ``word`` starts in ``lowered``, in order
+    (overlapping occurrences too). Each value is the span of its text between
+    its quotes, ``lowered[start:end]``. The keys are read from ``text`` (their
+    case tells what they name), so they are None unless ``text`` is ASCII
+    (lowercasing kept every position).
 
     A key starts after the last quote before ``word``: an escaped one when the
     key holds a quote, but a key naming a credential holds none (nor any other
@@ -67,14 +87,15 @@ def word_places(
     """
     values: list[tuple[int, int]] = []
     keys: set[str] | None = set() if len(lowered) == len(text) and text.isascii() else None
-    left = lowered.count(word)
-    at = lowered.find(word)
-    while at >= 0 and left:
-        quote = _closing_quote(lowered, at + len(word))
+    left = _disjoint(at, len(word))
+    n = 0
+    while n < len(at) and left:
+        pos = at[n]
+        quote = _closing_quote(lowered, pos + len(word))
         if quote < 0:  # not JSON text as orjson writes it: a value of it all, the safe side
             return [(0, len(lowered))], keys
         if lowered[quote + 1 : quote + 2] == ":":
-            start = lowered.rfind('"', 0, at) + 1
+            start = lowered.rfind('"', 0, pos) + 1
             if keys is None:
                 left -= 1
             else:
@@ -82,9 +103,15 @@ def word_places(
                 if key not in keys:
                     keys.add(key)
                     # Every occurrence of this key (exactly: the case matters) is accounted for.
-                    left -= text.count(f'"{key}":') * lowered[start:quote].count(word)
+                    # Each holds the word where this one does, so it is found from one of ``at``
+                    # (a few places, where a count of the key in the text would scan it all).
+                    label = f'"{key}":'
+                    back = pos - start + 1
+                    found = sum(text.startswith(label, p - back) for p in at if p >= back)
+                    left -= found * lowered[start:quote].count(word)
         else:
-            values.append((_opening_quote(lowered, at) + 1, quote))
-            left -= lowered.count(word, at, quote)
-        at = lowered.find(word, quote + 1)
+            values.append((_opening_quote(lowered, pos) + 1, quote))
+            left -= lowered.count(word, pos, quote)
+        # The next occurrence after this string.
+        n = bisect_left(at, quote + 1, n + 1)
     return values, keys

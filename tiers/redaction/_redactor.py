@@ -29,6 +29,7 @@ from tiers.redaction._rules import (
     _has_card_run,
     _has_digit_run,
 )
+from tiers.redaction._scan import GateScan
 from tiers.redaction._values import (
     _AUTH_SCHEME,
     _CLASS_KIND,
@@ -101,13 +102,6 @@ def _anchored(rule: _Rule, text: str, lowered: str) -> Iterator[re.Match[str] | 
         if m is not None:
             end = m.end()
         yield m
-
-
-def _trigger_search(triggers: tuple[str, ...]) -> re.Pattern[str] | None:
-    """One regex finding any of ``triggers`` when they share a first character, else ``None``."""
-    if len(triggers) < 2 or len({t[0] for t in triggers}) > 1:
-        return None
-    return re.compile("|".join(map(re.escape, triggers)))
 
 
 _JSON_PLAIN: Final = re.compile(r'[^"\\\x00-\x1f]*')
@@ -193,12 +187,15 @@ class Redactor:
         self._text_gates = all(
             _JSON_PLAIN.fullmatch(gate) is not None for gate in self._all.triggers
         ) and all(placeable(word) for word in (*self._all.words, *_KEY_WORDS))
-        self._trigger_chars = tuple(sorted({c for t in self._all.triggers for c in t}))
-        # Per rule, its triggers as one regex when they share a first character ("AKIA",
-        # "ASIA"... all start with "A"): the regex engine scans for that character once,
-        # several times faster than a substring test per trigger.
-        self._trigger_searches = tuple(_trigger_search(rule.triggers) for rule in self._rules)
-        self._gate_words = tuple(sorted({*self._all.words, *_KEY_WORDS}))
+        # Every gate word (a rule's, or one a credential key holds) and every trigger, found
+        # in one automaton pass over a value's JSON text.
+        self._gate_scan = GateScan({*self._all.words, *_KEY_WORDS}, self._all.triggers)
+        # Which rules a trigger gates, by trigger (by its rules' indexes, as _narrow keeps them).
+        self._untriggered = frozenset(n for n, rule in enumerate(self._rules) if not rule.triggers)
+        self._by_trigger = {
+            t: frozenset(n for n, rule in enumerate(self._rules) if t in rule.triggers)
+            for t in self._all.triggers
+        }
 
         # Redacting twice changes nothing: a value already replaced is never a finding.
         self._prefix = placeholder.split("{kind}", 1)[0]
@@ -340,7 +337,9 @@ class Redactor:
         the whole text fails is skipped by every string's gates too. Rules
         look only at string values, so a word counts only where it occurs in
         one (``key`` in ``idempotency_key`` keeps no rule), and the by-key walk
-        runs only when an actual key names a credential.
+        runs only when an actual key names a credential. Which words and
+        triggers the text holds, and where the words are, is one automaton
+        pass (:class:`GateScan`); the rules are then decided from those sets.
         """
         if not self._text_gates:
             return self._all, True
@@ -353,31 +352,23 @@ class Redactor:
         # On ASCII text lowercasing keeps every position, so a key found in the lowered
         # text is read from the text itself, as it is (its case tells what it names).
         ascii_text = data.isascii()
+        found_words, triggers = self._gate_scan.scan(text, lowered)
         # Per word, the string values holding it (as spans of the text).
         words: dict[str, list[tuple[int, int]]] = {}
         by_key = key is not None
-        for word in self._gate_words:
-            if word not in lowered:
-                continue
-            values, keys = word_places(lowered, text, word)
+        for word, at in found_words.items():
+            values, keys = word_places(lowered, text, word, at)
             if values:
                 words[word] = values
             if not by_key and keys != set() and word in _KEY_WORDS:
                 by_key = keys is None or any(_key_class(k) is not None for k in keys)
-        # A trigger with a character the text lacks cannot occur in it: one fast
-        # character search each spares most of the triggers' substring scans.
-        absent = frozenset(c for c in self._trigger_chars if c not in text)
         phone_digits: bool | None = None
         card_digits: bool | None = None
         kept: list[int] = []
-        for n, rule in enumerate(self._rules):
-            if rule.triggers:
-                search = self._trigger_searches[n]
-                if search is not None:
-                    if search.search(text) is None:
-                        continue
-                elif not any(t in text for t in rule.triggers if absent.isdisjoint(t)):
-                    continue
+        # The rules without triggers, and those whose triggers the text holds (few, if any).
+        candidates = self._untriggered.union(*(self._by_trigger[t] for t in triggers))
+        for n in sorted(candidates):
+            rule = self._rules[n]
             if rule.words and words.keys().isdisjoint(rule.words):
                 continue
             if rule.digits == _CARD_DIGITS:

@@ -45,7 +45,10 @@ class CheckpointFields(NamedTuple):
 
     The fields of :class:`~tiers.models.Checkpoint` a step sets, plus
     ``commit_epoch``: the lease epoch a layout-2 checkpoint records (its
-    ``StepCommitted`` event), or ``None`` for a layout-1 store.
+    ``StepCommitted`` event), or ``None`` for a layout-1 store, and
+    ``output_text``: ``output``'s JSON text as orjson writes it
+    (:func:`tiers.codec.to_json_text`), embedded instead of writing the output
+    again, or ``None``.
     """
 
     checkpoint_id: str
@@ -63,6 +66,7 @@ class CheckpointFields(NamedTuple):
     state_delta: dict[str, JsonValue] | None
     event_seq: int
     commit_epoch: int | None
+    output_text: bytes | None = None
 
 
 _set = object.__setattr__
@@ -112,6 +116,7 @@ def fast_checkpoint(fields: CheckpointFields) -> tuple[Checkpoint, bytes] | None
         state_delta,
         event_seq,
         commit_epoch,
+        output_text,
     ) = fields
     started = _utc(started_at)
     created = _utc(created_at)
@@ -142,7 +147,8 @@ def fast_checkpoint(fields: CheckpointFields) -> tuple[Checkpoint, bytes] | None
         "parent_id": parent_id,
         "step": step,
         "input_hash": input_hash,
-        "output": output,
+        # The text orjson wrote for this very value (to_json_text): the same bytes again.
+        "output": output if output_text is None else orjson.Fragment(output_text),
         "idempotency_key": idempotency_key,
         "status": CheckpointStatus.COMMITTED.value,
         "scope": scope,
@@ -160,6 +166,7 @@ def fast_checkpoint(fields: CheckpointFields) -> tuple[Checkpoint, bytes] | None
         return None
     if commit_epoch is not None:
         del record["commit_epoch"]
+    record["output"] = output
     record["status"] = CheckpointStatus.COMMITTED
     record["started_at"] = started[0]
     record["created_at"] = created[0]

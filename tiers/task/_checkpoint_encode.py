@@ -84,11 +84,14 @@ def _utc(value: object) -> tuple[datetime, str] | None:
     """``value`` as the model holds it (UTC) and as pydantic writes it, or ``None``."""
     if type(value) is not datetime:
         return None
-    try:
-        # What the model's UtcDatetime validator does: a naive time is taken as UTC.
-        utc = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    except (OverflowError, ValueError):
-        return None  # pydantic's path raises what it raised before
+    if value.tzinfo is UTC:
+        utc = value  # the clock's own times: astimezone(UTC) would return the same object
+    else:
+        try:
+            # What the model's UtcDatetime validator does: a naive time is taken as UTC.
+            utc = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        except (OverflowError, ValueError):
+            return None  # pydantic's path raises what it raised before
     if utc.year < 1000:
         return None  # isoformat pads the year as pydantic does; not worth proving for these
     return utc, f"{utc.isoformat()[:-6]}Z"

@@ -5,8 +5,10 @@ every queued transaction in one SQLite transaction and commits once. Each
 queued commit's checks are evaluated in order against the database plus the
 writes of the commits before it in the batch, so a failed check drops only its
 own commit (a batch with a ``DeleteSpace`` uses a savepoint per commit
-instead). Each caller returns only after the fsync that made its transaction
-durable; serial callers see no difference. Callers that queue while a batch
+instead). A commit alone in its batch whose checks its own puts cover (a
+step's) runs as inserts and a guarded update, with no check read
+(:func:`_apply_alone`). Each caller returns only after the fsync that made its
+transaction durable; serial callers see no difference. Callers that queue while a batch
 is being committed sleep each on a lock of its own; the leader wakes exactly
 the callers of its batch, and hands the lead to the first caller that queued
 meanwhile. When the last batches had several callers, a leader waits briefly

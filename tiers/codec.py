@@ -17,7 +17,7 @@ from pydantic import BaseModel, JsonValue, ValidationError
 from tiers import values
 from tiers.errors import CorruptRecordError
 
-__all__ = ["decode", "encode", "to_json"]
+__all__ = ["decode", "encode", "to_json", "to_json_text"]
 
 RecordT = TypeVar("RecordT", bound=BaseModel)
 
@@ -62,15 +62,31 @@ def to_json(value: object, *, field: str, step: str | None = None) -> JsonValue:
     Raises:
         InvalidInputError: ``value`` is not JSON-serialisable; ``field`` names it.
     """
+    return to_json_text(value, field=field, step=step)[0]
+
+
+def to_json_text(
+    value: object, *, field: str, step: str | None = None
+) -> tuple[JsonValue, bytes | None]:
+    """:func:`to_json`'s value, and its JSON text when orjson's path produced it (else ``None``).
+
+    The text is orjson's dump of the returned value, byte for byte (its dicts
+    hold their keys in the sorted order the text has): a record holding the
+    value may embed it (``orjson.Fragment``) instead of writing the value again.
+
+    Raises:
+        InvalidInputError: ``value`` is not JSON-serialisable; ``field`` names it.
+    """
     try:
-        parsed: JsonValue = orjson.loads(orjson.dumps(value, default=_refuse, option=_OPTIONS))
+        text = orjson.dumps(value, default=_refuse, option=_OPTIONS)
+        parsed: JsonValue = orjson.loads(text)
     except (TypeError, orjson.JSONDecodeError):
         # Not plain JSON to orjson (a subclass, a huge int, a non-str key, a lone surrogate,
         # deep nesting...): json decides, and refuses what JSON cannot hold.
-        return values.to_json(value, field=field, step=step)
+        return values.to_json(value, field=field, step=step), None
     # orjson writes an enum member or a UUID as its value and NaN or infinity as null,
     # where json refuses them, and a tuple as a list, as json does: only a value that
     # came back equal took no such turn (a tuple then takes json's path, same result).
     if parsed == value:
-        return parsed
-    return values.to_json(value, field=field, step=step)
+        return parsed, text
+    return values.to_json(value, field=field, step=step), None

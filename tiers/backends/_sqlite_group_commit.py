@@ -5,8 +5,10 @@ every queued transaction in one SQLite transaction and commits once. Each
 queued commit's checks are evaluated in order against the database plus the
 writes of the commits before it in the batch, so a failed check drops only its
 own commit (a batch with a ``DeleteSpace`` uses a savepoint per commit
-instead). Each caller returns only after the fsync that made its transaction
-durable; serial callers see no difference. Callers that queue while a batch
+instead). A commit alone in its batch whose checks its own puts cover (a
+step's) runs as inserts and a guarded update, with no check read
+(:func:`_apply_alone`). Each caller returns only after the fsync that made its
+transaction durable; serial callers see no difference. Callers that queue while a batch
 is being committed sleep each on a lock of its own; the leader wakes exactly
 the callers of its batch, and hands the lead to the first caller that queued
 meanwhile. When the last batches had several callers, a leader waits briefly
@@ -242,7 +244,7 @@ class GroupCommitWriter:
                     if len(batch) == 1:
                         # Alone: a failed check rolls the whole transaction back.
                         try:
-                            _apply(conn, batch[0].writes, batch[0].checks)
+                            _apply_alone(conn, batch[0].writes, batch[0].checks)
                         except ConflictError as exc:
                             batch[0].error = exc
                             conn.execute("ROLLBACK")
@@ -375,6 +377,75 @@ def _apply(conn: sqlite3.Connection, writes: Sequence[Write], checks: Sequence[C
     _put_rows(conn, puts)
 
 
+def _apply_alone(
+    conn: sqlite3.Connection, writes: Sequence[Write], checks: Sequence[Check]
+) -> None:
+    """Run a lone commit whose checks its own writes can enforce, else :func:`_apply`.
+
+    When each check is on the address of exactly one of the commit's puts (a
+    step: the checkpoint and index entry expected absent, the head expected to
+    hold its bytes), the writes carry their checks and no read runs: a put
+    expected absent is a plain ``INSERT`` (a row there fails its uniqueness),
+    a put expected to replace given bytes an ``UPDATE ... WHERE value = ?`` that
+    must change one row. If one fails, the transaction is rolled back and begun
+    again, and :func:`_apply` checks and writes as usual: it raises the same
+    :class:`ConflictError` naming the first failed check (the caller holds the
+    file's write lock, so nothing else wrote meanwhile).
+
+    Raises:
+        ConflictError: A check failed; the caller rolls the transaction back.
+    """
+    guarded = _guarded(writes, checks)
+    if guarded is None:
+        _apply(conn, writes, checks)
+        return
+    inserts, updates = guarded
+    try:
+        held = all(conn.execute(_UPDATE_IF_HOLDS, args).rowcount == 1 for args in updates)
+        if held and inserts:
+            conn.execute(_insert_statement(len(inserts) // 3), inserts)
+    except sqlite3.IntegrityError:
+        held = False  # a row where a put was expected absent
+    if not held:
+        conn.execute("ROLLBACK")
+        conn.execute("BEGIN IMMEDIATE")
+        _apply(conn, writes, checks)
+
+
+_UPDATE_IF_HOLDS = "UPDATE kv SET value = ? WHERE space = ? AND key = ? AND value = ?"
+
+
+def _guarded(
+    writes: Sequence[Write], checks: Sequence[Check]
+) -> tuple[list[object], list[tuple[bytes, str, str, bytes]]] | None:
+    """The insert parameters and updates that enforce ``checks`` by ``writes`` (``None``: they cannot).
+
+    Each check must be on the address of exactly one put, and each put checked
+    once: then a put expected absent is an insert, one expected to replace
+    bytes an update guarded by them, and together they write what the upserts would.
+    """
+    if len(writes) != len(checks) or len(writes) > _PUTS_PER_STATEMENT:
+        return None
+    expected: dict[tuple[str, str], bytes | None] = {}
+    for check in checks:
+        expected[(check.space, check.key)] = check.expected
+    if len(expected) != len(checks):
+        return None  # two checks of one address
+    inserts: list[object] = []
+    updates: list[tuple[bytes, str, str, bytes]] = []
+    for write in writes:
+        if type(write) is not Put:
+            return None
+        want = expected.pop((write.space, write.key), _ABSENT)
+        if want is None:
+            inserts += [write.space, write.key, write.value]
+        elif isinstance(want, bytes):
+            updates.append((write.value, write.space, write.key, want))
+        else:
+            return None  # an unchecked put (or a second put of one address)
+    return inserts, updates
+
+
 def _put_rows(conn: sqlite3.Connection, puts: list[Put]) -> None:
     """Upsert ``puts`` in order (a later put of the same key wins), in as few statements as fit."""
     for start in range(0, len(puts), _PUTS_PER_STATEMENT):
@@ -391,6 +462,13 @@ def _select_statement(rows: int) -> str:
     """Read the values at ``rows`` addresses (two parameters each)."""
     where = " OR ".join(["(space = ? AND key = ?)"] * rows)
     return f"SELECT space, key, value FROM kv WHERE {where}"  # noqa: S608
+
+
+@functools.lru_cache(maxsize=_PUTS_PER_STATEMENT)
+def _insert_statement(rows: int) -> str:
+    """Insert ``rows`` new rows (three parameters each); an existing address fails it."""
+    values = ",".join(["(?, ?, ?)"] * rows)
+    return f"INSERT INTO kv (space, key, value) VALUES {values}"  # noqa: S608
 
 
 @functools.lru_cache(maxsize=_PUTS_PER_STATEMENT)

@@ -45,7 +45,10 @@ class CheckpointFields(NamedTuple):
 
     The fields of :class:`~tiers.models.Checkpoint` a step sets, plus
     ``commit_epoch``: the lease epoch a layout-2 checkpoint records (its
-    ``StepCommitted`` event), or ``None`` for a layout-1 store.
+    ``StepCommitted`` event), or ``None`` for a layout-1 store, and
+    ``output_text``: ``output``'s JSON text as orjson writes it
+    (:func:`tiers.codec.to_json_text`), embedded instead of writing the output
+    again, or ``None``.
     """
 
     checkpoint_id: str
@@ -63,6 +66,7 @@ class CheckpointFields(NamedTuple):
     state_delta: dict[str, JsonValue] | None
     event_seq: int
     commit_epoch: int | None
+    output_text: bytes | None = None
 
 
 _set = object.__setattr__
@@ -80,11 +84,14 @@ def _utc(value: object) -> tuple[datetime, str] | None:
     """``value`` as the model holds it (UTC) and as pydantic writes it, or ``None``."""
     if type(value) is not datetime:
         return None
-    try:
-        # What the model's UtcDatetime validator does: a naive time is taken as UTC.
-        utc = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
-    except (OverflowError, ValueError):
-        return None  # pydantic's path raises what it raised before
+    if value.tzinfo is UTC:
+        utc = value  # the clock's own times: astimezone(UTC) would return the same object
+    else:
+        try:
+            # What the model's UtcDatetime validator does: a naive time is taken as UTC.
+            utc = value.replace(tzinfo=UTC) if value.tzinfo is None else value.astimezone(UTC)
+        except (OverflowError, ValueError):
+            return None  # pydantic's path raises what it raised before
     if utc.year < 1000:
         return None  # isoformat pads the year as pydantic does; not worth proving for these
     return utc, f"{utc.isoformat()[:-6]}Z"
@@ -112,6 +119,7 @@ def fast_checkpoint(fields: CheckpointFields) -> tuple[Checkpoint, bytes] | None
         state_delta,
         event_seq,
         commit_epoch,
+        output_text,
     ) = fields
     started = _utc(started_at)
     created = _utc(created_at)
@@ -142,7 +150,8 @@ def fast_checkpoint(fields: CheckpointFields) -> tuple[Checkpoint, bytes] | None
         "parent_id": parent_id,
         "step": step,
         "input_hash": input_hash,
-        "output": output,
+        # The text orjson wrote for this very value (to_json_text): the same bytes again.
+        "output": output if output_text is None else orjson.Fragment(output_text),
         "idempotency_key": idempotency_key,
         "status": CheckpointStatus.COMMITTED.value,
         "scope": scope,
@@ -160,6 +169,7 @@ def fast_checkpoint(fields: CheckpointFields) -> tuple[Checkpoint, bytes] | None
         return None
     if commit_epoch is not None:
         del record["commit_epoch"]
+    record["output"] = output
     record["status"] = CheckpointStatus.COMMITTED
     record["started_at"] = started[0]
     record["created_at"] = created[0]

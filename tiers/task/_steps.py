@@ -20,7 +20,7 @@ from tiers.errors import RunStateError, StaleWriterError
 from tiers.models import Checkpoint, RunInfo
 from tiers.task._fresh import AlreadyCommittedError
 from tiers.task._records import check_key, check_name, input_hash, to_json, to_json_dict
-from tiers.task._txn import Txn, unpack_output
+from tiers.task._txn import Txn, unpack_step_output
 from tiers.task._writer import ActiveStep, RunWriter
 
 __all__ = ["Steps"]
@@ -140,7 +140,7 @@ class Steps:
             raw = fn()
         finally:
             self._writer.active = None
-        output, tokens, cost, delta = unpack_output(raw, step)
+        output, text, tokens, cost, delta = unpack_step_output(raw, step)
         if callable(scope):
             scope_value = _scope_json(scope(), step)
         made: list[Checkpoint] = []
@@ -163,6 +163,7 @@ class Steps:
                     "step",
                     delta,
                     entry,
+                    text,
                 )
             )
             return txn

@@ -11,11 +11,12 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
 
 from pydantic import JsonValue
 
 from tiers.backends.base import Check, Write
+from tiers.codec import to_json_text
 from tiers.errors import ValueTooLargeError
 from tiers.models import PendingApproval, RunInfo, RunStatus
 from tiers.task import _lifecycle as lifecycle
@@ -24,17 +25,18 @@ from tiers.task._records import (
     EffectRecord,
     Event,
     EventKind,
-    to_json,
     to_json_dict,
 )
 
 __all__ = [
     "UNSET",
     "HeadUpdate",
+    "StepOutput",
     "Txn",
     "check_fits",
     "doc_from",
     "unpack_output",
+    "unpack_step_output",
     "with_changes",
 ]
 
@@ -180,11 +182,37 @@ def unpack_output(
     raw: object, step: str
 ) -> tuple[JsonValue, int, float, dict[str, JsonValue] | None]:
     """What a step's or effect's function returned: output, tokens, cost and state delta."""
+    unpacked = unpack_step_output(raw, step)
+    return unpacked.output, unpacked.tokens, unpacked.cost, unpacked.delta
+
+
+class StepOutput(NamedTuple):
+    """What a step's function returned (:func:`unpack_step_output`).
+
+    Attributes:
+        output: The output after a JSON round trip.
+        text: Its JSON text when orjson's path produced it (:func:`tiers.codec.to_json_text`),
+            for the checkpoint to embed instead of writing the output again; else ``None``.
+        tokens: Tokens the step spent.
+        cost: Cost the step spent.
+        delta: The state keys it sets, or ``None``.
+    """
+
+    output: JsonValue
+    text: bytes | None
+    tokens: int
+    cost: float
+    delta: dict[str, JsonValue] | None
+
+
+def unpack_step_output(raw: object, step: str) -> StepOutput:
+    """:func:`unpack_output`'s fields, and the output's JSON text (see :class:`StepOutput`)."""
     if isinstance(raw, Charged):
-        output = to_json(raw.output, field="output", step=step)
+        output, text = to_json_text(raw.output, field="output", step=step)
         delta = None if raw.state is None else to_json_dict(raw.state, field="state", step=step)
-        return output, raw.tokens, raw.cost, delta
-    return to_json(raw, field="output", step=step), 0, 0.0, None
+        return StepOutput(output, text, raw.tokens, raw.cost, delta)
+    output, text = to_json_text(raw, field="output", step=step)
+    return StepOutput(output, text, 0, 0.0, None)
 
 
 def with_changes(rec: EffectRecord, **update: Any) -> EffectRecord:

@@ -365,13 +365,21 @@ class RunWriter:
         kind: str,
         delta: dict[str, JsonValue] | None,
         entry: bytes | None,
+        output_text: bytes | None = None,
     ) -> Checkpoint:
-        """Add a step's checkpoint, its ``StepCommitted`` event and index entry (and a snapshot when due) to ``txn``."""
+        """Add a step's checkpoint, its ``StepCommitted`` event and index entry (and a snapshot when due) to ``txn``.
+
+        ``output_text`` is ``output``'s JSON text if the caller has it
+        (:func:`tiers.codec.to_json_text`): the checkpoint embeds it unless
+        redaction changed the output.
+        """
         store = self.store
         # Redacted before it is stored, and what the step returns is what was stored, so
         # the first execution and every replay see the same output (digest: the original's).
         redact = store.redactor.redact_json
-        output = redact(output)
+        redacted = redact(output)
+        if redacted is not output:
+            output, output_text = redacted, None  # the text is the unredacted value's
         if scope is not None:
             scope = redact(scope)
         if delta is not None:
@@ -404,6 +412,7 @@ class RunWriter:
                 state_delta=delta,
                 event_seq=event_seq,
                 commit_epoch=commit_epoch,
+                output_text=output_text,
             )
         )
         check_fits(store.kv.max_value_bytes, data, f"checkpoint of step {step!r}", "output")

@@ -16,11 +16,12 @@ from __future__ import annotations
 
 import threading
 from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 
 import orjson
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import JsonValue
 
@@ -32,7 +33,11 @@ from tiers.codec import encode
 from tiers.errors import CorruptRecordError
 from tiers.models import Checkpoint
 from tiers.task import TaskTier
-from tiers.task._checkpoint_decode import _CHECKPOINT_KEY, decode_run_checkpoints
+from tiers.task._checkpoint_decode import (
+    _CHECKPOINT_KEY,
+    decode_run_checkpoints,
+    may_hold_big_int,
+)
 from tiers.task._records import decode_stored_checkpoint, encode_checkpoint
 
 RUN = "run-1"
@@ -135,6 +140,7 @@ _HOW = st.sampled_from(
 
 
 @settings(max_examples=200, deadline=None)
+@example(page=[({"a": [1, 2.5]}, "layout 1"), (None, "layout 2"), ("x", "null epoch")])
 @given(page=st.lists(st.tuples(_JSON, _HOW), min_size=1, max_size=6))
 def test_a_page_decodes_as_the_exact_path_decodes_each_record(
     page: list[tuple[JsonValue, str]],
@@ -144,7 +150,8 @@ def test_a_page_decodes_as_the_exact_path_decodes_each_record(
     for seq, (output, how) in enumerate(page, start=1):
         key, data, trusted = _stored(seq, output, how)
         items.append((key, data))
-        fast.append(trusted)
+        # A float can print with 19 digits in a row too (0.00012345678901234568).
+        fast.append(trusted and not may_hold_big_int(data))
     exact_calls: list[str] = []
 
     def exact(key: str, data: bytes) -> Checkpoint:
@@ -183,7 +190,7 @@ def test_each_trusted_record_has_a_fields_set_of_its_own(tmp_path: Path) -> None
     tasks = TaskTier(SqliteKVStore(tmp_path / "kv.sqlite3"))
     run = tasks.start_run("alice", "r1")
     for i in range(3):
-        run.step(f"s{i}", lambda i=i: {"i": i})
+        run.step(f"s{i}", partial(dict, i=i))
     first, second, _ = tasks.history("r1")
     assert first.model_fields_set == second.model_fields_set == set(Checkpoint.model_fields)
     assert first.model_fields_set is not second.model_fields_set

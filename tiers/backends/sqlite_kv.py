@@ -203,7 +203,7 @@ class SqliteKVStore:
         if len(keys) == 1:
             # The hot path (a run's head, once per step).
             rows = self._fetch(_GET_ONE, (space, keys[0]), "read")
-            return [bytes(rows[0][0]) if rows else None]
+            return [rows[0][0] if rows else None]
         if not keys:
             self._connections.ensure_open()
             return []
@@ -221,7 +221,7 @@ class SqliteKVStore:
                         f"SELECT key, value FROM kv WHERE space = ? AND key IN ({marks})",  # noqa: S608
                         [space, *chunk],
                     ).fetchall()
-                    found.update((k, bytes(v)) for k, v in rows)
+                    found.update(rows)
             finally:
                 if chunked:
                     end_transaction(conn, "COMMIT")
@@ -258,15 +258,16 @@ class SqliteKVStore:
         if limit is not None:
             sql.append("LIMIT ?")
             args.append(limit)
-        rows = self._fetch(" ".join(sql), args, "scan")
-        return [(k, bytes(v)) for k, v in rows]
+        return self._fetch(" ".join(sql), args, "scan")
 
     def _fetch(self, sql: str, args: Sequence[object], what: str) -> list[Any]:
-        """The rows of one read statement on this thread's reader.
+        """The rows of one read statement on this thread's reader, as ``sqlite3`` returns them.
 
         The hot path of reads (a run's head once per step, a history, the
         latest checkpoint): one prepared statement, no generator-based context
-        managers around it.
+        managers around it. Rows are tuples and a value is ``bytes`` already
+        (``sqlite3`` returns a BLOB as bytes, and :meth:`commit` writes only
+        bytes), so they are returned as they come, not copied into new tuples.
         """
         try:
             reader = self._connections.local.reader

@@ -35,10 +35,11 @@ from tiers.models import Checkpoint
 from tiers.task import TaskTier
 from tiers.task._checkpoint_decode import (
     _CHECKPOINT_KEY,
+    _NO_INPUT_HASH,
     decode_run_checkpoints,
     may_hold_big_int,
 )
-from tiers.task._records import decode_stored_checkpoint, encode_checkpoint
+from tiers.task._records import decode_stored_checkpoint, encode_checkpoint, input_hash
 
 RUN = "run-1"
 
@@ -92,6 +93,13 @@ def _stored(seq: int, output: JsonValue, how: str) -> tuple[str, bytes, bool]:
             return key, encode_checkpoint(base, output, None), True
         case "layout 2":
             return key, encode_checkpoint(base, output, {"x": output}, commit_epoch=seq), True
+        case "no input":
+            no_input = base.model_copy(update={"input_hash": input_hash(None)})
+            return key, encode_checkpoint(no_input, output, None, commit_epoch=0), True
+        case "no input, offset time":
+            fields = orjson.loads(encode_checkpoint(base, output, None))
+            fields["input_hash"] = input_hash(None)
+            return key, orjson.dumps({**fields, "created_at": "2026-11-27T05:00:01+00:00"}), False
         case "null epoch":
             fields = orjson.loads(encode_checkpoint(base, output, None))
             return key, orjson.dumps({**fields, "commit_epoch": None}), True
@@ -124,6 +132,8 @@ _HOW = st.sampled_from(
         "layout 1",
         "layout 2",
         "null epoch",
+        "no input",
+        "no input, offset time",
         "int over 64 bits",
         "19 digits in a string",
         "negative epoch",
@@ -179,6 +189,10 @@ def test_a_page_decodes_as_the_exact_path_decodes_each_record(
     assert exact_calls == [
         key for (key, _), trusted in zip(items, fast, strict=True) if not trusted
     ]
+
+
+def test_the_no_input_hash_is_the_hash_of_no_input() -> None:
+    assert input_hash(None) == _NO_INPUT_HASH
 
 
 def test_the_key_format_is_the_checkpoint_key() -> None:

@@ -36,6 +36,7 @@ import threading
 from collections.abc import Sequence
 from contextlib import suppress
 from pathlib import Path
+from typing import Any
 
 from tiers.backends._sqlite_connections import (
     BUSY_TIMEOUT_S,
@@ -200,23 +201,9 @@ class SqliteKVStore:
         """See :meth:`KVStore.get_many`."""
         check_reads(space, keys)
         if len(keys) == 1:
-            # The hot path (a run's head, once per step): one prepared
-            # statement, no generator-based context managers.
-            try:
-                reader = self._connections.local.reader
-            except AttributeError:
-                with self._connections.translate("read"):
-                    reader = self._connections.thread_reader()
-            with reader.lock:
-                if self._connections.closed:
-                    raise self._connections.closed_error()
-                try:
-                    row = reader.conn.execute(_GET_ONE, (space, keys[0])).fetchone()
-                except sqlite3.Error as exc:
-                    raise BackendUnavailableError(
-                        f"SQLite read failed on {self.path}: {exc}"
-                    ) from exc
-            return [None if row is None else bytes(row[0])]
+            # The hot path (a run's head, once per step).
+            rows = self._fetch(_GET_ONE, (space, keys[0]), "read")
+            return [rows[0][0] if rows else None]
         if not keys:
             self._connections.ensure_open()
             return []
@@ -234,7 +221,7 @@ class SqliteKVStore:
                         f"SELECT key, value FROM kv WHERE space = ? AND key IN ({marks})",  # noqa: S608
                         [space, *chunk],
                     ).fetchall()
-                    found.update((k, bytes(v)) for k, v in rows)
+                    found.update(rows)
             finally:
                 if chunked:
                     end_transaction(conn, "COMMIT")
@@ -271,9 +258,32 @@ class SqliteKVStore:
         if limit is not None:
             sql.append("LIMIT ?")
             args.append(limit)
-        with self._connections.reading("scan") as conn:
-            rows = conn.execute(" ".join(sql), args).fetchall()
-        return [(k, bytes(v)) for k, v in rows]
+        return self._fetch(" ".join(sql), args, "scan")
+
+    def _fetch(self, sql: str, args: Sequence[object], what: str) -> list[Any]:
+        """The rows of one read statement on this thread's reader, as ``sqlite3`` returns them.
+
+        The hot path of reads (a run's head once per step, a history, the
+        latest checkpoint): one prepared statement, no generator-based context
+        managers around it. Rows are tuples and a value is ``bytes`` already
+        (``sqlite3`` returns a BLOB as bytes, and :meth:`commit` writes only
+        bytes), so they are returned as they come, not copied into new tuples.
+        """
+        try:
+            reader = self._connections.local.reader
+        except AttributeError:
+            with self._connections.translate(what):
+                reader = self._connections.thread_reader()
+        with reader.lock:
+            if self._connections.closed:
+                raise self._connections.closed_error()
+            try:
+                rows: list[Any] = reader.conn.execute(sql, args).fetchall()
+            except sqlite3.Error as exc:
+                raise BackendUnavailableError(
+                    f"SQLite {what} failed on {self.path}: {exc}"
+                ) from exc
+        return rows
 
     def spaces(self, *, limit: int | None = None) -> list[str]:
         """See :meth:`~tiers.backends.base.ListsSpaces.spaces` (read off the (space, key) index)."""

@@ -5,6 +5,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime
+from functools import partial
 
 from pydantic import JsonValue
 
@@ -18,7 +19,7 @@ from tiers.errors import (
 from tiers.ids import check_id
 from tiers.models import Checkpoint, RunInfo, RunStatus
 from tiers.task import _lifecycle as lifecycle
-from tiers.task._checkpoint_decode import trusted_stored_checkpoint
+from tiers.task._checkpoint_decode import decode_run_checkpoints
 from tiers.task._lifecycle import INITIAL
 from tiers.task._records import (
     EffectRecord,
@@ -153,19 +154,12 @@ class Queries:
     def _decode(self, run_id: str, items: list[tuple[str, bytes]]) -> list[Checkpoint]:
         """The run's stored checkpoints ``items`` (key, bytes) as records, in their order.
 
-        Our own records take :func:`trusted_stored_checkpoint` (one orjson
-        parse, no pydantic); anything else (an older release's record, a
-        corrupt one, one that may hold an int over 64 bits) the exact decode,
-        which returns the same record or raises as before.
+        Our own records take :func:`decode_run_checkpoints` (one orjson parse,
+        no pydantic); anything else (an older release's record, a corrupt or
+        misplaced one, one that may hold an int over 64 bits) the exact
+        decode, which returns the same record or raises as before.
         """
-        page: list[Checkpoint] = []
-        for key, data in items:
-            trusted = trusted_stored_checkpoint(data, run_id)
-            if trusted is not None and keys.checkpoint_key(trusted[0].seq) == key:
-                page.append(trusted[0])
-            else:
-                page.append(self.store.decode_checkpoint(run_id, key, data))
-        return page
+        return decode_run_checkpoints(run_id, items, partial(self.store.decode_checkpoint, run_id))
 
     def checkpoint_for_key(self, run_id: str, idempotency_key: str) -> Checkpoint | None:
         """The checkpoint on the run's current branch that committed an idempotency key.

@@ -27,6 +27,18 @@ overlap, the windows :func:`~tiers.session.windows` makes, all of them), with do
 frequencies and mean length over the passages of the user; ``passage_blend=B`` mixes in
 the whole-session score, ``(1 - B) * passage / best passage + B * whole / best whole``.
 The tier's view is patched for those readers only: what is stored does not change.
+
+A variant may also set the dense window grain (session 25, issue 19 item 3; measured, not
+adopted): ``window_words=W,window_overlap=O,windows_cap=C`` cuts transcripts on a word
+grid, ``turn_words=W`` on message boundaries (:func:`turn_windows`), ``plus_coarse=1``
+keeps the product's windows besides; unset ones keep the product's values (120 / 30 / 8).
+The dataset is stored once per grain, with the tier's windowing patched for that store.
+``--leave-one-out`` picks a variant on all users but one and scores that one;
+``--cpu-sessions N`` only times embedding N sessions' windows per grain::
+
+    python bench/recall_categories_bench.py --datasets locomo --max-users 0 --leave-one-out \
+        --variant window_words=40,window_overlap=10,windows_cap=24 \
+        --variant turn_words=40,window_overlap=10,windows_cap=32
 """
 
 from __future__ import annotations
@@ -386,6 +398,18 @@ def table(results: dict[str, dict[str, dict[str, float]]]) -> Iterator[str]:
         yield f"| {name} | " + " | ".join(cells) + " |"
 
 
+def user_table(results: dict[str, dict[str, dict[str, float]]]) -> Iterator[str]:
+    """One row per variant: r@5 / MRR of each user's queries."""
+    first = next(iter(results.values()))
+    users = sorted(g for g in first if g.startswith(USER_GROUP))
+    header = [f"{u.removeprefix(USER_GROUP)} ({int(first[u]['n'])})" for u in users]
+    yield "| variant | " + " | ".join(header) + " |"
+    yield "|---|" + "---|" * len(users)
+    for name, by_group in results.items():
+        cells = [f"{by_group[u]['r@5']:.3f} / {by_group[u]['mrr']:.3f}" for u in users]
+        yield f"| {name} | " + " | ".join(cells) + " |"
+
+
 def leave_one_user_out(results: dict[str, dict[str, dict[str, float]]]) -> Iterator[str]:
     """Per user: the variant the other users pick (best r@5, then MRR) and its held-out figures.
 
@@ -480,6 +504,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"r@1 / r@3 / r@5 / MRR; load average {os.getloadavg()[0]:.1f}")
         print("\n".join(table(results)), flush=True)
         if args.leave_one_out:
+            print("\nr@5 / MRR per user:")
+            print("\n".join(user_table(results)))
             print("\nleave one user out over these variants, r@1 / r@3 / r@5 / MRR:")
             print("\n".join(leave_one_user_out(results)), flush=True)
     print(f"\ntotal {time.perf_counter() - started:.0f}s")

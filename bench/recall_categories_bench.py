@@ -27,12 +27,25 @@ overlap, the windows :func:`~tiers.session.windows` makes, all of them), with do
 frequencies and mean length over the passages of the user; ``passage_blend=B`` mixes in
 the whole-session score, ``(1 - B) * passage / best passage + B * whole / best whole``.
 The tier's view is patched for those readers only: what is stored does not change.
+
+A variant may also set the dense window grain (session 25, issue 19 item 3; measured, not
+adopted): ``window_words=W,window_overlap=O,windows_cap=C`` cuts transcripts on a word
+grid, ``turn_words=W`` on message boundaries (:func:`turn_windows`), ``plus_coarse=1``
+keeps the product's windows besides; unset ones keep the product's values (120 / 30 / 8).
+The dataset is stored once per grain, with the tier's windowing patched for that store.
+``--leave-one-out`` picks a variant on all users but one and scores that one;
+``--cpu-sessions N`` only times embedding N sessions' windows per grain::
+
+    python bench/recall_categories_bench.py --datasets locomo --max-users 0 --leave-one-out \
+        --variant window_words=40,window_overlap=10,windows_cap=24 \
+        --variant turn_words=40,window_overlap=10,windows_cap=32
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import tempfile
@@ -49,6 +62,7 @@ from recall_bench import (
     KS,
     CachedEmbedder,
     Dataset,
+    Ours,
     Query,
     Ranker,
     load,
@@ -57,19 +71,24 @@ from recall_bench import (
     summarize,
 )
 
+import tiers.session._plans as session_plans
 from tiers.backends.base import KVStore
 from tiers.backends.embedders import MiniLMEmbedder
-from tiers.models import Message
+from tiers.models import Message, SessionSummary
 from tiers.session import (
     BM25Index,
     FusionWeights,
     UserView,
+    summary_text,
     tokenize,
     transcript_text,
     windows,
 )
+from tiers.session._chunking import TRANSCRIPT_WINDOWS, WINDOW_OVERLAP, WINDOW_WORDS
 
 METRICS = (*(f"r@{k}" for k in KS), "mrr")
+# Prefix of the per-user groups of a result (for leaving one user out; not in the table).
+USER_GROUP = "user "
 
 
 def users_of(data_dir: Path, name: str, categories: Sequence[str] | None) -> set[str] | None:
@@ -85,9 +104,81 @@ def users_of(data_dir: Path, name: str, categories: Sequence[str] | None) -> set
     }
 
 
+def turn_windows(messages: Sequence[Message], *, words: int, overlap: int, cap: int) -> list[str]:
+    """Windows on turn boundaries: each message its own window, short neighbours merged.
+
+    Consecutive messages (``speaker: text`` lines) are merged while the window stays
+    within ``words`` words; a longer message is split into ``words``-word windows
+    sharing ``overlap`` words. When that gives more than ``cap`` windows the word
+    budget grows until it does not, so every turn stays inside some window.
+    """
+    lines = transcript_text(messages).split("\n")
+    budget = words
+    while True:
+        out: list[str] = []
+        current: list[str] = []
+        for line in lines:
+            size = len(line.split())
+            if current and len(" ".join(current).split()) + size > budget:
+                out.append("\n".join(current))
+                current = []
+            if size > budget:
+                out.extend(windows(line, size=budget, overlap=min(overlap, budget - 1)))
+            else:
+                current.append(line)
+        if current:
+            out.append("\n".join(current))
+        if len(out) <= cap:
+            return out
+        budget = max(budget + 1, math.ceil(budget * len(out) / cap))
+
+
+@dataclass(frozen=True)
+class Grain:
+    """How a session's transcript is cut into embedded windows (each grain has its own store).
+
+    Attributes:
+        words: Words per transcript window (with ``turns``: the merge budget).
+        overlap: Words shared by consecutive windows (with ``turns``: by pieces of a long turn).
+        cap: Transcript windows per session at most.
+        turns: Cut on message boundaries (:func:`turn_windows`) instead of a word grid.
+        plus_coarse: Also embed the product's windows (120 words, at most 8) of the transcript.
+    """
+
+    words: int = WINDOW_WORDS
+    overlap: int = WINDOW_OVERLAP
+    cap: int = TRANSCRIPT_WINDOWS
+    turns: bool = False
+    plus_coarse: bool = False
+
+    def session_windows(
+        self, summary: SessionSummary, messages: Sequence[Message] | None
+    ) -> list[str]:
+        """What the tier embeds per session at this grain (the summary's windows unchanged)."""
+        texts = windows(summary_text(summary)) or [summary.render()]
+        if not messages:
+            return texts
+        if self.plus_coarse:
+            texts.extend(windows(transcript_text(messages), max_windows=TRANSCRIPT_WINDOWS))
+        if self.turns:
+            texts.extend(
+                turn_windows(messages, words=self.words, overlap=self.overlap, cap=self.cap)
+            )
+        else:
+            texts.extend(
+                windows(
+                    transcript_text(messages),
+                    size=self.words,
+                    overlap=self.overlap,
+                    max_windows=self.cap,
+                )
+            )
+        return texts
+
+
 @dataclass(frozen=True)
 class Variant:
-    """One reader over the stored dataset: its fusion weights and how keywords are scored.
+    """One reader over a stored dataset: its fusion weights, keyword scoring and window grain.
 
     Attributes:
         name: The row's name.
@@ -95,16 +186,24 @@ class Variant:
         passages: ``None``: BM25 over whole sessions (the product); else the weight of a
             session's second-best passage score added to its best (see the module docstring).
         passage_blend: Share of the whole-session score mixed into the passage score.
+        grain: The window grain of the store it reads.
     """
 
     name: str
     weights: FusionWeights
     passages: float | None = None
     passage_blend: float = 0.0
+    grain: Grain = Grain()
 
 
 def parse_variant(spec: str) -> Variant:
-    """``dates=0.3,recency=0.1`` or ``passages=0.5`` as a named variant (others keep defaults)."""
+    """``dates=0.3,recency=0.1``, ``passages=0.5`` or ``window_words=40`` as a named variant.
+
+    Grain keys: ``window_words``, ``window_overlap``, ``windows_cap`` (a word grid), or
+    ``turn_words`` (turn windows, merge budget; with ``window_overlap`` and ``windows_cap``);
+    ``plus_coarse=1`` keeps the product's windows besides.
+    Other keys are :class:`~tiers.session.FusionWeights` fields; unnamed ones keep defaults.
+    """
     fields = {}
     for part in spec.split(","):
         key, _, value = part.partition("=")
@@ -113,7 +212,15 @@ def parse_variant(spec: str) -> Variant:
     blend = fields.pop("passage_blend", 0.0)
     if blend and passages is None:
         raise ValueError(f"{spec}: passage_blend needs passages=W")
-    return Variant(spec, FusionWeights(**fields), passages, blend)
+    turn_words = fields.pop("turn_words", None)
+    grain = Grain(
+        words=int(fields.pop("window_words", turn_words or WINDOW_WORDS)),
+        overlap=int(fields.pop("window_overlap", WINDOW_OVERLAP)),
+        cap=int(fields.pop("windows_cap", TRANSCRIPT_WINDOWS)),
+        turns=turn_words is not None,
+        plus_coarse=bool(fields.pop("plus_coarse", 0)),
+    )
+    return Variant(spec, FusionWeights(**fields), passages, blend, grain)
 
 
 @dataclass(slots=True)
@@ -196,7 +303,7 @@ def score_by_category(queries: Sequence[Query], rank: Ranker) -> dict[str, dict[
         first = next((i for i, sid in enumerate(ranked) if sid in query.gold), None)
         values = {f"r@{k}": len(query.gold & set(ranked[:k])) / len(query.gold) for k in KS}
         values["mrr"] = 0.0 if first is None else 1.0 / (first + 1)
-        for group in ("all", query.category):
+        for group in ("all", query.category, f"{USER_GROUP}{query.user_id}"):
             sums = totals.setdefault(group, dict.fromkeys((*METRICS, "n"), 0.0))
             for name, value in values.items():
                 sums[name] += value
@@ -213,11 +320,18 @@ def measure(
     workdir: Path,
     variants: Sequence[Variant],
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """Store the dataset once, then score every variant by category."""
+    """Store the dataset once per window grain, then score every variant by category."""
     summaries = summarize(dataset)
-    ours = store(dataset, workdir, embedder, summaries)
-    embedder.save()
-    print(f"  {dataset.name}: stored in {ours.store_seconds:.0f}s", flush=True)
+    stores: dict[Grain, Ours] = {}
+    for n, grain in enumerate(dict.fromkeys(variant.grain for variant in variants)):
+        with mock.patch.object(session_plans, "session_windows", grain.session_windows):
+            stores[grain] = store(dataset, workdir / f"grain-{n}", embedder, summaries)
+        embedder.save()
+        print(
+            f"  {dataset.name}: {grain} stored in {stores[grain].store_seconds:.0f}s, "
+            f"{vectors_per_session(dataset, summaries, grain):.1f} vectors per session",
+            flush=True,
+        )
     transcripts = {
         (user, s.session_id): s.messages
         for user, sessions in dataset.sessions.items()
@@ -225,7 +339,7 @@ def measure(
     }
     results: dict[str, dict[str, dict[str, float]]] = {}
     for variant in variants:
-        reader = ours.with_weights(variant.weights)
+        reader = stores[variant.grain].with_weights(variant.weights)
         if variant.passages is None:
             results[variant.name] = score_by_category(dataset.queries, reader.rank)
             continue
@@ -236,16 +350,94 @@ def measure(
     return results
 
 
+def vectors_per_session(
+    dataset: Dataset, summaries: Mapping[str, Mapping[str, SessionSummary]], grain: Grain
+) -> float:
+    """Mean vectors per session (summary windows and transcript windows) at ``grain``."""
+    counts = [
+        len(grain.session_windows(summaries[user][s.session_id], s.messages))
+        for user, sessions in dataset.sessions.items()
+        for s in sessions
+    ]
+    return sum(counts) / max(1, len(counts))
+
+
+def embedding_cpu(
+    dataset: Dataset, grains: Sequence[Grain], sessions: int
+) -> Iterator[tuple[Grain, float, float]]:
+    """Per grain: vectors and CPU seconds per session of embedding the first ``sessions``.
+
+    As the background pass embeds them: the one-thread model, two texts per call
+    (``WINDOW_CHUNK``), no cache; the model is loaded and warmed before timing.
+    """
+    model = MiniLMEmbedder().for_background()
+    model.embed(["warm up the model"])
+    summaries = summarize(dataset)
+    picked = [s for user_sessions in dataset.sessions.values() for s in user_sessions][:sessions]
+    for grain in grains:
+        texts = [
+            grain.session_windows(summaries[s.user_id][s.session_id], s.messages) for s in picked
+        ]
+        started = time.process_time()
+        for session_texts in texts:
+            for begin in range(0, len(session_texts), 2):
+                model.embed(session_texts[begin : begin + 2])
+        cpu = time.process_time() - started
+        yield grain, sum(map(len, texts)) / len(texts), cpu / len(texts)
+
+
 def table(results: dict[str, dict[str, dict[str, float]]]) -> Iterator[str]:
     """One row per weighting; one column for all queries, then one per category."""
     first = next(iter(results.values()))
-    groups = ["all", *sorted(g for g in first if g != "all")]
+    groups = ["all", *sorted(g for g in first if g != "all" and not g.startswith(USER_GROUP))]
     header = [f"{g} ({int(first[g]['n'])})" for g in groups]
     yield "| weighting | " + " | ".join(header) + " |"
     yield "|---|" + "---|" * len(groups)
     for name, by_group in results.items():
         cells = [" / ".join(f"{by_group[g][m]:.3f}" for m in METRICS) for g in groups]
         yield f"| {name} | " + " | ".join(cells) + " |"
+
+
+def user_table(results: dict[str, dict[str, dict[str, float]]]) -> Iterator[str]:
+    """One row per variant: r@5 / MRR of each user's queries."""
+    first = next(iter(results.values()))
+    users = sorted(g for g in first if g.startswith(USER_GROUP))
+    header = [f"{u.removeprefix(USER_GROUP)} ({int(first[u]['n'])})" for u in users]
+    yield "| variant | " + " | ".join(header) + " |"
+    yield "|---|" + "---|" * len(users)
+    for name, by_group in results.items():
+        cells = [f"{by_group[u]['r@5']:.3f} / {by_group[u]['mrr']:.3f}" for u in users]
+        yield f"| {name} | " + " | ".join(cells) + " |"
+
+
+def leave_one_user_out(results: dict[str, dict[str, dict[str, float]]]) -> Iterator[str]:
+    """Per user: the variant the other users pick (best r@5, then MRR) and its held-out figures.
+
+    Ends with the held-out figures pooled over users (weighted by their queries).
+    """
+    first = next(iter(results.values()))
+    users = sorted(g for g in first if g.startswith(USER_GROUP))
+    pooled = dict.fromkeys((*METRICS, "n"), 0.0)
+
+    def on(variant: str, groups: Sequence[str]) -> tuple[float, float]:
+        n = sum(results[variant][g]["n"] for g in groups)
+        r5, mrr = (
+            sum(results[variant][g][m] * results[variant][g]["n"] for g in groups) / n
+            for m in ("r@5", "mrr")
+        )
+        return r5, mrr
+
+    for user in users:
+        others = [g for g in users if g != user]
+        chosen = max(results, key=lambda variant: on(variant, others))
+        held = results[chosen][user]
+        for name in METRICS:
+            pooled[name] += held[name] * held["n"]
+        pooled["n"] += held["n"]
+        figures = " / ".join(f"{held[m]:.3f}" for m in METRICS)
+        yield f"{user.removeprefix(USER_GROUP)} ({int(held['n'])}): picks {chosen}: {figures}"
+    figures = " / ".join(f"{pooled[m] / pooled['n']:.3f}" for m in METRICS)
+    yield f"held out, pooled ({int(pooled['n'])}): {figures}"
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -266,6 +458,17 @@ def main(argv: Sequence[str] | None = None) -> int:
         default=[],
         help="extra weighting to score, e.g. dates=0.3,recency=0.1 or passages=0.5 (repeatable)",
     )
+    parser.add_argument(
+        "--leave-one-out",
+        action="store_true",
+        help="also choose a variant on all users but one and score that one, for every user",
+    )
+    parser.add_argument(
+        "--cpu-sessions",
+        type=int,
+        default=0,
+        help="only time embedding the first N sessions' windows per variant grain (no scoring)",
+    )
     args = parser.parse_args(argv)
     if not args.data.is_dir():
         print(f"no benchmark data at {args.data}: pass --data", file=sys.stderr)
@@ -276,6 +479,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         Variant("best window only (second_window=0)", FusionWeights(second_window=0.0)),
         *(parse_variant(spec) for spec in args.variant),
     ]
+    if args.cpu_sessions:
+        grains = list(dict.fromkeys(variant.grain for variant in variants))
+        for name in args.datasets:
+            dataset = load(args.data, name, args.max_users)
+            for grain, vectors, cpu in embedding_cpu(dataset, grains, args.cpu_sessions):
+                print(f"{name} {grain}: {vectors:.1f} vectors, {cpu:.3f} CPU s per session")
+        print(f"load average {os.getloadavg()[0]:.1f}")
+        return 0
     model = MiniLMEmbedder()
     model.load()
     embedder = CachedEmbedder(model, args.embed_cache)
@@ -292,6 +503,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = measure(dataset, embedder, Path(workdir), variants)
         print(f"r@1 / r@3 / r@5 / MRR; load average {os.getloadavg()[0]:.1f}")
         print("\n".join(table(results)), flush=True)
+        if args.leave_one_out:
+            print("\nr@5 / MRR per user:")
+            print("\n".join(user_table(results)))
+            print("\nleave one user out over these variants, r@1 / r@3 / r@5 / MRR:")
+            print("\n".join(leave_one_user_out(results)), flush=True)
     print(f"\ntotal {time.perf_counter() - started:.0f}s")
     return 0
 

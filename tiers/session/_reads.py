@@ -2,9 +2,10 @@
 
 :class:`SessionReader` reads the KV store (the truth) and, for listing and
 recall, the user's cached view (:mod:`tiers.session._view`). Recall checks
-its input, settles the user's queued index work, embeds the query, and hands
-the view's inputs to :func:`tiers.session._recall.rank`, which decides the
-order; it then reads the best records in small rounds. The contracts are
+its input, settles the user's queued index work, embeds the query (while a
+helper thread reads what a cold view still lacks, :class:`_ViewReads`), and
+hands the view's inputs to :func:`tiers.session._recall.rank`, which decides
+the order; it then reads the best records in small rounds. The contracts are
 documented on :class:`~tiers.session.SessionTier`.
 
 **The cyclic GC's full scans** (issue 19 item 2). A full (generation-2)
@@ -45,6 +46,7 @@ from tiers.session._transcripts import (
     is_header_key,
     page_key,
 )
+from tiers.session._view import UserView
 from tiers.values import check_datetime
 
 __all__ = ["MAX_TOP_K", "RecalledSession", "SessionReader", "check_top_k", "freeze_long_lived"]
@@ -118,6 +120,45 @@ class RecalledSession(BaseModel):
     score: Annotated[float, Field(ge=-1.0, le=1.0)]
     similarity: Annotated[float, Field(ge=-1.0, le=1.0)] | None = None
     keyword: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+
+
+class _ViewReads:
+    """A cold view's vectors and keywords, read in a helper thread while the query is embedded.
+
+    The two are independent: the model runs in onnxruntime without the GIL
+    while the reads wait on SQLite and Chroma, so a cold recall costs about
+    the longer of the two instead of their sum. A warm view starts no thread.
+    An error of the reads is raised by :meth:`wait`, as if they had run in
+    the caller (after the query's own embedding, as before).
+    """
+
+    def __init__(self, store: SessionStore, view: UserView, user_id: str) -> None:
+        self._store = store
+        self._view = view
+        self._user_id = user_id
+        self._error: Exception | None = None
+        self._thread: threading.Thread | None = None
+        if view.needs_reads():
+            self._thread = threading.Thread(
+                target=self._read, name="tiermem-recall-view", daemon=True
+            )
+            self._thread.start()
+
+    def _read(self) -> None:
+        store, view = self._store, self._view
+        try:
+            view.vectors(store.kv, store.index, store.tenant, self._user_id)
+            view.keywords(store.kv, store.tenant, self._user_id)
+        except Exception as exc:  # raised in the caller's thread by wait()
+            self._error = exc
+
+    def wait(self) -> None:
+        """Wait for the reads; raise their error, if any."""
+        if self._thread is None:
+            return
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 class SessionReader:
@@ -217,7 +258,11 @@ class SessionReader:
         view = store.view(user_id, settle=True)
         if not view.session_ids:
             return []
-        (query_vector,) = store.embedder.embed([query])
+        reading = _ViewReads(store, view, user_id)
+        try:
+            (query_vector,) = store.embedder.embed([query])
+        finally:
+            reading.wait()
         vectors = view.vectors(store.kv, store.index, store.tenant, user_id)
         keywords = view.keywords(store.kv, store.tenant, user_id)
         store.views.trim()

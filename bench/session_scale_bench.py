@@ -20,6 +20,13 @@ first through ``recall_relevant(top_k=5)`` (cold: nothing of the user is cached)
 then again (warm); then in another freshly opened store the same through
 ``build_continuation_context``. Query embedding is included everywhere.
 ``--profile`` prints a cProfile of the cold recalls of the first round.
+Each figure line also counts the cyclic GC's full (generation-2) collections
+that ran during its queries, with the longest one: since session 25 a
+process's first recall freezes what is alive then (``tiers/session/_reads.py``),
+so a full scan walks only what was made since. ``--busy N`` runs N busy-loop
+processes beside the measurement (a loaded box on demand; stopped afterwards).
+The transcripts of the plan are dropped once ingested, so the bench process
+holds what an application would (the questions), not the datasets.
 
 Without ``--windows`` the second index pass (transcript windows, ~1 session/s on
 a busy 2-core box) is still queued when ingest ends, and the index worker of
@@ -53,16 +60,19 @@ from __future__ import annotations
 
 import argparse
 import cProfile
+import gc
 import json
 import os
 import pstats
 import random
+import subprocess
 import sys
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from recall_bench import DEFAULT_DATA, Session, load, percentiles
 
@@ -199,6 +209,50 @@ def windows_parked(store: Path) -> Iterator[int]:
         move(parked, queue)
 
 
+class FullCollections:
+    """The cyclic GC's full (generation-2) collections while enabled, and how long each took."""
+
+    def __init__(self) -> None:
+        self.pauses_ms: list[float] = []
+        self._enabled = False
+        self._started = 0.0
+
+    def __call__(self, phase: str, info: dict[str, Any]) -> None:
+        if not self._enabled or info["generation"] != 2:
+            return
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.pauses_ms.append((time.perf_counter() - self._started) * 1000)
+
+    @contextmanager
+    def counting(self) -> Iterator[None]:
+        """Count the full collections inside the ``with`` block."""
+        self._enabled = True
+        try:
+            yield
+        finally:
+            self._enabled = False
+
+    def report(self) -> str:
+        """How many ran, and the longest."""
+        if not self.pauses_ms:
+            return "no full GC"
+        return f"{len(self.pauses_ms)} full GC, longest {max(self.pauses_ms):.1f} ms"
+
+
+@contextmanager
+def busy_loops(count: int) -> Iterator[None]:
+    """``count`` processes spinning on a core each, for the ``with`` block (a loaded box)."""
+    loops = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(count)]
+    try:
+        yield
+    finally:
+        for loop in loops:
+            loop.kill()
+            loop.wait()
+
+
 def windows_pending(kv: KVStore) -> int:
     """Sessions whose transcript windows are still queued for the second index pass."""
     return len(kv.scan(session_windows_outbox_space(TENANT)))
@@ -217,12 +271,15 @@ def measure(
             call(memory, *warm_up)
             profiler = cProfile.Profile() if profile and name.startswith("recall") else None
             pending = windows_pending(memory.kv)
+            collections = FullCollections()
+            gc.callbacks.append(collections)
             cold: list[float] = []
             for user, text in asks:
                 if profiler:
                     profiler.enable()
                 started = time.perf_counter()
-                call(memory, user, text)
+                with collections.counting():
+                    call(memory, user, text)
                 cold.append((time.perf_counter() - started) * 1000)
                 if profiler:
                     profiler.disable()
@@ -230,19 +287,22 @@ def measure(
             warm: list[float] = []
             for user, text in asks:
                 started = time.perf_counter()
-                call(memory, user, text)
+                with collections.counting():
+                    call(memory, user, text)
                 warm.append((time.perf_counter() - started) * 1000)
                 time.sleep(gap)
             # The worker's commits are done under its lock: this reads what it finished.
             indexed = pending - windows_pending(memory.kv)
         finally:
+            gc.callbacks.remove(collections)
             memory.close()
         (c50, c95, c99), (w50, w95, w99) = percentiles(cold), percentiles(warm)
         print(
             f"{label}{name}: cold (each user's first after a restart) n={len(cold)} "
             f"p50 {c50:.1f} / p95 {c95:.1f} / p99 {c99:.1f} / max {max(cold):.1f} ms; "
             f"warm p50 {w50:.1f} / p95 {w95:.1f} / p99 {w99:.1f} ms; "
-            f"windows of {indexed} sessions indexed meanwhile; load {os.getloadavg()[0]:.1f}",
+            f"windows of {indexed} sessions indexed meanwhile; {collections.report()} "
+            f"during the queries; load {os.getloadavg()[0]:.1f}",
             flush=True,
         )
         if profiler:
@@ -277,6 +337,9 @@ def main() -> int:
     parser.add_argument(
         "--gap-ms", type=float, default=0.0, help="pause after each query (not counted)"
     )
+    parser.add_argument(
+        "--busy", type=int, default=0, help="busy-loop processes run beside the measurement"
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     users = plan(args.data, args.users, args.sessions_per_user, args.sources_per_user, args.seed)
@@ -287,8 +350,17 @@ def main() -> int:
     ingest(args.store, users, args.windows)
     if args.ingest_only:
         return 0
+    for user in users:
+        user.sessions = []  # measuring needs the questions only; an application holds no datasets
     gap = args.gap_ms / 1000
-    print(f"load {os.getloadavg()}")
+    with busy_loops(args.busy):
+        print(f"load {os.getloadavg()}, {args.busy} busy loops beside the measurement")
+        rounds(args, users, gap)
+    return 0
+
+
+def rounds(args: argparse.Namespace, users: list[User], gap: float) -> None:
+    """The measured restarts, parked and/or with the window pass running."""
     for n in range(args.rounds):
         profile = args.profile and n == 0
         if args.compare or not args.unparked:
@@ -298,7 +370,6 @@ def main() -> int:
         if args.compare or args.unparked:
             label = f"round {n + 1} pass running: "
             measure(args.store, users, args.seed + n, profile, label, gap)
-    return 0
 
 
 if __name__ == "__main__":

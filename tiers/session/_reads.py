@@ -2,14 +2,31 @@
 
 :class:`SessionReader` reads the KV store (the truth) and, for listing and
 recall, the user's cached view (:mod:`tiers.session._view`). Recall checks
-its input, settles the user's queued index work, embeds the query, and hands
-the view's inputs to :func:`tiers.session._recall.rank`, which decides the
-order; it then reads the best records in small rounds. The contracts are
+its input, settles the user's queued index work, embeds the query (while a
+helper thread reads what a cold view still lacks, :class:`_ViewReads`), and
+hands the view's inputs to :func:`tiers.session._recall.rank`, which decides
+the order; it then reads the best records in small rounds. The contracts are
 documented on :class:`~tiers.session.SessionTier`.
+
+**The cyclic GC's full scans** (issue 19 item 2). A full (generation-2)
+collection walks every container object alive in the process, and most of them
+live for good: the modules, classes and functions of the imports (chromadb,
+onnxruntime, pydantic, numpy: about 100,000 objects here, ~40 ms of CPU per
+full scan on a 2-core box, ~130 ms wall under load). Such a scan starts
+whenever enough new objects have survived, so now and then one lands inside a
+query: it was the slowest continuation context of the scale bench (150 ms
+against a p50 of 20). So once per process, after its first recall (the model
+loaded, the index open, every import done), :func:`freeze_long_lived` moves
+what is alive then into the permanent generation (:func:`gc.freeze`), after a
+collection so no garbage is frozen: later full scans walk only what was made
+since. Reference counting still frees frozen objects as usual; only a cycle
+among them would no longer be collected.
 """
 
 from __future__ import annotations
 
+import gc
+import threading
 from datetime import datetime
 from typing import Annotated
 
@@ -29,11 +46,45 @@ from tiers.session._transcripts import (
     is_header_key,
     page_key,
 )
+from tiers.session._view import UserView
 from tiers.values import check_datetime
 
-__all__ = ["MAX_TOP_K", "RecalledSession", "SessionReader", "check_top_k"]
+__all__ = ["MAX_TOP_K", "RecalledSession", "SessionReader", "check_top_k", "freeze_long_lived"]
 
 MAX_TOP_K = 100
+
+
+class _Once:
+    """Whether something was done in this process yet. Thread-safe."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._done = False
+
+    def claim(self) -> bool:
+        """True for the first caller only."""
+        with self._lock:
+            first, self._done = not self._done, True
+            return first
+
+
+_HEAP_FROZEN = _Once()
+
+
+def freeze_long_lived() -> bool:
+    """Once per process: collect, then keep what is alive out of later full GC scans.
+
+    See the module docstring. Runs after a process's first recall, whose
+    caller already pays the model load; every later call returns at once.
+
+    Returns:
+        Whether this call froze the heap (False: a call before did).
+    """
+    if not _HEAP_FROZEN.claim():
+        return False
+    gc.collect()
+    gc.freeze()
+    return True
 
 
 def check_top_k(top_k: object) -> int:
@@ -69,6 +120,45 @@ class RecalledSession(BaseModel):
     score: Annotated[float, Field(ge=-1.0, le=1.0)]
     similarity: Annotated[float, Field(ge=-1.0, le=1.0)] | None = None
     keyword: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
+
+
+class _ViewReads:
+    """A cold view's vectors and keywords, read in a helper thread while the query is embedded.
+
+    The two are independent: the model runs in onnxruntime without the GIL
+    while the reads wait on SQLite and Chroma, so a cold recall costs about
+    the longer of the two instead of their sum. A warm view starts no thread.
+    An error of the reads is raised by :meth:`wait`, as if they had run in
+    the caller (after the query's own embedding, as before).
+    """
+
+    def __init__(self, store: SessionStore, view: UserView, user_id: str) -> None:
+        self._store = store
+        self._view = view
+        self._user_id = user_id
+        self._error: Exception | None = None
+        self._thread: threading.Thread | None = None
+        if view.needs_reads():
+            self._thread = threading.Thread(
+                target=self._read, name="tiermem-recall-view", daemon=True
+            )
+            self._thread.start()
+
+    def _read(self) -> None:
+        store, view = self._store, self._view
+        try:
+            view.vectors(store.kv, store.index, store.tenant, self._user_id)
+            view.keywords(store.kv, store.tenant, self._user_id)
+        except Exception as exc:  # raised in the caller's thread by wait()
+            self._error = exc
+
+    def wait(self) -> None:
+        """Wait for the reads; raise their error, if any."""
+        if self._thread is None:
+            return
+        self._thread.join()
+        if self._error is not None:
+            raise self._error
 
 
 class SessionReader:
@@ -168,7 +258,11 @@ class SessionReader:
         view = store.view(user_id, settle=True)
         if not view.session_ids:
             return []
-        (query_vector,) = store.embedder.embed([query])
+        reading = _ViewReads(store, view, user_id)
+        try:
+            (query_vector,) = store.embedder.embed([query])
+        finally:
+            reading.wait()
         vectors = view.vectors(store.kv, store.index, store.tenant, user_id)
         keywords = view.keywords(store.kv, store.tenant, user_id)
         store.views.trim()
@@ -183,7 +277,9 @@ class SessionReader:
             weights=self._weights,
             now=asked_at,
         )
-        return self._read_best(user_id, ranked, top_k)
+        found = self._read_best(user_id, ranked, top_k)
+        freeze_long_lived()
+        return found
 
     def _read_best(self, user_id: str, ranked: list[Ranked], top_k: int) -> list[RecalledSession]:
         """The first ``top_k`` ranked sessions whose summary is still stored, read and decoded."""

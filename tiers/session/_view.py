@@ -160,6 +160,10 @@ class UserView:
         )
         return [self.session_ids[i] for i in order]
 
+    def needs_reads(self) -> bool:
+        """Whether its vectors or keywords are still to be read (a cold or rebuilt view)."""
+        return self._bm25 is None or self._vectors is None
+
     def keywords(self, kv: KVStore, tenant: str, user_id: str) -> BM25Index:
         """BM25 over each session's summary and transcript text (built on first use)."""
         with self._lock:

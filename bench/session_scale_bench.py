@@ -21,9 +21,11 @@ then again (warm); then in another freshly opened store the same through
 ``build_continuation_context``. Query embedding is included everywhere.
 ``--profile`` prints a cProfile of the cold recalls of the first round.
 Each figure line also counts the cyclic GC's full (generation-2) collections
-that ran during its queries, with the longest one: since session 25 a
-process's first recall freezes what is alive then (``tiers/session/_reads.py``),
-so a full scan walks only what was made since. ``--busy N`` runs N busy-loop
+that ran during its queries, with the longest one. As ``tiermem serve`` does
+after its warm-up (``api/app.py``), the bench freezes what is alive after the
+process's first warm-up query (``gc.collect(); gc.freeze()``), so a full scan
+walks only what was made since (``--no-freeze-gc``: as an embedded app that
+does not). ``--busy N`` runs N busy-loop
 processes beside the measurement (a loaded box on demand; stopped afterwards).
 The transcripts of the plan are dropped once ingested, so the bench process
 holds what an application would (the questions), not the datasets.
@@ -258,8 +260,25 @@ def windows_pending(kv: KVStore) -> int:
     return len(kv.scan(session_windows_outbox_space(TENANT)))
 
 
+_FROZEN: list[bool] = []
+
+
+def freeze_once() -> None:
+    """What the service does after its warm-up, once per process: no garbage, then freeze."""
+    if not _FROZEN:
+        _FROZEN.append(True)
+        gc.collect()
+        gc.freeze()
+
+
 def measure(
-    store: Path, users: list[User], seed: int, profile: bool, label: str = "", gap: float = 0.0
+    store: Path,
+    users: list[User],
+    seed: int,
+    profile: bool,
+    label: str = "",
+    gap: float = 0.0,
+    freeze_gc: bool = True,
 ) -> None:
     """One round: each call kind in a freshly opened store, cold then warm per user."""
     rng = random.Random(seed)
@@ -269,6 +288,8 @@ def measure(
         memory = Memory.open(store)
         try:
             call(memory, *warm_up)
+            if freeze_gc:
+                freeze_once()
             profiler = cProfile.Profile() if profile and name.startswith("recall") else None
             pending = windows_pending(memory.kv)
             collections = FullCollections()
@@ -340,6 +361,11 @@ def main() -> int:
     parser.add_argument(
         "--busy", type=int, default=0, help="busy-loop processes run beside the measurement"
     )
+    parser.add_argument(
+        "--no-freeze-gc",
+        action="store_true",
+        help="do not freeze the heap after the first warm-up query (tiermem serve does)",
+    )
     args = parser.parse_args()
     started = time.perf_counter()
     users = plan(args.data, args.users, args.sessions_per_user, args.sources_per_user, args.seed)
@@ -366,10 +392,12 @@ def rounds(args: argparse.Namespace, users: list[User], gap: float) -> None:
         if args.compare or not args.unparked:
             with windows_parked(args.store) as parked:
                 label = f"round {n + 1} parked ({parked} sessions' windows): "
-                measure(args.store, users, args.seed + n, profile, label, gap)
+                measure(
+                    args.store, users, args.seed + n, profile, label, gap, not args.no_freeze_gc
+                )
         if args.compare or args.unparked:
             label = f"round {n + 1} pass running: "
-            measure(args.store, users, args.seed + n, profile, label, gap)
+            measure(args.store, users, args.seed + n, profile, label, gap, not args.no_freeze_gc)
 
 
 if __name__ == "__main__":

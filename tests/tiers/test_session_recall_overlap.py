@@ -18,7 +18,7 @@ import pytest
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.backends.sqlite_kv import SqliteKVStore
-from tiers.errors import BackendUnavailableError
+from tiers.errors import BackendUnavailableError, EmbedderError
 from tiers.session import SessionSummary, SessionTier
 
 HELPER = "tiermem-recall-view"
@@ -113,3 +113,34 @@ def test_an_error_of_the_view_reads_is_raised_by_the_recall(
     # The failed reads left nothing half-built: the next recall reads and answers.
     hits = tier.recall_relevant("u", QUERY, top_k=2)
     assert [hit.summary.session_id for hit in hits] == ["s1", "s2"]
+
+
+class FailingEmbedder(WaitingEmbedder):
+    """The real model, but embedding QUERY fails once the view's reads have failed."""
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        if QUERY in texts:
+            self.waited_for_reads.append(self.vectors_read.wait(timeout=120))
+            raise EmbedderError("the model is gone")
+        return self.inner.embed(texts)
+
+
+def test_when_both_fail_the_recall_raises_the_query_embedding_error(
+    sqlite_kv: SqliteKVStore,
+    index: ChromaVectorIndex,
+    embedder: MiniLMEmbedder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    failing = FailingEmbedder(embedder)
+    tier = saved_tier(sqlite_kv, index, failing)
+
+    def unavailable(ids: Sequence[str]) -> tuple[list[str], npt.NDArray[np.float32]]:
+        failing.vectors_read.set()  # the reads have failed before the embedding does
+        raise BackendUnavailableError("chroma is down")
+
+    monkeypatch.setattr(index, "get_embeddings", unavailable)
+    # Before the reads ran beside the embedding, the embedding's error was the one raised.
+    with pytest.raises(EmbedderError, match="the model is gone"):
+        tier.recall_relevant("u", QUERY, top_k=2)
+    assert failing.waited_for_reads == [True]
+    assert not any(thread.name == HELPER for thread in threading.enumerate())

@@ -7,25 +7,10 @@ helper thread reads what a cold view still lacks, :class:`_ViewReads`), and
 hands the view's inputs to :func:`tiers.session._recall.rank`, which decides
 the order; it then reads the best records in small rounds. The contracts are
 documented on :class:`~tiers.session.SessionTier`.
-
-**The cyclic GC's full scans** (issue 19 item 2). A full (generation-2)
-collection walks every container object alive in the process, and most of them
-live for good: the modules, classes and functions of the imports (chromadb,
-onnxruntime, pydantic, numpy: about 100,000 objects here, ~40 ms of CPU per
-full scan on a 2-core box, ~130 ms wall under load). Such a scan starts
-whenever enough new objects have survived, so now and then one lands inside a
-query: it was the slowest continuation context of the scale bench (150 ms
-against a p50 of 20). So once per process, after its first recall (the model
-loaded, the index open, every import done), :func:`freeze_long_lived` moves
-what is alive then into the permanent generation (:func:`gc.freeze`), after a
-collection so no garbage is frozen: later full scans walk only what was made
-since. Reference counting still frees frozen objects as usual; only a cycle
-among them would no longer be collected.
 """
 
 from __future__ import annotations
 
-import gc
 import threading
 from datetime import datetime
 from typing import Annotated
@@ -49,42 +34,9 @@ from tiers.session._transcripts import (
 from tiers.session._view import UserView
 from tiers.values import check_datetime
 
-__all__ = ["MAX_TOP_K", "RecalledSession", "SessionReader", "check_top_k", "freeze_long_lived"]
+__all__ = ["MAX_TOP_K", "RecalledSession", "SessionReader", "check_top_k"]
 
 MAX_TOP_K = 100
-
-
-class _Once:
-    """Whether something was done in this process yet. Thread-safe."""
-
-    def __init__(self) -> None:
-        self._lock = threading.Lock()
-        self._done = False
-
-    def claim(self) -> bool:
-        """True for the first caller only."""
-        with self._lock:
-            first, self._done = not self._done, True
-            return first
-
-
-_HEAP_FROZEN = _Once()
-
-
-def freeze_long_lived() -> bool:
-    """Once per process: collect, then keep what is alive out of later full GC scans.
-
-    See the module docstring. Runs after a process's first recall, whose
-    caller already pays the model load; every later call returns at once.
-
-    Returns:
-        Whether this call froze the heap (False: a call before did).
-    """
-    if not _HEAP_FROZEN.claim():
-        return False
-    gc.collect()
-    gc.freeze()
-    return True
 
 
 def check_top_k(top_k: object) -> int:
@@ -152,11 +104,14 @@ class _ViewReads:
         except Exception as exc:  # raised in the caller's thread by wait()
             self._error = exc
 
+    def join(self) -> None:
+        """Wait for the reads to end, whatever came of them."""
+        if self._thread is not None:
+            self._thread.join()
+
     def wait(self) -> None:
         """Wait for the reads; raise their error, if any."""
-        if self._thread is None:
-            return
-        self._thread.join()
+        self.join()
         if self._error is not None:
             raise self._error
 
@@ -261,8 +216,10 @@ class SessionReader:
         reading = _ViewReads(store, view, user_id)
         try:
             (query_vector,) = store.embedder.embed([query])
-        finally:
-            reading.wait()
+        except BaseException:
+            reading.join()  # the embedding's error is the one raised, as before
+            raise
+        reading.wait()
         vectors = view.vectors(store.kv, store.index, store.tenant, user_id)
         keywords = view.keywords(store.kv, store.tenant, user_id)
         store.views.trim()
@@ -277,9 +234,7 @@ class SessionReader:
             weights=self._weights,
             now=asked_at,
         )
-        found = self._read_best(user_id, ranked, top_k)
-        freeze_long_lived()
-        return found
+        return self._read_best(user_id, ranked, top_k)
 
     def _read_best(self, user_id: str, ranked: list[Ranked], top_k: int) -> list[RecalledSession]:
         """The first ``top_k`` ranked sessions whose summary is still stored, read and decoded."""

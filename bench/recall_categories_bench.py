@@ -39,6 +39,9 @@ The dataset is stored once per grain, with the tier's windowing patched for that
     python bench/recall_categories_bench.py --datasets locomo --max-users 0 --leave-one-out \
         --variant window_words=40,window_overlap=10,windows_cap=24 \
         --variant turn_words=40,window_overlap=10,windows_cap=32
+
+A variant may also pool a session's cosines otherwise (session 25 later; measured, not
+adopted): ``centroid=C``, ``soft_max=T``, ``smooth=K``, see :mod:`recall_pooling`.
 """
 
 from __future__ import annotations
@@ -52,6 +55,7 @@ import tempfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator, Mapping, Sequence
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from unittest import mock
@@ -70,6 +74,7 @@ from recall_bench import (
     store,
     summarize,
 )
+from recall_pooling import Pooling
 
 import tiers.session._plans as session_plans
 from tiers.backends.base import KVStore
@@ -187,6 +192,7 @@ class Variant:
             session's second-best passage score added to its best (see the module docstring).
         passage_blend: Share of the whole-session score mixed into the passage score.
         grain: The window grain of the store it reads.
+        pooling: How a session's cosines make its dense score; ``None``: the product's.
     """
 
     name: str
@@ -194,6 +200,7 @@ class Variant:
     passages: float | None = None
     passage_blend: float = 0.0
     grain: Grain = Grain()
+    pooling: Pooling | None = None
 
 
 def parse_variant(spec: str) -> Variant:
@@ -201,7 +208,8 @@ def parse_variant(spec: str) -> Variant:
 
     Grain keys: ``window_words``, ``window_overlap``, ``windows_cap`` (a word grid), or
     ``turn_words`` (turn windows, merge budget; with ``window_overlap`` and ``windows_cap``);
-    ``plus_coarse=1`` keeps the product's windows besides.
+    ``plus_coarse=1`` keeps the product's windows besides. Pooling keys: ``centroid``,
+    ``soft_max``, ``smooth`` (:class:`~recall_pooling.Pooling`).
     Other keys are :class:`~tiers.session.FusionWeights` fields; unnamed ones keep defaults.
     """
     fields = {}
@@ -210,6 +218,7 @@ def parse_variant(spec: str) -> Variant:
         fields[key.strip()] = float(value)
     passages = fields.pop("passages", None)
     blend = fields.pop("passage_blend", 0.0)
+    pooling = Pooling.pop(fields)
     if blend and passages is None:
         raise ValueError(f"{spec}: passage_blend needs passages=W")
     turn_words = fields.pop("turn_words", None)
@@ -220,7 +229,7 @@ def parse_variant(spec: str) -> Variant:
         turns=turn_words is not None,
         plus_coarse=bool(fields.pop("plus_coarse", 0)),
     )
-    return Variant(spec, FusionWeights(**fields), passages, blend, grain)
+    return Variant(spec, FusionWeights(**fields), passages, blend, grain, pooling)
 
 
 @dataclass(slots=True)
@@ -340,12 +349,15 @@ def measure(
     results: dict[str, dict[str, dict[str, float]]] = {}
     for variant in variants:
         reader = stores[variant.grain].with_weights(variant.weights)
-        if variant.passages is None:
-            results[variant.name] = score_by_category(dataset.queries, reader.rank)
-            continue
-        keywords = PassageKeywords(transcripts, variant, UserView.keywords)
-        # autospec keeps ``self``: the stand-in gets the view it is asked on.
-        with mock.patch.object(UserView, "keywords", autospec=True, side_effect=keywords):
+        with ExitStack() as patches:
+            if variant.pooling is not None:
+                patches.enter_context(variant.pooling.patched())
+            if variant.passages is not None:
+                keywords = PassageKeywords(transcripts, variant, UserView.keywords)
+                # autospec keeps ``self``: the stand-in gets the view it is asked on.
+                patches.enter_context(
+                    mock.patch.object(UserView, "keywords", autospec=True, side_effect=keywords)
+                )
             results[variant.name] = score_by_category(dataset.queries, reader.rank)
     return results
 
@@ -456,7 +468,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--variant",
         action="append",
         default=[],
-        help="extra weighting to score, e.g. dates=0.3,recency=0.1 or passages=0.5 (repeatable)",
+        help="extra weighting to score, e.g. dates=0.3,recency=0.1, passages=0.5 or soft_max=0.05",
     )
     parser.add_argument(
         "--leave-one-out",

@@ -389,8 +389,9 @@ def _apply_alone(
     a put expected to replace given bytes an ``UPDATE ... WHERE value = ?`` that
     must change one row. If one fails, the transaction is rolled back and begun
     again, and :func:`_apply` checks and writes as usual: it raises the same
-    :class:`ConflictError` naming the first failed check (the caller holds the
-    file's write lock, so nothing else wrote meanwhile).
+    :class:`ConflictError` naming the first failed check. The caller holds the
+    file's write lock, so no tiermem writer commits in between; a foreign
+    writer that does is checked against like any other state.
 
     Raises:
         ConflictError: A check failed; the caller rolls the transaction back.

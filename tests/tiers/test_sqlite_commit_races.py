@@ -1,4 +1,4 @@
-"""Adversarial checks of session 25's SQLite changes, on real files and real processes.
+"""A lone SQLite commit racing another process, and readers of a file cut short, on real files.
 
 A lone commit runs as inserts and a guarded update and, when one of them finds
 its check failed, rolls back and begins again before checking the usual way:

@@ -1,4 +1,4 @@
-"""The automaton narrowing (session 25) keeps every rule redaction with every rule uses.
+"""Redaction's rule narrowing (one automaton scan) keeps every rule the walk with every rule uses.
 
 ``Redactor.redact_json`` narrows its rules on one Aho-Corasick pass over a
 value's JSON text. Values here are made of the pieces that pass can get

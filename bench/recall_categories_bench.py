@@ -46,10 +46,7 @@ adopted): ``centroid=C``, ``soft_max=T``, ``smooth=K``, see :mod:`recall_pooling
 A variant may also score a question's aspects apart (session 26, query decomposition;
 measured, not adopted): ``aspects=W``, ``cover=1``, ``no_and=1``, ``aspect_common=S``, see
 :mod:`recall_aspects`. ``--holdout-last N`` also scores the last N users apart (``held:``)
-from the others (``tune:``); ``--store-dir DIR`` keeps the stores and reuses a complete one::
-
-    python bench/recall_categories_bench.py --datasets longmemeval_s --max-users 0 \
-        --holdout-last 75 --store-dir /tmp/stores --variant aspects=0.15 --variant aspects=0.3
+from the others (``tune:``); ``--store-dir DIR`` keeps the stores and reuses a complete one.
 """
 
 from __future__ import annotations

@@ -518,7 +518,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--variant",
         action="append",
         default=[],
-        help="extra weighting to score, e.g. dates=0.3,recency=0.1, passages=0.5 or soft_max=0.05",
+        help="extra weighting to score, e.g. dates=0.3,recency=0.1, passages=0.5 or aspects=0.15",
     )
     parser.add_argument(
         "--leave-one-out",

@@ -42,6 +42,11 @@ The dataset is stored once per grain, with the tier's windowing patched for that
 
 A variant may also pool a session's cosines otherwise (session 25 later; measured, not
 adopted): ``centroid=C``, ``soft_max=T``, ``smooth=K``, see :mod:`recall_pooling`.
+
+A variant may also score a question's aspects apart (session 26, query decomposition;
+measured, not adopted): ``aspects=W``, ``cover=1``, ``no_and=1``, ``aspect_common=S``, see
+:mod:`recall_aspects`. ``--holdout-last N`` also scores the last N users apart (``held:``)
+from the others (``tune:``); ``--store-dir DIR`` keeps the stores and reuses a complete one.
 """
 
 from __future__ import annotations
@@ -60,6 +65,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from unittest import mock
 
+from recall_aspects import AspectMode
 from recall_bench import (
     DATASETS,
     DEFAULT_DATA,
@@ -78,11 +84,14 @@ from recall_pooling import Pooling
 
 import tiers.session._plans as session_plans
 from tiers.backends.base import KVStore
+from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
+from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.models import Message, SessionSummary
 from tiers.session import (
     BM25Index,
     FusionWeights,
+    SessionTier,
     UserView,
     summary_text,
     tokenize,
@@ -193,6 +202,7 @@ class Variant:
         passage_blend: Share of the whole-session score mixed into the passage score.
         grain: The window grain of the store it reads.
         pooling: How a session's cosines make its dense score; ``None``: the product's.
+        aspect_mode: How the query's aspects are used; ``None``: the product's way.
     """
 
     name: str
@@ -201,6 +211,7 @@ class Variant:
     passage_blend: float = 0.0
     grain: Grain = Grain()
     pooling: Pooling | None = None
+    aspect_mode: AspectMode | None = None
 
 
 def parse_variant(spec: str) -> Variant:
@@ -219,6 +230,7 @@ def parse_variant(spec: str) -> Variant:
     passages = fields.pop("passages", None)
     blend = fields.pop("passage_blend", 0.0)
     pooling = Pooling.pop(fields)
+    aspect_mode = AspectMode.pop(fields)
     if blend and passages is None:
         raise ValueError(f"{spec}: passage_blend needs passages=W")
     turn_words = fields.pop("turn_words", None)
@@ -229,7 +241,7 @@ def parse_variant(spec: str) -> Variant:
         turns=turn_words is not None,
         plus_coarse=bool(fields.pop("plus_coarse", 0)),
     )
-    return Variant(spec, FusionWeights(**fields), passages, blend, grain, pooling)
+    return Variant(spec, FusionWeights(**fields), passages, blend, grain, pooling, aspect_mode)
 
 
 @dataclass(slots=True)
@@ -304,15 +316,25 @@ class PassageKeywords:
         return self._built[key]
 
 
-def score_by_category(queries: Sequence[Query], rank: Ranker) -> dict[str, dict[str, float]]:
-    """Mean recall@k and MRR per category and over all queries (``all``), with counts (``n``)."""
+def score_by_category(
+    queries: Sequence[Query], rank: Ranker, held: set[str] | None = None
+) -> dict[str, dict[str, float]]:
+    """Mean recall@k and MRR per category and over all queries (``all``), with counts (``n``).
+
+    With ``held`` (user ids), each group is also scored over those users' queries alone
+    (``held:all``, ``held:<category>``) and over the other users' (``tune:...``).
+    """
     totals: dict[str, dict[str, float]] = {}
     for query in queries:
         ranked = rank(query)
         first = next((i for i, sid in enumerate(ranked) if sid in query.gold), None)
         values = {f"r@{k}": len(query.gold & set(ranked[:k])) / len(query.gold) for k in KS}
         values["mrr"] = 0.0 if first is None else 1.0 / (first + 1)
-        for group in ("all", query.category, f"{USER_GROUP}{query.user_id}"):
+        groups = ["all", query.category]
+        if held is not None:
+            side = "held:" if query.user_id in held else "tune:"
+            groups += [side + group for group in groups]
+        for group in (*groups, f"{USER_GROUP}{query.user_id}"):
             sums = totals.setdefault(group, dict.fromkeys((*METRICS, "n"), 0.0))
             for name, value in values.items():
                 sums[name] += value
@@ -328,13 +350,23 @@ def measure(
     embedder: CachedEmbedder,
     workdir: Path,
     variants: Sequence[Variant],
+    held: set[str] | None = None,
 ) -> dict[str, dict[str, dict[str, float]]]:
-    """Store the dataset once per window grain, then score every variant by category."""
+    """Store the dataset once per window grain, then score every variant by category.
+
+    A grain's store already complete in ``workdir`` (a ``stored`` marker, from a run with the
+    same dataset and ``--store-dir``) is opened instead of stored again.
+    """
     summaries = summarize(dataset)
     stores: dict[Grain, Ours] = {}
     for n, grain in enumerate(dict.fromkeys(variant.grain for variant in variants)):
+        grain_dir = workdir / f"grain-{n}"
+        if (grain_dir / "stored").exists():
+            stores[grain] = reopen(grain_dir, embedder)
+            continue
         with mock.patch.object(session_plans, "session_windows", grain.session_windows):
-            stores[grain] = store(dataset, workdir / f"grain-{n}", embedder, summaries)
+            stores[grain] = store(dataset, grain_dir, embedder, summaries)
+        (grain_dir / "stored").write_text(str(grain))
         embedder.save()
         print(
             f"  {dataset.name}: {grain} stored in {stores[grain].store_seconds:.0f}s, "
@@ -352,14 +384,24 @@ def measure(
         with ExitStack() as patches:
             if variant.pooling is not None:
                 patches.enter_context(variant.pooling.patched())
+            if variant.aspect_mode is not None:
+                patches.enter_context(variant.aspect_mode.patched(embedder))
             if variant.passages is not None:
                 keywords = PassageKeywords(transcripts, variant, UserView.keywords)
                 # autospec keeps ``self``: the stand-in gets the view it is asked on.
                 patches.enter_context(
                     mock.patch.object(UserView, "keywords", autospec=True, side_effect=keywords)
                 )
-            results[variant.name] = score_by_category(dataset.queries, reader.rank)
+            results[variant.name] = score_by_category(dataset.queries, reader.rank, held)
+    embedder.save()  # the aspects' vectors, for the next run
     return results
+
+
+def reopen(workdir: Path, embedder: CachedEmbedder) -> Ours:
+    """A store left complete by an earlier run in ``workdir``, opened as it is."""
+    kv = SqliteKVStore(workdir / "kv.sqlite3", durable=False)
+    index = ChromaVectorIndex(workdir / "chroma", embedder=embedder)
+    return Ours(SessionTier(kv, index, embedder), 0.0, kv, index, embedder)
 
 
 def vectors_per_session(
@@ -398,11 +440,19 @@ def embedding_cpu(
         yield grain, sum(map(len, texts)) / len(texts), cpu / len(texts)
 
 
-def table(results: dict[str, dict[str, dict[str, float]]]) -> Iterator[str]:
-    """One row per weighting; one column for all queries, then one per category."""
+def table(results: dict[str, dict[str, dict[str, float]]], side: str = "") -> Iterator[str]:
+    """One row per weighting; one column for all queries, then one per category.
+
+    ``side`` (``held:`` or ``tune:``) picks the groups of one side of a held-out split.
+    """
     first = next(iter(results.values()))
-    groups = ["all", *sorted(g for g in first if g != "all" and not g.startswith(USER_GROUP))]
-    header = [f"{g} ({int(first[g]['n'])})" for g in groups]
+    mine = [
+        g
+        for g in first
+        if not g.startswith(USER_GROUP) and (g.startswith(side) if side else ":" not in g)
+    ]
+    groups = [f"{side}all", *sorted(g for g in mine if g != f"{side}all")]
+    header = [f"{g.removeprefix(side)} ({int(first[g]['n'])})" for g in groups]
     yield "| weighting | " + " | ".join(header) + " |"
     yield "|---|" + "---|" * len(groups)
     for name, by_group in results.items():
@@ -468,12 +518,24 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--variant",
         action="append",
         default=[],
-        help="extra weighting to score, e.g. dates=0.3,recency=0.1, passages=0.5 or soft_max=0.05",
+        help="extra weighting to score, e.g. dates=0.3,recency=0.1, passages=0.5 or aspects=0.15",
     )
     parser.add_argument(
         "--leave-one-out",
         action="store_true",
         help="also choose a variant on all users but one and score that one, for every user",
+    )
+    parser.add_argument(
+        "--holdout-last",
+        type=int,
+        default=0,
+        help="also score the last N users apart (held:) from the others (tune:)",
+    )
+    parser.add_argument(
+        "--store-dir",
+        type=Path,
+        default=None,
+        help="keep the stores here and reuse a complete one (same dataset and users only)",
     )
     parser.add_argument(
         "--cpu-sessions",
@@ -511,10 +573,19 @@ def main(argv: Sequence[str] | None = None) -> int:
             f"{len(dataset.queries)} headline queries",
             flush=True,
         )
-        with tempfile.TemporaryDirectory(prefix=f"recall-categories-{name}-") as workdir:
-            results = measure(dataset, embedder, Path(workdir), variants)
+        held = set(list(dataset.sessions)[-args.holdout_last :]) if args.holdout_last else None
+        with ExitStack() as scope:
+            workdir = (
+                args.store_dir / f"{name}-{args.max_users}"
+                if args.store_dir
+                else Path(scope.enter_context(tempfile.TemporaryDirectory(prefix=name)))
+            )
+            results = measure(dataset, embedder, workdir, variants, held)
         print(f"r@1 / r@3 / r@5 / MRR; load average {os.getloadavg()[0]:.1f}")
         print("\n".join(table(results)), flush=True)
+        for side in ("tune:", "held:") if held else ():
+            print(f"\n{side} users {'last' if side == 'held:' else 'first'} of the split:")
+            print("\n".join(table(results, side)), flush=True)
         if args.leave_one_out:
             print("\nr@5 / MRR per user:")
             print("\n".join(user_table(results)))

@@ -28,6 +28,7 @@ string's.
 from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
+from typing import AnyStr
 
 from ahocorasick_rs import AhoCorasick, BytesAhoCorasick, MatchKind
 
@@ -68,30 +69,41 @@ class _Finder:
         self._bytes = BytesAhoCorasick(self._encoded, matchkind=kind) if self.patterns else None
         self._str = AhoCorasick(self.patterns, matchkind=kind) if self.patterns else None
 
-    def find(self, text: str, data: bytes | None) -> list[tuple[int, int]]:
-        """(pattern index, start) of every occurrence in ``text``; a pattern's in order.
+    def find(self, text: str, data: bytes | None) -> dict[str, list[int]]:
+        """Per pattern found in ``text``, every place it starts (in order).
 
         ``data`` is ``text``'s UTF-8 when ``text`` is ASCII (bytes scan faster
         and their offsets are the string's), else None.
         """
         if self._bytes is None or self._str is None:
-            return []
-        found: list[tuple[int, int]] = []
+            return {}
         if data is not None:
-            matches = self._bytes.find_matches_as_indexes(data)
-            for n, start, _ in matches:
-                found.append((n, start))
-                for k, m, test in self._hidden[n]:
-                    if not test or data.startswith(self._encoded[m], start + k):
-                        found.append((m, start + k))
+            found = _places(
+                data, self._bytes.find_matches_as_indexes(data), self._encoded, self._hidden
+            )
         else:
-            matches = self._str.find_matches_as_indexes(text)
-            for n, start, _ in matches:
-                found.append((n, start))
-                for k, m, test in self._hidden[n]:
-                    if not test or text.startswith(self.patterns[m], start + k):
-                        found.append((m, start + k))
-        return found
+            found = _places(
+                text, self._str.find_matches_as_indexes(text), self.patterns, self._hidden
+            )
+        names = self.patterns
+        return {names[n]: at for n, at in found.items()}
+
+
+def _places(
+    hay: AnyStr,
+    matches: list[tuple[int, int, int]],
+    patterns: Sequence[AnyStr],
+    hidden: Sequence[_Completion],
+) -> dict[int, list[int]]:
+    """Per pattern index, where it starts in ``hay``: ``matches`` and what they hide."""
+    found: dict[int, list[int]] = {}
+    for n, start, _ in matches:
+        found.setdefault(n, []).append(start)
+        # Places inside one match come before the next match: each list stays in order.
+        for k, m, test in hidden[n]:
+            if not test or hay.startswith(patterns[m], start + k):
+                found.setdefault(m, []).append(start + k)
+    return found
 
 
 class GateScan:
@@ -127,9 +139,4 @@ class GateScan:
         else:
             data = None
             low = lowered.encode() if lowered.isascii() else None
-        words: dict[str, list[int]] = {}
-        names = self._words.patterns
-        for n, start in self._words.find(lowered, low):
-            words.setdefault(names[n], []).append(start)
-        triggers = self._triggers.patterns
-        return words, {triggers[n] for n, _ in self._triggers.find(text, data)}
+        return self._words.find(lowered, low), set(self._triggers.find(text, data))

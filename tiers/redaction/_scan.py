@@ -78,31 +78,31 @@ class _Finder:
         if self._bytes is None or self._str is None:
             return {}
         if data is not None:
-            found = _places(
-                data, self._bytes.find_matches_as_indexes(data), self._encoded, self._hidden
-            )
-        else:
-            found = _places(
-                text, self._str.find_matches_as_indexes(text), self.patterns, self._hidden
-            )
-        names = self.patterns
-        return {names[n]: at for n, at in found.items()}
+            matches = self._bytes.find_matches_as_indexes(data)
+            return _places(data, matches, self._encoded, self.patterns, self._hidden)
+        matches = self._str.find_matches_as_indexes(text)
+        return _places(text, matches, self.patterns, self.patterns, self._hidden)
 
 
 def _places(
     hay: AnyStr,
     matches: list[tuple[int, int, int]],
     patterns: Sequence[AnyStr],
+    names: Sequence[str],
     hidden: Sequence[_Completion],
-) -> dict[int, list[int]]:
-    """Per pattern index, where it starts in ``hay``: ``matches`` and what they hide."""
-    found: dict[int, list[int]] = {}
+) -> dict[str, list[int]]:
+    """Per pattern (by name), where it starts in ``hay``: ``matches`` and what they hide."""
+    found: dict[str, list[int]] = {}
     for n, start, _ in matches:
-        found.setdefault(n, []).append(start)
+        at = found.get(names[n])
+        if at is None:
+            found[names[n]] = [start]
+        else:
+            at.append(start)
         # Places inside one match come before the next match: each list stays in order.
         for k, m, test in hidden[n]:
             if not test or hay.startswith(patterns[m], start + k):
-                found.setdefault(m, []).append(start + k)
+                found.setdefault(names[m], []).append(start + k)
     return found
 
 

@@ -188,7 +188,7 @@ class Redactor:
             _JSON_PLAIN.fullmatch(gate) is not None for gate in self._all.triggers
         ) and all(placeable(word) for word in (*self._all.words, *_KEY_WORDS))
         # Every gate word (a rule's, or one a credential key holds) and every trigger, found
-        # in one automaton pass over a value's JSON text.
+        # by two automaton passes over a value's JSON text (its lowercase, and itself).
         self._gate_scan = GateScan({*self._all.words, *_KEY_WORDS}, self._all.triggers)
         # Which rules a trigger gates, by trigger (by its rules' indexes, as _narrow keeps them).
         self._untriggered = frozenset(n for n, rule in enumerate(self._rules) if not rule.triggers)
@@ -343,8 +343,8 @@ class Redactor:
         look only at string values, so a word counts only where it occurs in
         one (``key`` in ``idempotency_key`` keeps no rule), and the by-key walk
         runs only when an actual key names a credential. Which words and
-        triggers the text holds, and where the words are, is one automaton
-        pass (:class:`GateScan`); the rules are then decided from those sets.
+        triggers the text holds, and where the words are, is two automaton
+        passes (:class:`GateScan`); the rules are then decided from those sets.
         """
         if not self._text_gates:
             return self._all, True

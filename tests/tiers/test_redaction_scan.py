@@ -187,3 +187,21 @@ def test_the_scan_finds_every_occurrence_substring_tests_find(text: str) -> None
         at = [n for n in range(len(lowered)) if lowered.startswith(word, n)]
         assert found.get(word, []) == at
     assert present == {t for t in triggers if t in text}
+
+
+def test_what_a_leftmost_match_hides_is_found() -> None:
+    # The automata report leftmost-first matches, longest first, without overlaps: a word
+    # inside a reported one ("ss" in "pass"), one starting inside it and running past its
+    # end ("secret" after "pas", "token" after "secre"), a shorter trigger where a longer
+    # one starts ("sk-" at "sk-ant-") must come from the completion table.
+    words = ["pass", "secret", "security", "token", "cvc", "csc", "ss", "s"]
+    triggers = ["sk-", "sk-ant-", "k_live_", "ya29.", "t-x"]
+    scan = GateScan(words, triggers)
+    text = "passecretoken cvcsc sk-ant-x rk_live_ passs securitysecret"
+    lowered = text.lower()
+    found, present = scan.scan(text, lowered)
+    for word in words:
+        assert found.get(word, []) == [
+            n for n in range(len(lowered)) if lowered.startswith(word, n)
+        ]
+    assert present == {t for t in triggers if t in text} == set(triggers) - {"ya29."}

@@ -15,6 +15,9 @@ from __future__ import annotations
 
 from bisect import bisect_left
 from collections.abc import Sequence
+from functools import cache
+from itertools import repeat
+from operator import sub
 
 # Outside its strings a JSON text has no letters but these words' (and an exponent's "e"):
 # a gate word that is none of their substrings occurs in the text only inside strings.
@@ -52,12 +55,21 @@ def _opening_quote(text: str, pos: int) -> int:
     return quote
 
 
-def _disjoint(at: Sequence[int], size: int) -> int:
-    """How many of the occurrences at ``at`` (sorted) do not overlap an earlier one counted.
+@cache
+def _overlaps_itself(word: str) -> bool:
+    """Whether two occurrences of ``word`` may overlap (``cvcvc``: ``cvc`` twice)."""
+    return any(word.startswith(word[k:]) for k in range(1, len(word)))
+
+
+def _disjoint(at: Sequence[int], word: str) -> int:
+    """How many occurrences of ``word`` at ``at`` (sorted) do not overlap an earlier one counted.
 
     What ``str.count`` answers: occurrences counted left to right, each one
     starting where the last one counted ends or later.
     """
+    if not _overlaps_itself(word):
+        return len(at)
+    size = len(word)
     count = 0
     free = 0
     for pos in at:
@@ -87,7 +99,7 @@ def word_places(
     """
     values: list[tuple[int, int]] = []
     keys: set[str] | None = set() if len(lowered) == len(text) and text.isascii() else None
-    left = _disjoint(at, len(word))
+    left = _disjoint(at, word)
     n = 0
     while n < len(at) and left:
         pos = at[n]
@@ -107,7 +119,8 @@ def word_places(
                     # (a few places, where a count of the key in the text would scan it all).
                     label = f'"{key}":'
                     back = pos - start + 1
-                    found = sum(text.startswith(label, p - back) for p in at if p >= back)
+                    places = map(sub, at[bisect_left(at, back) :], repeat(back))
+                    found = sum(map(text.startswith, repeat(label), places))
                     left -= found * lowered[start:quote].count(word)
         else:
             values.append((_opening_quote(lowered, pos) + 1, quote))

@@ -188,7 +188,7 @@ class Redactor:
             _JSON_PLAIN.fullmatch(gate) is not None for gate in self._all.triggers
         ) and all(placeable(word) for word in (*self._all.words, *_KEY_WORDS))
         # Every gate word (a rule's, or one a credential key holds) and every trigger, found
-        # in one automaton pass over a value's JSON text.
+        # by two automaton passes over a value's JSON text (its lowercase, and itself).
         self._gate_scan = GateScan({*self._all.words, *_KEY_WORDS}, self._all.triggers)
         # Which rules a trigger gates, by trigger (by its rules' indexes, as _narrow keeps them).
         self._untriggered = frozenset(n for n, rule in enumerate(self._rules) if not rule.triggers)
@@ -314,21 +314,26 @@ class Redactor:
             rule_set = self._all
         return text
 
-    def redact_json(self, value: J, *, key: str | None = None) -> J:
+    def redact_json(self, value: J, *, key: str | None = None, json_text: bytes | None = None) -> J:
         """A JSON value with every string redacted; the same object when nothing changed.
 
         A string under a key naming a credential (``password``, ``api_key``,
         ``clientSecret``, ``Authorization``...) is replaced whole when it looks
         like one; ``key`` is the label of ``value`` itself (a fact's key).
+        ``json_text`` is ``value``'s JSON text as orjson writes it (its
+        ``dumps``, keys in any order), if the caller has it: it saves writing
+        it again.
         """
         if not self._rules:
             return value
-        rule_set, by_key = self._narrow(value, key)
+        rule_set, by_key = self._narrow(value, key, json_text)
         if not rule_set.rules and not by_key:
             return value  # no string of it can change: no walk
         return cast(J, self._walk(value, key, rule_set, by_key))
 
-    def _narrow(self, value: object, key: str | None) -> tuple[_RuleSet, bool]:
+    def _narrow(
+        self, value: object, key: str | None, json_text: bytes | None = None
+    ) -> tuple[_RuleSet, bool]:
         """The rules some string of ``value`` may match, and whether a key may name a credential.
 
         One pass over the value's JSON text (every string of it is in there
@@ -338,21 +343,24 @@ class Redactor:
         look only at string values, so a word counts only where it occurs in
         one (``key`` in ``idempotency_key`` keeps no rule), and the by-key walk
         runs only when an actual key names a credential. Which words and
-        triggers the text holds, and where the words are, is one automaton
-        pass (:class:`GateScan`); the rules are then decided from those sets.
+        triggers the text holds, and where the words are, is two automaton
+        passes (:class:`GateScan`); the rules are then decided from those sets.
         """
         if not self._text_gates:
             return self._all, True
-        try:
-            data = orjson.dumps(value)
-        except TypeError:  # not plain JSON (an int key, a huge int, deep nesting): test it all
-            return self._all, True
+        if json_text is not None:
+            data = json_text
+        else:
+            try:
+                data = orjson.dumps(value)
+            except TypeError:  # not plain JSON (an int key, a huge int, deep nesting): test it all
+                return self._all, True
         text = data.decode()
         lowered = text.lower()
         # On ASCII text lowercasing keeps every position, so a key found in the lowered
         # text is read from the text itself, as it is (its case tells what it names).
         ascii_text = data.isascii()
-        found_words, triggers = self._gate_scan.scan(text, lowered)
+        found_words, triggers = self._gate_scan.scan(text, lowered, data if ascii_text else None)
         # Per word, the string values holding it (as spans of the text).
         words: dict[str, list[tuple[int, int]]] = {}
         by_key = key is not None

@@ -326,47 +326,39 @@ def _has_digit_run(data: bytes, text: str) -> bool:
 
 # What the card rule needs: 13 digits, a space or a dash allowed between two of them.
 _CARD_RUN = re.compile(r"\d(?:[ \-]?\d){12}")
-# On a value's JSON text, ASCII: digits -> "0", space -> "s", dash -> "d", and "w" for what
-# glues a number to a word before it (the rule's lookbehind: letters, "_", ".", "+", "/"),
-# but for the letters an escape JSON writes ends with (\n, \u001f...) -> " ", as the rest.
-_CARD_MAP: Final = (
-    bytes(
-        ord("0")
-        if chr(b).isdigit()
-        else ord("s")
-        if chr(b) == " "
-        else ord("d")
-        if chr(b) == "-"
-        else ord("w")
-        if (chr(b).isalpha() and chr(b).lower() not in "abcdefnrtu") or chr(b) in "_.+/"
-        else ord(" ")
-        for b in range(128)
-    )
-    + b" " * 128
-)
-_CARD_ZEROS: Final = b"0" * 13
-# ASCII digits -> "0", every other byte -> " ": with spaces and dashes deleted first (in the
-# same C pass), a card's 13 digits are 13 zeros in a row.
-_DIGITS_ONLY: Final = bytes(ord("0") if chr(b).isdigit() else ord(" ") for b in range(128)) + (
-    b" " * 128
-)
-# _CARD_RUN starting where the card rule may start (no digit, dash or glue before it).
-_MAPPED_CARD_RUN = re.compile(rb"0(?<![w0d]0)(?:[sd]?0){12}")
+# _CARD_RUN starting where the card rule may start, on ASCII bytes: not after a digit or a
+# dash, nor after what glues a number to a word before it (the rule's lookbehind: letters,
+# "_", ".", "+", "/"), but for the letters an escape JSON writes ends with (\n, \u001f...).
+_ASCII_CARD_RUN = re.compile(rb"(?<![0-9\-g-mo-qsv-zG-MO-QSV-Z_.+/])[0-9](?:[ \-]?[0-9]){12}")
+# ASCII digits, spaces and dashes -> "0", every other byte -> "x": a card's 13 digits and the
+# separators between them are 13 zeros or more in a row, up to the next "x".
+_RUN_MAP: Final = bytes(ord("0") if chr(b) in "0123456789 -" else ord("x") for b in range(256))
+_RUN_ZEROS: Final = b"0" * 13
 
 
 def _has_card_run(data: bytes, text: str) -> bool:
     """Whether a string of the JSON ``text`` (``data`` is its UTF-8) may hold a card number.
 
-    Never False where the card rule matches a string of it. Most text has no 13
-    digits in a row once spaces and dashes are deleted (a C substring test);
-    the rest is searched for such a run where a card may start, which hex
-    ids glued to a word ("eff-3-1-4129...") lack.
+    Never False where the card rule matches a string of it. Most text has no
+    13 digits, spaces or dashes in a row (one table map, then a C substring
+    test); each such run is searched for 13 digits, single separators between
+    them, starting where a card may start, which hex ids glued to a word
+    ("eff-3-1-4129...") and timestamps lack.
     """
     if not data.isascii():
         return _CARD_RUN.search(text) is not None  # \d matches other scripts' digits too
-    if _CARD_ZEROS not in data.translate(_DIGITS_ONLY, b" -"):
-        return False
-    return _MAPPED_CARD_RUN.search(data.translate(_CARD_MAP)) is not None
+    runs = data.translate(_RUN_MAP)
+    start = runs.find(_RUN_ZEROS)
+    while start >= 0:
+        # The run of digits, spaces and dashes from here (it starts here: the search
+        # begins after the last one).
+        end = runs.find(b"x", start)
+        if end < 0:
+            end = len(runs)
+        if _ASCII_CARD_RUN.search(data, start, end) is not None:
+            return True
+        start = runs.find(_RUN_ZEROS, end)
+    return False
 
 
 _SECRET_RULES: Final = _secret_rules()

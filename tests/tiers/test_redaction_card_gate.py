@@ -1,0 +1,79 @@
+"""The narrowing's card gate (``_has_card_run``) against the card rule's own start and run.
+
+``Redactor.redact_json`` keeps the ``card_number`` rule for a value only when its
+JSON text has 13 digits, a single space or dash allowed between two of them,
+starting where the rule may start a card: not after a digit or a dash, nor after
+a letter, ``_``, ``.``, ``+`` or ``/`` that glues a number to a word, but for the
+letters a JSON escape ends with (``\\n``, ``\\u001f``: a-f, n, r, t, u). The gate
+finds runs of digits, spaces and dashes by a table map and a substring test and
+searches only those; the reference here is a plain loop over every place.
+"""
+
+from __future__ import annotations
+
+import string
+
+from hypothesis import example, given, settings
+from hypothesis import strategies as st
+
+from tiers.redaction._rules import _has_card_run
+
+_GLUE = frozenset(c for c in string.ascii_letters if c.lower() not in "abcdefnrtu") | frozenset(
+    "_.+/"
+)
+
+
+def _reference(text: str) -> bool:
+    """Whether a card run starts somewhere in ASCII ``text`` (every place tried)."""
+    for start, char in enumerate(text):
+        if not char.isdigit():
+            continue
+        before = text[start - 1] if start else ""
+        if before.isdigit() or before == "-" or before in _GLUE:
+            continue
+        digits, pos = 1, start + 1
+        while digits < 13 and pos < len(text):
+            if text[pos] in " -" and pos + 1 < len(text) and text[pos + 1].isdigit():
+                pos += 1
+            if not text[pos].isdigit():
+                break
+            digits, pos = digits + 1, pos + 1
+        if digits == 13:
+            return True
+    return False
+
+
+def test_runs_the_card_rule_may_start_pass() -> None:
+    for text in (
+        '"4111111111111111"',
+        '"card 4111 1111 1111 1111"',
+        '"4111-1111-1111-1111"',
+        "1234567890123",
+        '"\\n4111111111111111"',  # after an escape's letter
+        '"eff-3-1-a4129876543210"',  # a hex id: the digits follow "a"
+        '"ab 12 34  5678901234567"',  # a later start in the same run
+        '"ab 1234 x 5678901234567"',  # a later run
+    ):
+        assert _has_card_run(text.encode(), text) is True, text
+
+
+def test_runs_glued_or_short_fail() -> None:
+    for text in (
+        '"x4111111111111111"',  # glued to a word
+        '"eff-3-1-4129876543210"',  # after a dash
+        '"1700000123.0"',
+        '"4111  1111 1111 1111"',  # two separators
+        '"411111111111"',  # 12 digits
+        '"4111 - 1111"',
+        "",
+    ):
+        assert _has_card_run(text.encode(), text) is False, text
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.text(alphabet="0123456789" * 3 + '  --afnrtuAxzZ_.+/:"\\,', max_size=60))
+@example("1 2 3 4 5 6 7 8 9 0 1 2 3")
+@example("x1 2 3 4 5 6 7 8 9 0 1 2 3 4")
+@example("-1234567890123 4")
+def test_the_gate_is_the_reference(text: str) -> None:
+    assert _has_card_run(text.encode(), text) is _reference(text)

@@ -36,6 +36,9 @@ from tiers.backends._sqlite_connections import SqliteConnections, WriteLock, end
 from tiers.backends.base import Check, Delete, DeleteSpace, Put, Write
 from tiers.errors import BackendUnavailableError, ConflictError
 
+# The sizes of the last two batches when each had one caller: the next lone caller commits
+# without queueing (GroupCommitWriter._commit_alone).
+_LONE = (1, 1)
 # Longest a group-commit leader waits for the callers of the last batches.
 _MAX_GATHER_S = 0.002
 # Checks per SELECT and rows per INSERT of a commit (under SQLite's bound-parameter limit).
@@ -120,6 +123,15 @@ class GroupCommitWriter:
             ConflictError: A check failed; nothing of this transaction was written.
             BackendUnavailableError: The store is closed or SQLite failed.
         """
+        with self._queue_lock:
+            # No leader, and the last batches were lone commits (so a leader would not
+            # gather): commit without queueing (_commit_alone).
+            alone = not self._leading and self._batch_sizes == _LONE
+            if alone:
+                self._leading = True
+        if alone:
+            self._commit_alone(writes, checks)
+            return
         pending = _Pending(writes, checks)
         with self._queue_lock:
             self._queue.append(pending)
@@ -142,6 +154,55 @@ class GroupCommitWriter:
             self._lead(pending)
         if pending.error is not None:
             raise pending.error
+
+    def _commit_alone(self, writes: Sequence[Write], checks: Sequence[Check]) -> None:
+        """Commit one transaction as the leader of a batch of one, without the queue.
+
+        What :meth:`_lead` does for a lone caller, without its bookkeeping (a
+        queued entry and its lock, the gathering, the batch's loops): callers
+        that arrive meanwhile find a leader and queue, and the first of them is
+        handed the lead once this commit is done, as after any batch.
+
+        Raises:
+            ConflictError: A check failed; nothing was written.
+            BackendUnavailableError: The store is closed or SQLite failed.
+        """
+        try:
+            with self.lock:
+                began = time.perf_counter()
+                self._transact_alone(writes, checks)
+                self._commit_seconds = time.perf_counter() - began
+        finally:
+            with self._queue_lock:
+                self._hand_over()
+
+    def _transact_alone(self, writes: Sequence[Write], checks: Sequence[Check]) -> None:
+        """One commit in a transaction of its own: :meth:`_commit_batch` for a batch of one."""
+        if self._connections.closed:
+            raise self._connections.closed_error()
+        conn = self.conn
+        self.write_lock.acquire()
+        try:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                try:
+                    _apply_alone(conn, writes, checks)
+                except ConflictError:
+                    # A failed check rolls the whole transaction back (not counted).
+                    conn.execute("ROLLBACK")
+                    raise
+                conn.execute("COMMIT")
+            except BaseException:
+                end_transaction(conn, "ROLLBACK")
+                raise
+        except sqlite3.Error as exc:
+            raise BackendUnavailableError(
+                f"SQLite commit failed on {self._connections.path}: {exc}"
+            ) from exc
+        finally:
+            self.write_lock.release()
+        self.acked += 1
+        self.batches += 1
 
     def _lead(self, own: _Pending) -> None:
         """Commit every queued transaction in one batch, then wake its callers and the next leader."""
@@ -402,7 +463,11 @@ def _apply_alone(
         return
     inserts, updates = guarded
     try:
-        held = all(conn.execute(_UPDATE_IF_HOLDS, args).rowcount == 1 for args in updates)
+        held = True
+        for args in updates:
+            if conn.execute(_UPDATE_IF_HOLDS, args).rowcount != 1:
+                held = False
+                break
         if held and inserts:
             conn.execute(_insert_statement(len(inserts) // 3), inserts)
     except sqlite3.IntegrityError:

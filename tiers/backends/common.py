@@ -77,21 +77,40 @@ def check_writes(writes: Sequence[Write], max_value_bytes: int) -> None:
         ValueTooLargeError: A value is larger than ``max_value_bytes``.
     """
     for write in writes:
-        if isinstance(write, DeleteSpace):
-            _check_address(write.space, None)
-            continue
-        _check_address(write.space, write.key)
-        if isinstance(write, Put):
-            if not isinstance(write.value, bytes):
-                raise InvalidInputError(
-                    f"values are bytes, got {type(write.value).__name__}", field="value"
-                )
-            if len(write.value) > max_value_bytes:
-                raise ValueTooLargeError(
-                    f"value of {len(write.value)} bytes for {write.key!r} exceeds the limit of "
-                    f"{max_value_bytes} bytes (raise max_value_bytes to store it)",
-                    field="value",
-                )
+        if type(write) is Put:
+            # The common case (every commit's puts) in one expression; anything it does
+            # not pass (non-ASCII text included) takes the full checks and their errors.
+            space, key, value = write.space, write.key, write.value
+            if (
+                type(space) is str
+                and type(key) is str
+                and type(value) is bytes
+                and space
+                and key
+                and space.isascii()
+                and key.isascii()
+                and len(value) <= max_value_bytes
+            ):
+                continue
+        _check_write(write, max_value_bytes)
+
+
+def _check_write(write: Write, max_value_bytes: int) -> None:
+    if isinstance(write, DeleteSpace):
+        _check_address(write.space, None)
+        return
+    _check_address(write.space, write.key)
+    if isinstance(write, Put):
+        if not isinstance(write.value, bytes):
+            raise InvalidInputError(
+                f"values are bytes, got {type(write.value).__name__}", field="value"
+            )
+        if len(write.value) > max_value_bytes:
+            raise ValueTooLargeError(
+                f"value of {len(write.value)} bytes for {write.key!r} exceeds the limit of "
+                f"{max_value_bytes} bytes (raise max_value_bytes to store it)",
+                field="value",
+            )
 
 
 def check_checks(checks: Sequence[Check]) -> None:
@@ -102,10 +121,21 @@ def check_checks(checks: Sequence[Check]) -> None:
             that is neither bytes nor ``None``.
     """
     for check in checks:
-        _check_address(check.space, check.key)
-        if check.expected is not None and not isinstance(check.expected, bytes):
+        space, key, expected = check.space, check.key, check.expected
+        if (
+            type(space) is str
+            and type(key) is str
+            and (expected is None or type(expected) is bytes)
+            and space
+            and key
+            and space.isascii()
+            and key.isascii()
+        ):
+            continue  # the common case, as in check_writes
+        _check_address(space, key)
+        if expected is not None and not isinstance(expected, bytes):
             raise InvalidInputError(
-                f"a check expects bytes or None, got {type(check.expected).__name__}",
+                f"a check expects bytes or None, got {type(expected).__name__}",
                 field="expected",
             )
 

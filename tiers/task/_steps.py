@@ -19,6 +19,7 @@ from pydantic import JsonValue
 from tiers.errors import RunStateError, StaleWriterError
 from tiers.models import Checkpoint, RunInfo
 from tiers.task._fresh import AlreadyCommittedError
+from tiers.task._observer import NULL_OBSERVER
 from tiers.task._records import check_key, check_name, input_hash, to_json, to_json_dict
 from tiers.task._txn import Txn, unpack_step_output
 from tiers.task._writer import ActiveStep, RunWriter
@@ -182,16 +183,19 @@ class Steps:
             self._writer.verify_replay(replayed.checkpoint, step, digest, key)
             self._writer.occurrences[step] = occurrence + 1
             return replayed.checkpoint.output
-        self._store.observer.step_committed(
-            self._writer.run_id,
-            step,
-            made[0].seq,
-            made[0].checkpoint_id,
-            key,
-            (made[0].created_at - made[0].started_at).total_seconds(),
-        )
+        ckpt = made[0]
+        observer = self._store.observer
+        if observer is not NULL_OBSERVER:
+            observer.step_committed(
+                self._writer.run_id,
+                step,
+                ckpt.seq,
+                ckpt.checkpoint_id,
+                key,
+                (ckpt.created_at - ckpt.started_at).total_seconds(),
+            )
         self._writer.occurrences[step] = occurrence + 1
-        return made[0].output
+        return ckpt.output
 
     def _decide(self, admit: Callable[[RunInfo], Decision]) -> tuple[Decision, bool]:
         """Decide a write with ``admit`` on the held head while it is fresh, else on one read now.

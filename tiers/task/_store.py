@@ -290,18 +290,22 @@ class RunStore:
 
     def apply(self, txn: Txn, head: bytes | None) -> tuple[RunInfo, bytes]:
         """Commit ``txn`` if the head still holds exactly ``head`` (``None``: absent)."""
-        space = keys.run_space(self.tenant, txn.run_id)
         new_info = txn.head()
         new_head = encode(new_info)
         writes: list[Write] = list(txn.puts)
-        writes += [Put(space, keys.event_key(e.seq), encode(e)) for e in txn.events]
+        if txn.events:
+            space = keys.run_space(self.tenant, txn.run_id)
+            writes += [Put(space, keys.event_key(e.seq), encode(e)) for e in txn.events]
         writes.append(Put(self.runs, txn.run_id, new_head))
-        started = time.perf_counter()
+        # Measured only for an observer that hears it (every step commits).
+        observer = self.observer
+        timed = observer is not NULL_OBSERVER
+        started = time.perf_counter() if timed else 0.0
         self.kv.commit(writes, [*txn.checks, Check(self.runs, txn.run_id, head)])
         self.recent_heads.wrote(txn.run_id, new_head)
-        self.observer.committed(
-            time.perf_counter() - started, sum(len(w.value) for w in writes if isinstance(w, Put))
-        )
+        if timed:
+            written = sum(len(w.value) for w in writes if isinstance(w, Put))
+            observer.committed(time.perf_counter() - started, written)
         return new_info, new_head
 
     def fit(self, data: bytes) -> bytes:

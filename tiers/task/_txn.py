@@ -93,7 +93,7 @@ _new_run_info = RunInfo.__new__
 _set = object.__setattr__
 
 
-@dataclass
+@dataclass(slots=True)
 class Txn:
     """One atomic write to a run: events, extra puts/checks, and the head's new fields.
 

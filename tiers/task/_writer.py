@@ -50,6 +50,8 @@ __all__ = ["COMPENSATABLE", "ActiveStep", "RunWriter"]
 
 # Finished statuses whose recorded effects may still be compensated (a completed run keeps them).
 COMPENSATABLE = (RunStatus.CANCELLED, RunStatus.FAILED)
+# Statuses every write is allowed in (check_writable refuses nothing else of them).
+_OPEN = frozenset((RunStatus.RUNNING, RunStatus.RESUMABLE))
 
 
 @dataclass
@@ -114,6 +116,8 @@ class RunWriter:
         # came back from the store: the lease was just taken or attached from it.
         self.head_fresh_ms = store.head_fresh_ms
         self.head_known_at = time.monotonic()
+        # The KV space of the run's checkpoints and index entries (every step writes there).
+        self.space = keys.run_space(store.tenant, info.run_id)
 
     @property
     def run_id(self) -> str:
@@ -194,6 +198,8 @@ class RunWriter:
                 f"this handle on run {self.run_id!r} was acquired for compensation: it only "
                 "runs compensate() (and heartbeat/release); the run itself cannot go on"
             )
+        if info.status in _OPEN:
+            return  # the common case, decided by one lookup (once or twice a step)
         if compensating and info.status in COMPENSATABLE:
             return
         if info.status is RunStatus.CANCELLED:
@@ -385,8 +391,9 @@ class RunWriter:
         if delta is not None:
             delta = redact(delta)
         info = txn.base
+        run_id = info.run_id
         seq = info.head_seq + 1
-        ckpt_id = checkpoint_id(self.run_id, seq, key)
+        ckpt_id = checkpoint_id(run_id, seq, key)
         # Layout 2 keeps the StepCommitted event in the checkpoint: one row fewer per step.
         commit_epoch = txn.epoch if store.layout() >= 2 else None
         add = txn.add_event if commit_epoch is None else txn.hold_event
@@ -398,7 +405,7 @@ class RunWriter:
         ckpt, data = build_checkpoint(
             CheckpointFields(
                 checkpoint_id=ckpt_id,
-                run_id=self.run_id,
+                run_id=run_id,
                 seq=seq,
                 parent_id=info.head_checkpoint_id,
                 step=step,
@@ -416,7 +423,7 @@ class RunWriter:
             )
         )
         check_fits(store.kv.max_value_bytes, data, f"checkpoint of step {step!r}", "output")
-        space = keys.run_space(store.tenant, self.run_id)
+        space = self.space
         ckpt_key = keys.checkpoint_key(seq)
         index_key = keys.idempotency_key(key)
         index = index_entry_bytes(seq, ckpt_id, digest)
@@ -435,7 +442,7 @@ class RunWriter:
             values = self.load_values() if self.values is None else self.values
             current = txn.head()
             snap = Snapshot(
-                run_id=self.run_id,
+                run_id=run_id,
                 seq=seq,
                 checkpoint_id=ckpt_id,
                 event_seq=event_seq,

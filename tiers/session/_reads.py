@@ -108,10 +108,10 @@ class _ViewReads:
     def nothing(cls, store: SessionStore, view: UserView, user_id: str) -> _ViewReads:
         """Reads left to the caller: :meth:`wait` returns at once."""
         reads = cls(store, view, user_id)
-        reads._done.set()
+        reads.finish()
         return reads
 
-    def run(self) -> None:
+    def read(self) -> None:
         """Read the view's vectors and keywords (in a worker); keep their error for :meth:`wait`."""
         store, view = self._store, self._view
         try:
@@ -119,8 +119,10 @@ class _ViewReads:
             view.keywords(store.kv, store.tenant, self._user_id)
         except Exception as exc:  # raised in the caller's thread by wait()
             self._error = exc
-        finally:
-            self._done.set()
+
+    def finish(self) -> None:
+        """Let :meth:`join` and :meth:`wait` return."""
+        self._done.set()
 
     def join(self) -> None:
         """Wait for the reads to end, whatever came of them."""
@@ -168,11 +170,15 @@ class _Crew:
     def _serve(self) -> None:
         try:
             while (job := self._jobs.get()) is not None:
-                job.run()
+                try:
+                    job.read()
+                    # Free before the caller goes on: its next cold recall finds this worker.
+                    with self._lock:
+                        self._free += 1
+                finally:
+                    job.finish()
                 # An idle worker must not keep the last user's view (and store) alive.
                 del job
-                with self._lock:
-                    self._free += 1
         finally:
             with self._lock:
                 self._threads.remove(threading.current_thread())

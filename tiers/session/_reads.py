@@ -77,10 +77,10 @@ class RecalledSession(BaseModel):
     keyword: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
 
 
-# Long-lived threads that read cold views: at most this many per reader. Measured in
-# session 26 (bench/README.md, session_scale section): with several callers, a second
-# worker overlaps a second caller's reads with its embedding; past two (the box's cores)
-# callers find one free no more often, and a caller that finds none reads itself.
+# Long-lived threads that read cold views: at most this many per reader; a caller that
+# finds none free reads its view itself. Measured in session 26 (bench/README.md,
+# session_scale section), 4 callers on 2 cores: two workers served as many cold recalls
+# per second as a new thread per recall, one fewer, four no more than two.
 READ_WORKERS = 2
 _WORKER_NAME = "tiermem-recall-view"
 
@@ -160,8 +160,8 @@ class _Crew:
                 self._free -= 1
             elif len(self._threads) < self._size:
                 thread = threading.Thread(target=self._serve, name=_WORKER_NAME, daemon=True)
+                thread.start()  # listed only once started: close() joins what is listed
                 self._threads.append(thread)
-                thread.start()
             else:
                 return False
             self._jobs.put(job)
@@ -203,9 +203,10 @@ class _ViewWorkers:
     for another user's reads.
     """
 
-    def __init__(self, size: int = READ_WORKERS) -> None:
+    def __init__(self, size: int) -> None:
         self._crew = _Crew(size)
-        self._stop_when_dropped = weakref.finalize(self, self._crew.stop)
+        # A reader dropped without close() stops its workers when it is collected.
+        weakref.finalize(self, self._crew.stop)
 
     def start(self, store: SessionStore, view: UserView, user_id: str) -> _ViewReads:
         """Begin reading what the cold ``view`` lacks; nothing to do when it is warm."""
@@ -233,7 +234,7 @@ class SessionReader:
     def __init__(self, store: SessionStore, weights: FusionWeights) -> None:
         self._store = store
         self._weights = weights
-        self._workers = _ViewWorkers()
+        self._workers = _ViewWorkers(READ_WORKERS)
 
     def get_session(self, user_id: str, session_id: str) -> SessionSummary:
         """Read one stored summary."""

@@ -27,7 +27,7 @@ from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.errors import StoreClosedError
-from tiers.session import SessionSummary, SessionTier
+from tiers.session import SessionSummary, SessionTier, _reads
 from tiers.session._reads import READ_WORKERS
 
 WORKER = "tiermem-recall-view"
@@ -227,6 +227,26 @@ def test_a_tier_dropped_without_close_stops_its_worker(
     gc.collect()
     worker.join(60)
     assert not worker.is_alive()
+
+
+def test_an_idle_worker_ends_and_the_next_cold_recall_starts_another(
+    sqlite_kv: SqliteKVStore,
+    index: ChromaVectorIndex,
+    embedder: MiniLMEmbedder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    before = threading.enumerate()
+    tier = saved(SessionTier(sqlite_kv, index, embedder, cache_users=0))
+    monkeypatch.setattr(_reads, "IDLE_S", 0.05)
+    assert recalled(tier, "u0") == [("u0", "trip"), ("u0", "tax")]
+    (worker,) = new_workers(before)
+    worker.join(60)  # a tenant nobody asks holds no thread
+    assert not worker.is_alive()
+    threads = spy_on_reads(monkeypatch, index)
+    assert recalled(tier, "u1") == [("u1", "trip"), ("u1", "tax")]
+    assert threads == [WORKER]
+    tier.close()
+    assert new_workers(before) == []
 
 
 def test_open_recall_close_cycles_leave_no_worker_and_no_descriptor(tmp_path: Path) -> None:

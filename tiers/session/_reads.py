@@ -82,6 +82,10 @@ class RecalledSession(BaseModel):
 # session_scale section), 4 callers on 2 cores: two workers served as many cold recalls
 # per second as a new thread per recall, one fewer, four no more than two.
 READ_WORKERS = 2
+# A worker without a job for this long ends (the next cold recall starts one again): a
+# service keeps a tier per tenant, and a tenant nobody asks should not hold threads and
+# SQLite readers until the process ends. Steady traffic keeps its workers.
+IDLE_S = 30.0
 _WORKER_NAME = "tiermem-recall-view"
 
 
@@ -167,9 +171,22 @@ class _Crew:
             self._jobs.put(job)
         return True
 
+    def _next_job(self) -> _ViewReads | None:
+        """The next job, or ``None`` to end: stopped, or idle for :data:`IDLE_S`."""
+        while True:
+            try:
+                return self._jobs.get(timeout=IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    # Jobs are queued under this lock: none queued means none is meant for
+                    # this worker, which is counted free, so it may go.
+                    if self._jobs.empty():
+                        self._free -= 1
+                        return None
+
     def _serve(self) -> None:
         try:
-            while (job := self._jobs.get()) is not None:
+            while (job := self._next_job()) is not None:
                 try:
                     job.read()
                     # Free before the caller goes on: its next cold recall finds this worker.
@@ -198,7 +215,8 @@ class _ViewWorkers:
 
     A thread keeps its SQLite reader connection (per thread, see
     :mod:`tiers.backends._sqlite_connections`) and Chroma's per-thread state
-    for its lifetime, instead of each cold recall opening them in a new thread.
+    for its lifetime, instead of each cold recall opening them in a new thread;
+    it ends after :data:`IDLE_S` without work, or when the reader is closed.
     A recall that finds no worker free reads its view itself: it never waits
     for another user's reads.
     """

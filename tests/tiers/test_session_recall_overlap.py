@@ -1,9 +1,11 @@
 """A cold recall reads its view while the query is embedded (issue 19 item 2, ``_ViewReads``).
 
 No timing is asserted: the query's embedding waits (with a generous timeout)
-until the view's vectors were read by the helper thread, which only happens if
-the two overlap. Real parts: SQLite, embedded Chroma, the MiniLM model; the
-model and the index are only wrapped to observe and order calls.
+until the view's vectors were read by the view-reading worker, which only happens if
+the two overlap. The worker is long-lived: started by the first cold recall,
+reused by the later ones, stopped by ``close`` (more in
+``test_session_read_workers.py``). Real parts: SQLite, embedded Chroma, the
+MiniLM model; the model and the index are only wrapped to observe and order calls.
 """
 
 from __future__ import annotations
@@ -23,6 +25,10 @@ from tiers.session import SessionSummary, SessionTier
 
 HELPER = "tiermem-recall-view"
 QUERY = "ferry to Zanzibar"
+
+
+def helpers() -> list[threading.Thread]:
+    return [thread for thread in threading.enumerate() if thread.name == HELPER]
 
 
 class WaitingEmbedder:
@@ -76,6 +82,7 @@ def test_a_cold_recall_reads_its_view_while_the_query_is_embedded(
     embedder: MiniLMEmbedder,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    before = helpers()
     waiting = WaitingEmbedder(embedder)
     tier = saved_tier(sqlite_kv, index, waiting)
     threads = spy_on_reads(monkeypatch, index, waiting)
@@ -85,11 +92,15 @@ def test_a_cold_recall_reads_its_view_while_the_query_is_embedded(
     assert [hit.summary.session_id for hit in hits] == ["s1", "s2"]
     assert hits[0].similarity is not None
     assert hits[0].keyword == 1.0
-    # Warm: nothing left to read, no helper; the same answer.
+    # One long-lived worker read it, and waits for the next cold recall.
+    (worker,) = [thread for thread in helpers() if thread not in before]
+    # Warm: nothing left to read, no work for the worker; the same answer.
     again = tier.recall_relevant("u", QUERY, top_k=2)
     assert threads == [HELPER]
     assert again == hits
-    assert not any(thread.name == HELPER for thread in threading.enumerate())
+    assert [thread for thread in helpers() if thread not in before] == [worker]
+    tier.close()
+    assert not worker.is_alive()
 
 
 def test_an_error_of_the_view_reads_is_raised_by_the_recall(
@@ -98,6 +109,7 @@ def test_an_error_of_the_view_reads_is_raised_by_the_recall(
     embedder: MiniLMEmbedder,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    before = helpers()
     waiting = WaitingEmbedder(embedder)
     waiting.vectors_read.set()
     tier = saved_tier(sqlite_kv, index, waiting)
@@ -108,11 +120,17 @@ def test_an_error_of_the_view_reads_is_raised_by_the_recall(
     monkeypatch.setattr(index, "get_embeddings", unavailable)
     with pytest.raises(BackendUnavailableError, match="chroma is down"):
         tier.recall_relevant("u", QUERY, top_k=2)
-    assert not any(thread.name == HELPER for thread in threading.enumerate())
+    # The error ended the reads, not the worker.
+    (worker,) = [thread for thread in helpers() if thread not in before]
     monkeypatch.undo()
-    # The failed reads left nothing half-built: the next recall reads and answers.
+    # The failed reads left nothing half-built: the next recall reads (in the same worker) and answers.
+    threads = spy_on_reads(monkeypatch, index, waiting)
     hits = tier.recall_relevant("u", QUERY, top_k=2)
     assert [hit.summary.session_id for hit in hits] == ["s1", "s2"]
+    assert threads == [HELPER]
+    assert [thread for thread in helpers() if thread not in before] == [worker]
+    tier.close()
+    assert not worker.is_alive()
 
 
 class FailingEmbedder(WaitingEmbedder):
@@ -131,6 +149,7 @@ def test_when_both_fail_the_recall_raises_the_query_embedding_error(
     embedder: MiniLMEmbedder,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    before = helpers()
     failing = FailingEmbedder(embedder)
     tier = saved_tier(sqlite_kv, index, failing)
 
@@ -143,4 +162,7 @@ def test_when_both_fail_the_recall_raises_the_query_embedding_error(
     with pytest.raises(EmbedderError, match="the model is gone"):
         tier.recall_relevant("u", QUERY, top_k=2)
     assert failing.waited_for_reads == [True]
-    assert not any(thread.name == HELPER for thread in threading.enumerate())
+    # Both errors were the recall's; the worker lives on for the next one until close.
+    (worker,) = [thread for thread in helpers() if thread not in before]
+    tier.close()
+    assert not worker.is_alive()

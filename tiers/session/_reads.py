@@ -3,7 +3,7 @@
 :class:`SessionReader` reads the KV store (the truth) and, for listing and
 recall, the user's cached view (:mod:`tiers.session._view`). Recall checks
 its input, settles the user's queued index work, embeds the query (while a
-helper thread reads what a cold view still lacks, :class:`_ViewReads`), and
+long-lived worker reads what a cold view still lacks, :class:`_ViewWorkers`), and
 hands the view's inputs to :func:`tiers.session._recall.rank`, which decides
 the order; it then reads the best records in small rounds. The contracts are
 documented on :class:`~tiers.session.SessionTier`.
@@ -11,7 +11,10 @@ documented on :class:`~tiers.session.SessionTier`.
 
 from __future__ import annotations
 
+import queue
 import threading
+import time
+import weakref
 from datetime import datetime
 from typing import Annotated
 
@@ -74,14 +77,28 @@ class RecalledSession(BaseModel):
     keyword: Annotated[float, Field(ge=0.0, le=1.0)] = 0.0
 
 
+# Long-lived threads that read cold views: at most this many per reader; a caller that
+# finds none free reads its view itself. Measured in session 26 (bench/README.md,
+# session_scale section), 4 callers on 2 cores: two workers served as many cold recalls
+# per second as a new thread per recall, one fewer, four no more than two.
+READ_WORKERS = 2
+# A worker without a job for this long ends (the next cold recall starts one again): a
+# service keeps a tier per tenant, and a tenant nobody asks should not hold threads and
+# SQLite readers until the process ends. Steady traffic keeps its workers.
+IDLE_S = 30.0
+_WORKER_NAME = "tiermem-recall-view"
+
+
 class _ViewReads:
-    """A cold view's vectors and keywords, read in a helper thread while the query is embedded.
+    """A cold view's vectors and keywords, read by a worker while the query is embedded.
 
     The two are independent: the model runs in onnxruntime without the GIL
     while the reads wait on SQLite and Chroma, so a cold recall costs about
-    the longer of the two instead of their sum. A warm view starts no thread.
-    An error of the reads is raised by :meth:`wait`, as if they had run in
-    the caller (after the query's own embedding, as before).
+    the longer of the two instead of their sum. An error of the reads is
+    raised by :meth:`wait`, as if they had run in the caller (after the
+    query's own embedding, as before). One not handed to a worker (a warm
+    view, no worker free, the reader closed) is done already: the caller's
+    own reads of the view do whatever is left, after the embedding.
     """
 
     def __init__(self, store: SessionStore, view: UserView, user_id: str) -> None:
@@ -89,14 +106,17 @@ class _ViewReads:
         self._view = view
         self._user_id = user_id
         self._error: Exception | None = None
-        self._thread: threading.Thread | None = None
-        if view.needs_reads():
-            self._thread = threading.Thread(
-                target=self._read, name="tiermem-recall-view", daemon=True
-            )
-            self._thread.start()
+        self._done = threading.Event()
 
-    def _read(self) -> None:
+    @classmethod
+    def nothing(cls, store: SessionStore, view: UserView, user_id: str) -> _ViewReads:
+        """Reads left to the caller: :meth:`wait` returns at once."""
+        reads = cls(store, view, user_id)
+        reads.finish()
+        return reads
+
+    def read(self) -> None:
+        """Read the view's vectors and keywords (in a worker); keep their error for :meth:`wait`."""
         store, view = self._store, self._view
         try:
             view.vectors(store.kv, store.index, store.tenant, self._user_id)
@@ -104,16 +124,121 @@ class _ViewReads:
         except Exception as exc:  # raised in the caller's thread by wait()
             self._error = exc
 
+    def finish(self) -> None:
+        """Let :meth:`join` and :meth:`wait` return."""
+        self._done.set()
+
     def join(self) -> None:
         """Wait for the reads to end, whatever came of them."""
-        if self._thread is not None:
-            self._thread.join()
+        self._done.wait()
 
     def wait(self) -> None:
         """Wait for the reads; raise their error, if any."""
         self.join()
         if self._error is not None:
             raise self._error
+
+
+class _Crew:
+    """The worker threads, their job queue and who is free: what the threads hold on to.
+
+    Kept apart from :class:`_ViewWorkers` so an idle thread does not keep its
+    owner alive: an owner dropped without ``close`` stops its crew when collected.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._size = size
+        # Only a job a free worker was counted for is queued: none waits behind another's.
+        self._jobs: queue.SimpleQueue[_ViewReads | None] = queue.SimpleQueue()
+        self._lock = threading.Lock()
+        self._free = 0
+        self._threads: list[threading.Thread] = []
+        self._closed = False
+
+    def hand_over(self, job: _ViewReads) -> bool:
+        """Queue ``job`` for a free worker (starting one if fewer than ``size`` run); False if none."""
+        with self._lock:
+            if self._closed:
+                return False
+            if self._free > 0:
+                self._free -= 1
+            elif len(self._threads) < self._size:
+                thread = threading.Thread(target=self._serve, name=_WORKER_NAME, daemon=True)
+                thread.start()  # listed only once started: close() joins what is listed
+                self._threads.append(thread)
+            else:
+                return False
+            self._jobs.put(job)
+        return True
+
+    def _next_job(self) -> _ViewReads | None:
+        """The next job, or ``None`` to end: stopped, or idle for :data:`IDLE_S`."""
+        while True:
+            try:
+                return self._jobs.get(timeout=IDLE_S)
+            except queue.Empty:
+                with self._lock:
+                    # Jobs are queued under this lock: none queued means none is meant for
+                    # this worker, which is counted free, so it may go.
+                    if self._jobs.empty():
+                        self._free -= 1
+                        return None
+
+    def _serve(self) -> None:
+        try:
+            while (job := self._next_job()) is not None:
+                try:
+                    job.read()
+                    # Free before the caller goes on: its next cold recall finds this worker.
+                    with self._lock:
+                        self._free += 1
+                finally:
+                    job.finish()
+                # An idle worker must not keep the last user's view (and store) alive.
+                del job
+        finally:
+            with self._lock:
+                self._threads.remove(threading.current_thread())
+
+    def stop(self) -> list[threading.Thread]:
+        """Refuse new jobs; each worker ends after the jobs queued before. Its threads."""
+        with self._lock:
+            if not self._closed:
+                self._closed = True
+                for _ in self._threads:
+                    self._jobs.put(None)
+            return list(self._threads)
+
+
+class _ViewWorkers:
+    """Up to :data:`READ_WORKERS` long-lived threads reading cold views, started on demand.
+
+    A thread keeps its SQLite reader connection (per thread, see
+    :mod:`tiers.backends._sqlite_connections`) and Chroma's per-thread state
+    for its lifetime, instead of each cold recall opening them in a new thread;
+    it ends after :data:`IDLE_S` without work, or when the reader is closed.
+    A recall that finds no worker free reads its view itself: it never waits
+    for another user's reads.
+    """
+
+    def __init__(self, size: int) -> None:
+        self._crew = _Crew(size)
+        # A reader dropped without close() stops its workers when it is collected.
+        weakref.finalize(self, self._crew.stop)
+
+    def start(self, store: SessionStore, view: UserView, user_id: str) -> _ViewReads:
+        """Begin reading what the cold ``view`` lacks; nothing to do when it is warm."""
+        if view.needs_reads():
+            reads = _ViewReads(store, view, user_id)
+            if self._crew.hand_over(reads):
+                return reads
+        return _ViewReads.nothing(store, view, user_id)
+
+    def close(self, timeout: float | None) -> None:
+        """Stop the workers after the reads handed to them; wait up to ``timeout`` in all."""
+        deadline = None if timeout is None else time.monotonic() + timeout
+        for thread in self._crew.stop():
+            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
 
 
 class SessionReader:
@@ -127,6 +252,7 @@ class SessionReader:
     def __init__(self, store: SessionStore, weights: FusionWeights) -> None:
         self._store = store
         self._weights = weights
+        self._workers = _ViewWorkers(READ_WORKERS)
 
     def get_session(self, user_id: str, session_id: str) -> SessionSummary:
         """Read one stored summary."""
@@ -213,7 +339,7 @@ class SessionReader:
         view = store.view(user_id, settle=True)
         if not view.session_ids:
             return []
-        reading = _ViewReads(store, view, user_id)
+        reading = self._workers.start(store, view, user_id)
         try:
             (query_vector,) = store.embedder.embed([query])
         except BaseException:
@@ -235,6 +361,13 @@ class SessionReader:
             now=asked_at,
         )
         return self._read_best(user_id, ranked, top_k)
+
+    def close(self, timeout: float | None = None) -> None:
+        """Stop the view-reading workers, waiting up to ``timeout``; later recalls read alone.
+
+        Idempotent. Does not close the stores.
+        """
+        self._workers.close(timeout)
 
     def _read_best(self, user_id: str, ranked: list[Ranked], top_k: int) -> list[RecalledSession]:
         """The first ``top_k`` ranked sessions whose summary is still stored, read and decoded."""

@@ -48,6 +48,7 @@ views, index worker) and delegates to them:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from datetime import datetime
 
@@ -421,9 +422,14 @@ class SessionTier:
         """Stop the background worker after it finishes what is queued (up to ``timeout``).
 
         Work not done by then stays in the KV outbox and is replayed by the
-        next tier opened on this store. Does not close the stores. Idempotent.
+        next tier opened on this store. The threads reading cold recalls'
+        views stop too (later recalls read in the caller). Does not close the
+        stores. Idempotent.
         """
-        self._store.indexer.close(timeout)
+        started = time.monotonic()
+        self._reader.close(timeout)
+        left = None if timeout is None else max(0.0, timeout - (time.monotonic() - started))
+        self._store.indexer.close(left)
 
     # -- reads ------------------------------------------------------------------------------------
 

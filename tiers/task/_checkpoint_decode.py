@@ -16,7 +16,11 @@ for reads of one run (history, the latest checkpoint): one orjson parse per
 record, the run's id compared with the one asked for instead of matched
 against the id pattern again (the caller validated it), and the record's seq
 compared with the one its key names; every record it does not take goes to
-the exact decode the caller passes.
+the exact decode the caller passes. A record that begins as a step's writer
+begins one of version :data:`~tiers.task._format.EXACT_INTS_VERSION` (orjson
+wrote it whole, so it holds no int outside 64 bits) is parsed without
+:func:`may_hold_big_int`'s scan of its bytes; every other record keeps it.
+The record keeps its version, as pydantic's decode keeps it.
 """
 
 from __future__ import annotations
@@ -32,6 +36,7 @@ import orjson
 from tiers import keys
 from tiers.ids import ID_PATTERN
 from tiers.models import SCHEMA_VERSION, Checkpoint, CheckpointStatus
+from tiers.task._format import EXACT_INTS_VERSION
 
 __all__ = ["decode_run_checkpoints", "may_hold_big_int", "trusted_checkpoint"]
 
@@ -58,6 +63,8 @@ _FIELDS: Final = (
 # A trusted record's fields set: copied, not built from its keys again (they are these).
 _FIELDS_SET: Final = frozenset(_FIELDS)
 _STATUS: Final = {status.value: status for status in CheckpointStatus}
+# The record versions our dump writes (tiers.task._format): the same fields and forms in both.
+_VERSIONS: Final = frozenset((SCHEMA_VERSION, EXACT_INTS_VERSION))
 _SHA256_HEX: Final = r"[0-9a-f]{64}"
 # The one form pydantic dumps a UTC datetime in; fromisoformat reads it as pydantic does.
 # ASCII digits only: fromisoformat refuses other Unicode digits (with a ValueError).
@@ -74,6 +81,9 @@ _set = object.__setattr__
 # ASCII digits -> "0", every other byte -> " ": a run of 19 "0"s is where an int over 64 bits may be.
 _DIGITS_ONLY: Final = bytes(ord("0") if 48 <= b <= 57 else ord(" ") for b in range(256))
 _LONG_DIGITS: Final = b"0" * 19
+# How every record of version EXACT_INTS_VERSION begins: only a step's writer writes it (orjson's
+# dump, no space), and no record of an older release can begin so (they all say version 1).
+_EXACT_INTS_START: Final = b'{"schema_version":%d,' % EXACT_INTS_VERSION
 # keys.checkpoint_key as a %-format: a third of the f-string's time, per record of a page.
 _CHECKPOINT_KEY: Final = f"{keys.CHECKPOINT_PREFIX}%0{keys.SEQ_WIDTH}d"
 _loads = orjson.loads
@@ -97,12 +107,15 @@ def decode_run_checkpoints(
 ) -> list[Checkpoint]:
     """Stored checkpoints of run ``run_id`` as records, in their order; ours built without pydantic.
 
-    A record is built here when its bytes cannot hold an int over 64 bits, are
-    a JSON object with a valid ``commit_epoch`` (or none), are what
-    :func:`trusted_checkpoint` takes for this run, and its seq is the one its
-    key names. Every other record (an older release's, a corrupt or misplaced
-    one, one that may hold an int over 64 bits) goes to ``exact``, which
-    decides (the same record, or the :class:`~tiers.errors.CorruptRecordError`).
+    A record is built here when its bytes cannot hold an int over 64 bits (they
+    begin as a record of version :data:`~tiers.task._format.EXACT_INTS_VERSION`
+    does, or have no 19 digits in a row), are a JSON object with a valid
+    ``commit_epoch`` (or none), are what :func:`trusted_checkpoint` takes for
+    this run, and its seq is the one its key names. Every other record (an older
+    release's, a corrupt or misplaced one, one that may hold an int over 64 bits,
+    one that begins as version 2 does but is not all our form) goes to
+    ``exact``, which decides (the same record, or the
+    :class:`~tiers.errors.CorruptRecordError`).
 
     Args:
         run_id: The run they were read from, already validated as an id.
@@ -117,7 +130,8 @@ def decode_run_checkpoints(
     # One loop, one call per record: per-record calls cost more than the checks in them.
     for key, data in items:
         ckpt = None
-        if not may_hold_big_int(data):
+        # may_hold_big_int inlined, for the records not marked as holding no such int.
+        if data.startswith(_EXACT_INTS_START) or _LONG_DIGITS not in data.translate(_DIGITS_ONLY):
             try:
                 fields = _loads(data)
             except orjson.JSONDecodeError:
@@ -136,7 +150,9 @@ def trusted_checkpoint(fields: dict[str, Any], *, run_id: str | None = None) -> 
     """The checkpoint ``fields`` (a stored record's parsed JSON) hold, or ``None``.
 
     ``None`` unless every field is present, in the model's order, with the type
-    and form our own dump writes; the caller then validates with pydantic.
+    and form our own dump writes (``schema_version`` 1, or
+    :data:`~tiers.task._format.EXACT_INTS_VERSION`); the caller then validates
+    with pydantic.
     ``fields`` becomes the record's storage (the caller passes a dict it owns).
     ``run_id`` (a validated id): also ``None`` unless the record is that run's,
     whose id then needs no pattern match.
@@ -163,7 +179,7 @@ def trusted_checkpoint(fields: dict[str, Any], *, run_id: str | None = None) -> 
     ) = fields.values()
     if not (
         type(version) is int
-        and version == SCHEMA_VERSION
+        and version in _VERSIONS
         and type(checkpoint_id) is str
         and type(stored_run) is str
         and (

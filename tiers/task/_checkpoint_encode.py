@@ -11,6 +11,12 @@ only pydantic writes: a datetime subclass, an int over 64 bits, a set in the
 scope), it returns ``None`` and the caller takes pydantic's path, which then
 accepts or refuses exactly as before. ``tests/tiers/test_task_encode.py`` checks
 on generated steps that both give the same bytes.
+
+A step's writer asks for ``exact_ints``: a record orjson wrote whole holds no int
+outside 64 bits (orjson refuses one, and so did the :func:`tiers.codec.to_json_text`
+that wrote the output's text), so it is stored as record version
+:data:`~tiers.task._format.EXACT_INTS_VERSION`, which readers parse without
+looking for such an int. pydantic's path writes version 1 as before.
 """
 
 from __future__ import annotations
@@ -25,6 +31,7 @@ from pydantic import JsonValue, ValidationError
 from tiers.errors import InvalidInputError
 from tiers.ids import ID_PATTERN
 from tiers.models import SCHEMA_VERSION, Checkpoint, CheckpointStatus
+from tiers.task._format import EXACT_INTS_VERSION
 from tiers.task._records import encode_checkpoint
 
 __all__ = ["CheckpointFields", "build_checkpoint", "fast_checkpoint", "index_entry_bytes"]
@@ -97,11 +104,16 @@ def _utc(value: object) -> tuple[datetime, str] | None:
     return utc, f"{utc.isoformat()[:-6]}Z"
 
 
-def fast_checkpoint(fields: CheckpointFields) -> tuple[Checkpoint, bytes] | None:
+def fast_checkpoint(
+    fields: CheckpointFields, *, exact_ints: bool = False
+) -> tuple[Checkpoint, bytes] | None:
     """The checkpoint these fields make and its stored bytes, or ``None`` for pydantic to judge.
 
     The bytes are ``encode_checkpoint(Checkpoint(...), output, state_delta,
-    commit_epoch)``'s, byte for byte.
+    commit_epoch)``'s, byte for byte; with ``exact_ints`` but the
+    ``schema_version``, :data:`~tiers.task._format.EXACT_INTS_VERSION` (in the
+    returned record too: what any reader decodes from the bytes). ``exact_ints``
+    is only for an ``output_text`` that :func:`tiers.codec.to_json_text` wrote (or none).
     """
     (
         checkpoint_id,
@@ -143,7 +155,7 @@ def fast_checkpoint(fields: CheckpointFields) -> tuple[Checkpoint, bytes] | None
     ):
         return None
     record: dict[str, Any] = {
-        "schema_version": SCHEMA_VERSION,
+        "schema_version": EXACT_INTS_VERSION if exact_ints else SCHEMA_VERSION,
         "checkpoint_id": checkpoint_id,
         "run_id": run_id,
         "seq": seq,
@@ -183,13 +195,18 @@ def fast_checkpoint(fields: CheckpointFields) -> tuple[Checkpoint, bytes] | None
     return ckpt, data
 
 
-def build_checkpoint(fields: CheckpointFields) -> tuple[Checkpoint, bytes]:
+def build_checkpoint(
+    fields: CheckpointFields, *, exact_ints: bool = False
+) -> tuple[Checkpoint, bytes]:
     """A step's checkpoint and its stored bytes: :func:`fast_checkpoint`'s, else pydantic's.
+
+    ``exact_ints`` goes to :func:`fast_checkpoint`: its records are marked as
+    holding no int outside 64 bits; pydantic's (which may hold one) never are.
 
     Raises:
         InvalidInputError: A field the model refuses (named by ``field``).
     """
-    built = fast_checkpoint(fields)
+    built = fast_checkpoint(fields, exact_ints=exact_ints)
     if built is not None:
         return built
     try:

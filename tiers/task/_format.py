@@ -22,6 +22,21 @@ unknown fields): a store moves to a newer layout only when no older worker can
 still be writing to it. The next bump is one entry in :data:`LAYOUTS`, the
 writer's branch on it, and an upcaster.
 
+**Record versions of a checkpoint** are apart from the layout: every release
+reads both (:class:`~tiers.models.Record` takes any int ``schema_version``),
+so no writer asks for them and no store moves.
+
+===== ==================================================================================
+ ver   what the checkpoint record holds
+===== ==================================================================================
+  1    the model's fields as pydantic writes them (``encode``); any JSON value
+  2    the same fields and bytes but the version (:data:`EXACT_INTS_VERSION`): a step's
+       checkpoint orjson wrote whole (its output's text from
+       :func:`tiers.codec.to_json_text`, also orjson's), which cannot hold an int
+       outside 64 bits (orjson refuses one), so readers parse it without looking for
+       one; a record read keeps its version (pydantic's decode and ours alike)
+===== ==================================================================================
+
 Moving up happens two ways:
 
 * **on open, where it is safe**: a tenant without the record and without an
@@ -52,6 +67,7 @@ from tiers.errors import InvalidInputError
 from tiers.models import Record, RunInfo, UtcDatetime
 
 __all__ = [
+    "EXACT_INTS_VERSION",
     "LATEST",
     "LAYOUTS",
     "LEGACY",
@@ -78,6 +94,14 @@ LAYOUTS: Final = {
 
 LATEST: Final = max(LAYOUTS)
 """The layout new stores and migrated ones write."""
+
+EXACT_INTS_VERSION: Final = 2
+"""A checkpoint record's ``schema_version`` when orjson wrote every number in it (see above).
+
+A previous release reads such a record through pydantic, exactly as this one
+does. Only a step's writer writes it; a copy of such a record (a fork) keeps its
+output, scope and state delta, so it may keep the version.
+"""
 
 _PAGE = 256
 

@@ -467,7 +467,9 @@ def decode_stored_checkpoint(data: bytes, *, where: str) -> tuple[Checkpoint, in
     its event is a row of its own) and a layout-2 record both decode to the
     same :class:`~tiers.models.Checkpoint`; the second value is ``None`` for
     the first, the commit's lease epoch for the second (see
-    :func:`step_committed`).
+    :func:`step_committed`). A record of version
+    :data:`~tiers.task._format.EXACT_INTS_VERSION` decodes as pydantic decodes it,
+    its bytes still scanned for an int over 64 bits here (this is the exact path).
     """
     try:
         # orjson reads an int over 64 bits (19 digits or more) as a float: json keeps it.

@@ -420,7 +420,8 @@ class RunWriter:
                 event_seq=event_seq,
                 commit_epoch=commit_epoch,
                 output_text=output_text,
-            )
+            ),
+            exact_ints=True,  # output_text is to_json_text's (orjson's) or None
         )
         check_fits(store.kv.max_value_bytes, data, f"checkpoint of step {step!r}", "output")
         space = self.space

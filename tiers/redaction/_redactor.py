@@ -322,7 +322,11 @@ class Redactor:
         like one; ``key`` is the label of ``value`` itself (a fact's key).
         ``json_text`` is ``value``'s JSON text as orjson writes it (its
         ``dumps``, keys in any order), if the caller has it: it saves writing
-        it again.
+        it again. It is trusted, not checked: the rules are narrowed on it, so
+        a text that is not exactly that (one of the value before it changed,
+        or ``json.dumps``'s, which escapes non-ASCII letters) can leave a
+        secret of ``value`` unredacted. Pass only a text made from the very value
+        (:func:`tiers.codec.to_json_text`'s pair), else leave it out.
         """
         if not self._rules:
             return value

@@ -6,7 +6,8 @@ involved): a job handed to a worker ending on its idle timeout, the finalizer
 stopping a crew while a job is in flight, a ``BaseException`` out of a read.
 Then real tiers (SQLite, embedded Chroma, MiniLM) of two tenants on one store:
 concurrent cold recalls answer each tenant with its own sessions only, and a
-``close`` racing them leaves every recall answering. No timing is asserted.
+``close`` racing them leaves every recall answering; a recall whose worker
+cannot be started (a thread limit) reads its view itself. No timing is asserted.
 """
 
 from __future__ import annotations
@@ -202,3 +203,31 @@ def test_tenants_recalling_at_once_get_only_their_own_sessions_while_one_closes(
     assert wrong == []
     tiers["t2"].close()
     assert [t for t in threading.enumerate() if t.name == WORKER and t not in before] == []
+
+
+def test_a_recall_that_cannot_start_a_worker_reads_its_view_itself(
+    sqlite_kv: SqliteKVStore,
+    index: ChromaVectorIndex,
+    embedder: MiniLMEmbedder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    tier = SessionTier(sqlite_kv, index, embedder, tenant="t1", cache_users=0)
+    _summaries(tier, "t1")
+    start = threading.Thread.start
+
+    def refused(thread: threading.Thread) -> None:
+        if thread.name == WORKER:
+            # What a process or container at its thread limit gets from start().
+            raise RuntimeError("can't start new thread")
+        start(thread)
+
+    monkeypatch.setattr(threading.Thread, "start", refused)
+    hits = tier.recall_relevant("u0", "ferry to Zanzibar")
+    assert [(h.summary.user_id, h.summary.session_id) for h in hits] == [("u0", "t1-trip")]
+    monkeypatch.undo()
+    # Once threads can be had again, a cold recall gets a worker as usual.
+    hits = tier.recall_relevant("u1", "ferry to Zanzibar")
+    assert [(h.summary.user_id, h.summary.session_id) for h in hits] == [("u1", "t1-trip")]
+    assert tier._reader._workers._crew._threads
+    tier.close()
+    assert not tier._reader._workers._crew._threads

@@ -7,16 +7,21 @@ stopping a crew while a job is in flight, a ``BaseException`` out of a read.
 Then real tiers (SQLite, embedded Chroma, MiniLM) of two tenants on one store:
 concurrent cold recalls answer each tenant with its own sessions only, and a
 ``close`` racing them leaves every recall answering; a recall whose worker
-cannot be started (a thread limit) reads its view itself. No timing is asserted.
+cannot be started (a thread limit) reads its view itself; many tenant views of
+one Memory hold a bounded number of workers and release them and their SQLite
+descriptors at close. No timing is asserted.
 """
 
 from __future__ import annotations
 
 import gc
+import os
 import threading
+from pathlib import Path
 
 import pytest
 
+from memory import Memory
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.backends.sqlite_kv import SqliteKVStore
@@ -231,3 +236,34 @@ def test_a_recall_that_cannot_start_a_worker_reads_its_view_itself(
     assert tier._reader._workers._crew._threads
     tier.close()
     assert not tier._reader._workers._crew._threads
+
+
+def test_many_tenant_views_hold_bounded_workers_and_release_all_at_close(tmp_path: Path) -> None:
+    before = threading.enumerate()
+    data = tmp_path / "data"
+    tenants = [f"t{n}" for n in range(12)]
+    with Memory.open(data) as memory:
+        for tenant in tenants:
+            memory.for_tenant(tenant).save_session(
+                SessionSummary(session_id="trip", user_id="u0", task_description="ferry trip")
+            )
+        memory.sessions.flush()
+        for tenant in tenants:
+            view = memory.for_tenant(tenant)
+            view.sessions.flush()
+            hits = view.sessions.recall_relevant("u0", "ferry", top_k=5)
+            assert [h.summary.session_id for h in hits] == ["trip"]
+        workers = [t for t in threading.enumerate() if t.name == WORKER and t not in before]
+        # A worker per tenant that recalled (each recall was alone): bounded by tenants x size.
+        assert 1 <= len(workers) <= len(tenants) * _reads.READ_WORKERS
+    assert [t for t in threading.enumerate() if t.name == WORKER and t not in before] == []
+    prefix = str((data / "tiermem.sqlite3").resolve())
+    left = [fd for fd in os.listdir("/proc/self/fd") if _target(fd).startswith(prefix)]
+    assert left == []
+
+
+def _target(fd: str) -> str:
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:  # closed since the listing (the listing's own descriptor)
+        return ""

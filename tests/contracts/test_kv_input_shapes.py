@@ -9,6 +9,8 @@ non-ASCII text in a subclass, NUL and spaces, surrogates, a value one byte over
 the limit. Each is committed alone (the fast path's only item) and after a valid
 put, on every backend the ``kv`` fixture gives and on an encrypted SQLite store,
 and gets the error type and field the full checks give (what 8b1f80d refused).
+A key of ``None`` (a Put, Delete or Check) was let through then, as if it
+were a DeleteSpace's missing key: it is refused as a non-str key now.
 """
 
 from __future__ import annotations

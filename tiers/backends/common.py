@@ -65,8 +65,8 @@ def _check_space(space: object) -> None:
 
 def _check_address(space: object, key: object) -> None:
     _check_space(space)
-    # None is not empty but not text either: check_text refuses it (a Put, Delete or
-    # Check of key None reached the store once, as a DeleteSpace's missing key).
+    # A key of None is refused by check_text like any non-str: only a DeleteSpace has
+    # no key, and it is checked by _check_space alone.
     if key is not None and not key:
         raise InvalidInputError("a storage key must not be empty", field="key")
     check_text(key, "key")

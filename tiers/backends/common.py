@@ -57,13 +57,17 @@ def check_scan(space: str, prefix: str, start_after: str | None) -> None:
         check_text(start_after, "start_after")
 
 
-def _check_address(space: object, key: object | None) -> None:
+def _check_space(space: object) -> None:
     if not space:
         raise InvalidInputError("a storage space must not be empty", field="space")
     check_text(space, "space")
-    if key is None:
-        return
-    if not key:
+
+
+def _check_address(space: object, key: object) -> None:
+    _check_space(space)
+    # A key of None is refused by check_text like any non-str: only a DeleteSpace has
+    # no key, and it is checked by _check_space alone.
+    if key is not None and not key:
         raise InvalidInputError("a storage key must not be empty", field="key")
     check_text(key, "key")
 
@@ -97,7 +101,7 @@ def check_writes(writes: Sequence[Write], max_value_bytes: int) -> None:
 
 def _check_write(write: Write, max_value_bytes: int) -> None:
     if isinstance(write, DeleteSpace):
-        _check_address(write.space, None)
+        _check_space(write.space)
         return
     _check_address(write.space, write.key)
     if isinstance(write, Put):

@@ -156,7 +156,10 @@ class _Crew:
         self._closed = False
 
     def hand_over(self, job: _ViewReads) -> bool:
-        """Queue ``job`` for a free worker (starting one if fewer than ``size`` run); False if none."""
+        """Queue ``job`` for a free worker (starting one if fewer than ``size`` run); False if none.
+
+        Also False when no thread can be started: the caller reads, as when all are busy.
+        """
         with self._lock:
             if self._closed:
                 return False
@@ -164,7 +167,12 @@ class _Crew:
                 self._free -= 1
             elif len(self._threads) < self._size:
                 thread = threading.Thread(target=self._serve, name=_WORKER_NAME, daemon=True)
-                thread.start()  # listed only once started: close() joins what is listed
+                try:
+                    thread.start()  # listed only once started: close() joins what is listed
+                except RuntimeError:
+                    # No thread to be had (the process's or container's limit, or the
+                    # interpreter shutting down): the caller reads its view itself.
+                    return False
                 self._threads.append(thread)
             else:
                 return False

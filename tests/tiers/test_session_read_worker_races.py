@@ -267,3 +267,34 @@ def _target(fd: str) -> str:
         return os.readlink(f"/proc/self/fd/{fd}")
     except OSError:  # closed since the listing (the listing's own descriptor)
         return ""
+
+
+def test_the_process_cap_bounds_workers_across_tenants_and_recalls_still_answer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A cap of 3 for this test (the real one, 16, takes as many tenants to reach): each worker
+    # gives back the place it took in the cap it took it from, so earlier tests' idle
+    # workers do not count here.
+    cap = threading.BoundedSemaphore(3)
+    monkeypatch.setattr(_reads, "_process_workers", cap)
+    before = threading.enumerate()
+    tenants = [f"t{n}" for n in range(8)]
+    with Memory.open(tmp_path / "data") as memory:
+        for tenant in tenants:
+            memory.for_tenant(tenant).save_session(
+                SessionSummary(session_id=f"trip-{tenant}", user_id="u0", task_description="ferry")
+            )
+        memory.sessions.flush()
+        for tenant in tenants:
+            view = memory.for_tenant(tenant)
+            view.sessions.flush()
+            hits = view.sessions.recall_relevant("u0", "ferry", top_k=5)
+            # Past the cap the recall reads its view itself: the same answer.
+            assert [h.summary.session_id for h in hits] == [f"trip-{tenant}"]
+        workers = [t for t in threading.enumerate() if t.name == WORKER and t not in before]
+        assert 1 <= len(workers) <= 3
+        # Every place is taken: no tenant past the third started a worker.
+        assert not cap.acquire(blocking=False)
+    assert [t for t in threading.enumerate() if t.name == WORKER and t not in before] == []
+    for _ in range(3):  # each worker gave its place back when it ended
+        assert cap.acquire(blocking=False)

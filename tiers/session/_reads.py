@@ -86,6 +86,12 @@ READ_WORKERS = 2
 # service keeps a tier per tenant, and a tenant nobody asks should not hold threads and
 # SQLite readers until the process ends. Steady traffic keeps its workers.
 IDLE_S = 30.0
+# Every reader's workers together, in one process: a service keeps a tier per tenant, each
+# with its own crew, so without a cap thousands of tenants asked within IDLE_S would hold
+# thousands of threads (and SQLite readers). Past the cap a cold recall reads its view
+# itself, as when its own workers are busy.
+MAX_PROCESS_READ_WORKERS = 16
+_process_workers = threading.BoundedSemaphore(MAX_PROCESS_READ_WORKERS)
 _WORKER_NAME = "tiermem-recall-view"
 
 
@@ -165,13 +171,18 @@ class _Crew:
                 return False
             if self._free > 0:
                 self._free -= 1
-            elif len(self._threads) < self._size:
-                thread = threading.Thread(target=self._serve, name=_WORKER_NAME, daemon=True)
+            elif len(self._threads) < self._size and (cap := _process_workers).acquire(
+                blocking=False
+            ):
+                thread = threading.Thread(
+                    target=self._serve, args=(cap,), name=_WORKER_NAME, daemon=True
+                )
                 try:
                     thread.start()  # listed only once started: close() joins what is listed
                 except RuntimeError:
                     # No thread to be had (the process's or container's limit, or the
                     # interpreter shutting down): the caller reads its view itself.
+                    cap.release()
                     return False
                 self._threads.append(thread)
             else:
@@ -192,7 +203,8 @@ class _Crew:
                         self._free -= 1
                         return None
 
-    def _serve(self) -> None:
+    def _serve(self, cap: threading.BoundedSemaphore) -> None:
+        """Serve jobs until stopped or idle; then give back the place taken in ``cap``."""
         try:
             while (job := self._next_job()) is not None:
                 try:
@@ -207,6 +219,7 @@ class _Crew:
         finally:
             with self._lock:
                 self._threads.remove(threading.current_thread())
+            cap.release()
 
     def stop(self) -> list[threading.Thread]:
         """Refuse new jobs; each worker ends after the jobs queued before. Its threads."""

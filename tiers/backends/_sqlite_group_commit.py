@@ -29,7 +29,7 @@ import functools
 import sqlite3
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import NamedTuple
 
 from tiers.backends._sqlite_connections import SqliteConnections, WriteLock, end_transaction
@@ -178,6 +178,27 @@ class GroupCommitWriter:
 
     def _transact_alone(self, writes: Sequence[Write], checks: Sequence[Check]) -> None:
         """One commit in a transaction of its own: :meth:`_commit_batch` for a batch of one."""
+
+        def apply(conn: sqlite3.Connection) -> None:
+            try:
+                _apply_alone(conn, writes, checks)
+            except ConflictError:
+                # A failed check rolls the whole transaction back (not counted).
+                conn.execute("ROLLBACK")
+                raise
+
+        self._transact(apply)
+        self.acked += 1
+        self.batches += 1
+
+    def _transact(self, apply: Callable[[sqlite3.Connection], None]) -> bool:
+        """Run ``apply`` in one write transaction; whether it committed (not rolled back by ``apply``).
+
+        Under the OS write lock, ``BEGIN IMMEDIATE`` takes SQLite's write lock
+        first, so checks and writes see the same state even with other processes
+        on the file; any error rolls back, and SQLite's is raised as
+        :class:`BackendUnavailableError`.
+        """
         if self._connections.closed:
             raise self._connections.closed_error()
         conn = self.conn
@@ -185,13 +206,11 @@ class GroupCommitWriter:
         try:
             conn.execute("BEGIN IMMEDIATE")
             try:
-                try:
-                    _apply_alone(conn, writes, checks)
-                except ConflictError:
-                    # A failed check rolls the whole transaction back (not counted).
-                    conn.execute("ROLLBACK")
-                    raise
+                apply(conn)
+                if not conn.in_transaction:
+                    return False
                 conn.execute("COMMIT")
+                return True
             except BaseException:
                 end_transaction(conn, "ROLLBACK")
                 raise
@@ -201,8 +220,6 @@ class GroupCommitWriter:
             ) from exc
         finally:
             self.write_lock.release()
-        self.acked += 1
-        self.batches += 1
 
     def _lead(self, own: _Pending) -> None:
         """Commit every queued transaction in one batch, then wake its callers and the next leader."""
@@ -293,39 +310,23 @@ class GroupCommitWriter:
         """
         failure: BaseException | None = None
         try:
-            if self._connections.closed:
-                raise self._connections.closed_error()
-            conn = self.conn
-            self.write_lock.acquire()
-            try:
-                # IMMEDIATE takes the write lock first, so the checks and the writes
-                # see the same state even with other processes on the file.
-                conn.execute("BEGIN IMMEDIATE")
-                try:
-                    if len(batch) == 1:
-                        # Alone: a failed check rolls the whole transaction back.
-                        try:
-                            _apply_alone(conn, batch[0].writes, batch[0].checks)
-                        except ConflictError as exc:
-                            batch[0].error = exc
-                            conn.execute("ROLLBACK")
-                            return
-                    elif any(isinstance(w, DeleteSpace) for p in batch for w in p.writes):
-                        _apply_with_savepoints(conn, batch)
-                    else:
-                        _apply_merged(conn, batch)
-                    conn.execute("COMMIT")
-                except BaseException:
-                    end_transaction(conn, "ROLLBACK")
-                    raise
-            except sqlite3.Error as exc:
-                raise BackendUnavailableError(
-                    f"SQLite commit failed on {self._connections.path}: {exc}"
-                ) from exc
-            finally:
-                self.write_lock.release()
-            self.acked += sum(1 for p in batch if p.error is None)
-            self.batches += 1
+
+            def apply(conn: sqlite3.Connection) -> None:
+                if len(batch) == 1:
+                    # Alone: a failed check rolls the whole transaction back.
+                    try:
+                        _apply_alone(conn, batch[0].writes, batch[0].checks)
+                    except ConflictError as exc:
+                        batch[0].error = exc
+                        conn.execute("ROLLBACK")
+                elif any(isinstance(w, DeleteSpace) for p in batch for w in p.writes):
+                    _apply_with_savepoints(conn, batch)
+                else:
+                    _apply_merged(conn, batch)
+
+            if self._transact(apply):
+                self.acked += sum(1 for p in batch if p.error is None)
+                self.batches += 1
         except BaseException as exc:
             failure = exc
         finally:

@@ -87,8 +87,8 @@ def _text(value: object, longest: int) -> bool:
     return type(value) is str and 1 <= len(value) <= longest
 
 
-def _utc(value: object) -> tuple[datetime, str] | None:
-    """``value`` as the model holds it (UTC) and as pydantic writes it, or ``None``."""
+def _utc(value: object) -> tuple[datetime, orjson.Fragment] | None:
+    """``value`` as the model holds it (UTC) and as pydantic writes it (JSON text), or ``None``."""
     if type(value) is not datetime:
         return None
     if value.tzinfo is UTC:
@@ -100,8 +100,10 @@ def _utc(value: object) -> tuple[datetime, str] | None:
         except (OverflowError, ValueError):
             return None  # pydantic's path raises what it raised before
     if utc.year < 1000:
-        return None  # isoformat pads the year as pydantic does; not worth proving for these
-    return utc, f"{utc.isoformat()[:-6]}Z"
+        return None  # orjson pads the year as pydantic does; not worth proving for these
+    # orjson writes a UTC time as pydantic does (isoformat's text with "Z" for "+00:00":
+    # microseconds only when not 0), in a quarter of isoformat's time.
+    return utc, orjson.Fragment(orjson.dumps(utc, option=orjson.OPT_UTC_Z))
 
 
 def fast_checkpoint(

@@ -89,6 +89,8 @@ class HeadUpdate:
 
 
 _HEAD_FIELDS = frozenset(HeadUpdate.__annotations__)
+# The head's fields every transaction sets besides the HeadUpdate's (Txn.head).
+_MOVED = ("status", "event_seq", "updated_at")
 _new_run_info = RunInfo.__new__
 _set = object.__setattr__
 
@@ -153,15 +155,23 @@ class Txn:
     def head(self) -> RunInfo:
         """The head after this transaction."""
         base = self.base
-        update = self.update.changes()
-        update["status"] = self.status
-        update["event_seq"] = base.event_seq + self.appended
-        update["updated_at"] = self.now
-        # What base.model_copy(update=update) builds (no validation: the fields were
-        # checked where they were assigned), without its generic copying: once per commit.
+        assigned = self.update.__dict__  # what changes() copies: read here without the copy
+        # What base.model_copy(update=...) builds (no validation: the fields were checked
+        # where they were assigned), without its generic copying: once per commit. The
+        # three fields set last are never in `assigned` (HeadUpdate does not declare them).
         head = _new_run_info(RunInfo)
-        _set(head, "__dict__", {**base.__dict__, **update})
-        _set(head, "__pydantic_fields_set__", base.__pydantic_fields_set__ | update.keys())
+        _set(
+            head,
+            "__dict__",
+            {
+                **base.__dict__,
+                **assigned,
+                "status": self.status,
+                "event_seq": base.event_seq + len(self.events) + self.held,
+                "updated_at": self.now,
+            },
+        )
+        _set(head, "__pydantic_fields_set__", base.__pydantic_fields_set__.union(assigned, _MOVED))
         _set(head, "__pydantic_extra__", None)
         _set(head, "__pydantic_private__", None)
         return head

@@ -102,3 +102,15 @@ def test_a_time_in_another_zone_is_written_in_utc() -> None:
     converted = _utc(when)
     assert converted is not None
     assert orjson.dumps(converted[1]) == b'"2026-11-27T14:30:00.000005Z"'
+
+
+def test_set_head_checkpoint_assigns_the_three_fields_as_attributes_do() -> None:
+    at = datetime(2026, 11, 27, 9, 0, tzinfo=UTC)
+    base = RunInfo(run_id="r1", user_id="u")
+    direct, by_attribute = Txn("r1", 1, base, at), Txn("r1", 1, base, at)
+    direct.update.set_head_checkpoint(4, "c4", at)
+    by_attribute.update.head_seq = 4
+    by_attribute.update.head_checkpoint_id = "c4"
+    by_attribute.update.last_checkpoint_at = at
+    assert direct.update.changes() == by_attribute.update.changes()
+    assert direct.head() == by_attribute.head()

@@ -45,6 +45,9 @@ _OPTIONS: Final = (
     | orjson.OPT_PASSTHROUGH_DATACLASS
 )
 _new = Checkpoint.__new__
+# Read once: an enum member's .value goes through a Python-level descriptor (~0.4 us).
+_COMMITTED: Final = CheckpointStatus.COMMITTED
+_COMMITTED_TEXT: Final = _COMMITTED.value
 
 
 class CheckpointFields(NamedTuple):
@@ -167,7 +170,7 @@ def fast_checkpoint(
         # The text orjson wrote for this very value (to_json_text): the same bytes again.
         "output": output if output_text is None else orjson.Fragment(output_text),
         "idempotency_key": idempotency_key,
-        "status": CheckpointStatus.COMMITTED.value,
+        "status": _COMMITTED_TEXT,
         "scope": scope,
         "started_at": started[1],
         "created_at": created[1],
@@ -184,7 +187,7 @@ def fast_checkpoint(
     if commit_epoch is not None:
         del record["commit_epoch"]
     record["output"] = output
-    record["status"] = CheckpointStatus.COMMITTED
+    record["status"] = _COMMITTED
     record["started_at"] = started[0]
     record["created_at"] = created[0]
     if scope is not None:

@@ -8,7 +8,7 @@ appends, as :mod:`tiers.task._lifecycle` declares.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import TYPE_CHECKING, Any, NamedTuple, TypeVar
@@ -91,10 +91,13 @@ class HeadUpdate:
         assigned["head_checkpoint_id"] = checkpoint_id
         assigned["last_checkpoint_at"] = at
 
-    def changes(self) -> dict[str, Any]:
-        """The fields assigned, by name (values as assigned, not copied or converted)."""
-        # The instance holds exactly the fields assigned: the class has no defaults.
-        return dict(self.__dict__)
+    def changes(self) -> Mapping[str, Any]:
+        """The fields assigned, by name (values as assigned), as a read-only view.
+
+        The instance's own mapping, not a copy (every commit reads it once): the
+        class has no defaults, so it holds exactly the fields assigned.
+        """
+        return self.__dict__
 
 
 _HEAD_FIELDS = frozenset(HeadUpdate.__annotations__)
@@ -164,7 +167,7 @@ class Txn:
     def head(self) -> RunInfo:
         """The head after this transaction."""
         base = self.base
-        assigned = self.update.__dict__  # what changes() copies: read here without the copy
+        assigned = self.update.changes()
         # What base.model_copy(update=...) builds (no validation: the fields were checked
         # where they were assigned), without its generic copying: once per commit. The
         # three fields set last are never in `assigned` (HeadUpdate does not declare them).

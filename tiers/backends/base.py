@@ -19,9 +19,9 @@ against every implementation.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
+from typing import Final, Protocol, runtime_checkable
 
 import numpy as np
 import numpy.typing as npt
@@ -29,13 +29,23 @@ import numpy.typing as npt
 DEFAULT_MAX_VALUE_BYTES = 1 << 20
 
 
-@dataclass(frozen=True, slots=True)
+# Put and Check are built several times a commit (six a task step). The __init__ a frozen
+# dataclass generates stores each field with object.__setattr__, which ends in the slot's
+# descriptor; theirs call those descriptors directly (_PUT_SLOTS, _CHECK_SLOTS): the same
+# object (frozen, compared and hashed as before), built in about two thirds of the time.
+@dataclass(frozen=True, slots=True, init=False)
 class Put:
     """Set ``key`` in ``space`` to ``value``."""
 
     space: str
     key: str
     value: bytes
+
+    def __init__(self, space: str, key: str, value: bytes) -> None:
+        set_space, set_key, set_value = _PUT_SLOTS
+        set_space(self, space)
+        set_key(self, key)
+        set_value(self, value)
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +66,7 @@ class DeleteSpace:
 Write = Put | Delete | DeleteSpace
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(frozen=True, slots=True, init=False)
 class Check:
     """A precondition of a commit: ``key`` in ``space`` holds exactly ``expected``.
 
@@ -66,6 +76,21 @@ class Check:
     space: str
     key: str
     expected: bytes | None
+
+    def __init__(self, space: str, key: str, expected: bytes | None) -> None:
+        set_space, set_key, set_expected = _CHECK_SLOTS
+        set_space(self, space)
+        set_key(self, key)
+        set_expected(self, expected)
+
+
+def _slot_setters(cls: type, *names: str) -> tuple[Callable[[object, object], None], ...]:
+    """The ``__set__`` of each named slot of ``cls``: stores a value, bypassing ``__setattr__``."""
+    return tuple(vars(cls)[name].__set__ for name in names)
+
+
+_PUT_SLOTS: Final = _slot_setters(Put, "space", "key", "value")
+_CHECK_SLOTS: Final = _slot_setters(Check, "space", "key", "expected")
 
 
 @runtime_checkable

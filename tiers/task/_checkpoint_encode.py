@@ -45,6 +45,9 @@ _OPTIONS: Final = (
     | orjson.OPT_PASSTHROUGH_DATACLASS
 )
 _new = Checkpoint.__new__
+# Read once: an enum member's .value goes through a Python-level descriptor (~0.4 us).
+_COMMITTED: Final = CheckpointStatus.COMMITTED
+_COMMITTED_TEXT: Final = _COMMITTED.value
 
 
 class CheckpointFields(NamedTuple):
@@ -87,8 +90,8 @@ def _text(value: object, longest: int) -> bool:
     return type(value) is str and 1 <= len(value) <= longest
 
 
-def _utc(value: object) -> tuple[datetime, str] | None:
-    """``value`` as the model holds it (UTC) and as pydantic writes it, or ``None``."""
+def _utc(value: object) -> tuple[datetime, orjson.Fragment] | None:
+    """``value`` as the model holds it (UTC) and as pydantic writes it (JSON text), or ``None``."""
     if type(value) is not datetime:
         return None
     if value.tzinfo is UTC:
@@ -100,8 +103,10 @@ def _utc(value: object) -> tuple[datetime, str] | None:
         except (OverflowError, ValueError):
             return None  # pydantic's path raises what it raised before
     if utc.year < 1000:
-        return None  # isoformat pads the year as pydantic does; not worth proving for these
-    return utc, f"{utc.isoformat()[:-6]}Z"
+        return None  # orjson pads the year as pydantic does; not worth proving for these
+    # orjson writes a UTC time as pydantic does (isoformat's text with "Z" for "+00:00":
+    # microseconds only when not 0), in a quarter of isoformat's time.
+    return utc, orjson.Fragment(orjson.dumps(utc, option=orjson.OPT_UTC_Z))
 
 
 def fast_checkpoint(
@@ -165,7 +170,7 @@ def fast_checkpoint(
         # The text orjson wrote for this very value (to_json_text): the same bytes again.
         "output": output if output_text is None else orjson.Fragment(output_text),
         "idempotency_key": idempotency_key,
-        "status": CheckpointStatus.COMMITTED.value,
+        "status": _COMMITTED_TEXT,
         "scope": scope,
         "started_at": started[1],
         "created_at": created[1],
@@ -182,7 +187,7 @@ def fast_checkpoint(
     if commit_epoch is not None:
         del record["commit_epoch"]
     record["output"] = output
-    record["status"] = CheckpointStatus.COMMITTED
+    record["status"] = _COMMITTED
     record["started_at"] = started[0]
     record["created_at"] = created[0]
     if scope is not None:

@@ -430,9 +430,7 @@ class RunWriter:
         index = index_entry_bytes(seq, ckpt_id, digest)
         txn.puts += [Put(space, ckpt_key, data), Put(space, index_key, index)]
         txn.checks += [Check(space, ckpt_key, None), Check(space, index_key, entry)]
-        txn.update.head_seq = seq
-        txn.update.head_checkpoint_id = ckpt_id
-        txn.update.last_checkpoint_at = txn.now
+        txn.update.set_head_checkpoint(seq, ckpt_id, txn.now)
         if self.known_keys is not None:
             self.known_keys.add(key)
         if delta:

@@ -46,7 +46,7 @@ from pathlib import Path
 
 import orjson
 
-from tiers.redaction import Redactor, luhn_valid
+from tiers.redaction import Redactor, luhn_valid, redact_dumped_json
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "recall-dev"
 FILES = ("locomo.sessions.jsonl", "longmemeval_s.sessions.jsonl.gz")
@@ -458,7 +458,7 @@ def bench_chat_state(mode: str, rounds: int = 2) -> None:
     for _ in range(rounds):
         start = time.process_time()
         for p, text in zip(payloads, texts, strict=True):
-            redactor.redact_json(p, json_text=text)
+            redact_dumped_json(redactor, p, text)
         best_text = min(best_text, time.process_time() - start)
     print(
         f"\n== chat-state checkpoints, mode {mode}: {len(payloads)} payloads of {size:,.0f} bytes: "

@@ -14,15 +14,17 @@ from __future__ import annotations
 import enum
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import orjson
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tiers import keys
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.codec import to_json_text
-from tiers.redaction import Redactor, luhn_valid
+from tiers.redaction import Redactor, luhn_valid, redact_dumped_json
 from tiers.redaction._scan import GateScan
 from tiers.task import TaskTier
 
@@ -195,7 +197,7 @@ def test_a_steps_json_text_narrows_as_the_value_itself_does() -> None:
             if text is not None:
                 # The text the step passes is orjson's dump of the very value redacted.
                 assert orjson.loads(text) == output
-                redacted = redactor.redact_json(output, json_text=text)
+                redacted = redact_dumped_json(redactor, output, text)
                 assert redacted == redactor.redact_json(output), raw
             else:
                 redacted = redactor.redact_json(output)
@@ -221,3 +223,15 @@ def test_a_steps_secret_is_not_stored(tmp_path: Path) -> None:
                 assert secret.encode() not in data, raw
     finally:
         kv.close()
+
+
+def test_the_trusted_text_is_not_on_the_public_redactor() -> None:
+    # A wrong text skips secrets (above), so the public method takes none: a caller that has the
+    # value's orjson text uses redact_dumped_json, which the task writer does.
+    secret_free_text: dict[str, Any] = {"json_text": b"{}"}
+    with pytest.raises(TypeError):
+        Redactor("secrets").redact_json({"password": "hunter2-" + SECRET}, **secret_free_text)
+    value = {"password": "hunter2-" + SECRET}
+    assert redact_dumped_json(Redactor("secrets"), value, orjson.dumps(value)) == Redactor(
+        "secrets"
+    ).redact_json(value)

@@ -50,7 +50,7 @@ text and walks JSON.
 from __future__ import annotations
 
 from tiers.redaction._base import DEFAULT_PLACEHOLDER, Finding, RedactMode
-from tiers.redaction._redactor import OFF, Redactor, check_patterns
+from tiers.redaction._redactor import OFF, Redactor, check_patterns, redact_dumped_json
 from tiers.redaction._values import luhn_valid
 
 __all__ = [
@@ -61,4 +61,5 @@ __all__ = [
     "Redactor",
     "check_patterns",
     "luhn_valid",
+    "redact_dumped_json",
 ]

@@ -314,20 +314,17 @@ class Redactor:
             rule_set = self._all
         return text
 
-    def redact_json(self, value: J, *, key: str | None = None, json_text: bytes | None = None) -> J:
+    def redact_json(self, value: J, *, key: str | None = None) -> J:
         """A JSON value with every string redacted; the same object when nothing changed.
 
         A string under a key naming a credential (``password``, ``api_key``,
         ``clientSecret``, ``Authorization``...) is replaced whole when it looks
         like one; ``key`` is the label of ``value`` itself (a fact's key).
-        ``json_text`` is ``value``'s JSON text as orjson writes it (its
-        ``dumps``, keys in any order), if the caller has it: it saves writing
-        it again. It is trusted, not checked: the rules are narrowed on it, so
-        a text that is not exactly that (one of the value before it changed,
-        or ``json.dumps``'s, which escapes non-ASCII letters) can leave a
-        secret of ``value`` unredacted. Pass only a text made from the very value
-        (:func:`tiers.codec.to_json_text`'s pair), else leave it out.
         """
+        return self._redact_json(value, key, None)
+
+    def _redact_json(self, value: J, key: str | None, json_text: bytes | None) -> J:
+        """:meth:`redact_json`, the rules narrowed on ``json_text`` when given (trusted)."""
         if not self._rules:
             return value
         rule_set, by_key = self._narrow(value, key, json_text)
@@ -474,3 +471,17 @@ class Redactor:
 
 OFF: Final = Redactor("off")
 """A redactor that changes nothing (what the tiers use when given none)."""
+
+
+def redact_dumped_json(redactor: Redactor, value: J, json_text: bytes) -> J:
+    """``redactor.redact_json(value)`` for a caller that has ``value``'s JSON text already.
+
+    ``json_text`` must be orjson's ``dumps`` of this very value (keys in any
+    order; :func:`tiers.codec.to_json_text`'s pair): the rules are narrowed on
+    it instead of a new dump. It is trusted, not checked: another text (one of
+    the value before it changed, or ``json.dumps``'s, which escapes non-ASCII
+    letters) can leave a secret of ``value`` unredacted. So this is not on
+    :class:`Redactor`'s public face (``memory`` exports the class): the task
+    tier's writer, which made the pair, is its caller.
+    """
+    return redactor._redact_json(value, None, json_text)

@@ -37,6 +37,7 @@ from tiers.errors import (
     StaleWriterError,
 )
 from tiers.models import Checkpoint, RunInfo, RunStatus
+from tiers.redaction import redact_dumped_json
 from tiers.task._checkpoint_encode import CheckpointFields, build_checkpoint, index_entry_bytes
 from tiers.task._records import (
     EventKind,
@@ -383,7 +384,11 @@ class RunWriter:
         # Redacted before it is stored, and what the step returns is what was stored, so
         # the first execution and every replay see the same output (digest: the original's).
         redact = store.redactor.redact_json
-        redacted = redact(output, json_text=output_text)
+        redacted = (
+            redact(output)
+            if output_text is None
+            else redact_dumped_json(store.redactor, output, output_text)
+        )
         if redacted is not output:
             output, output_text = redacted, None  # the text is the unredacted value's
         if scope is not None:

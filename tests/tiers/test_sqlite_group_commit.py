@@ -22,22 +22,13 @@ from pathlib import Path
 import pytest
 
 from tests.contracts.test_kv_contract import descriptors_under
+from tests.waiting import wait_until
 from tiers.backends.base import Check, Delete, DeleteSpace, Put, Write
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.errors import ConflictError
 from tiers.task import TaskTier
 
 WAIT_S = 30
-
-
-def _wait_until(condition: Callable[[], bool]) -> None:
-    """Poll ``condition`` until it holds (fails after :data:`WAIT_S`, never asserts a duration)."""
-    done = threading.Event()
-    for _ in range(WAIT_S * 1000):
-        if condition():
-            return
-        done.wait(0.001)
-    raise AssertionError("condition not reached")
 
 
 class _Caller:
@@ -72,7 +63,7 @@ def _one_batch(store: SqliteKVStore) -> Iterator[Callable[[list[Write], list[Che
             expected = len(callers)
             callers.append(caller)
             caller.thread.start()
-            _wait_until(lambda: group._leading and len(group._queue) == expected)
+            wait_until(lambda: group._leading and len(group._queue) == expected)
             return caller
 
         yield queue

@@ -11,27 +11,18 @@ and after batches of several callers the next commit gathers as before.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.waiting import wait_until
 from tiers.backends import _sqlite_group_commit as group_commit
 from tiers.backends.base import Check, Put, Write
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.errors import ConflictError, StoreClosedError
 
 WAIT_S = 30
-
-
-def _wait_until(condition: Callable[[], bool]) -> None:
-    """Poll ``condition`` until it holds (fails after :data:`WAIT_S`, never asserts a duration)."""
-    done = threading.Event()
-    for _ in range(WAIT_S * 1000):
-        if condition():
-            return
-        done.wait(0.001)
-    raise AssertionError("condition not reached")
 
 
 @pytest.fixture
@@ -108,9 +99,9 @@ def test_a_caller_arriving_during_a_lone_commit_queues_and_is_handed_the_lead(
     try:
         first.start()
         # The first caller leads alone (nothing queued) and waits for the writer.
-        _wait_until(lambda: group._leading)
+        wait_until(lambda: group._leading)
         second.start()
-        _wait_until(lambda: len(group._queue) == 1)
+        wait_until(lambda: len(group._queue) == 1)
     finally:
         group.lock.release()
     first.join(WAIT_S)

@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import sqlite3
 import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 import pytest
 
+from tests.waiting import wait_until
 from tiers.backends import _sqlite_group_commit as group_commit
 from tiers.backends.base import Check, KVStore, Put, Write
 from tiers.backends.encrypted_kv import EncryptedKVStore, MasterKey
@@ -28,16 +29,6 @@ from tiers.errors import ConflictError, StoreClosedError
 WAIT_S = 30
 WRITERS = 16
 MASTER, _ = MasterKey.generate()
-
-
-def _wait_until(condition: Callable[[], bool]) -> None:
-    """Poll ``condition`` until it holds (fails after :data:`WAIT_S`, never asserts a duration)."""
-    done = threading.Event()
-    for _ in range(WAIT_S * 1000):
-        if condition():
-            return
-        done.wait(0.001)
-    raise AssertionError("condition not reached")
 
 
 @pytest.fixture
@@ -83,9 +74,9 @@ def _lone_then_queued(
     group.lock.acquire()
     try:
         lone.start()
-        _wait_until(lambda: group._leading)  # the lone caller waits for the writer
+        wait_until(lambda: group._leading)  # the lone caller waits for the writer
         queued.start()
-        _wait_until(lambda: len(group._queue) == 1)
+        wait_until(lambda: len(group._queue) == 1)
     finally:
         group.lock.release()
     for thread in (lone, queued):
@@ -150,11 +141,11 @@ def test_a_store_closed_during_a_lone_commit_fails_both_callers_with_a_typed_err
     group.lock.acquire()
     try:
         lone.start()
-        _wait_until(lambda: group._leading)
+        wait_until(lambda: group._leading)
         queued.start()
-        _wait_until(lambda: len(group._queue) == 1)
+        wait_until(lambda: len(group._queue) == 1)
         closer.start()
-        _wait_until(lambda: store._connections.closed)
+        wait_until(lambda: store._connections.closed)
     finally:
         group.lock.release()
     for thread in (lone, queued, closer):
@@ -192,7 +183,7 @@ def _writers_after_lone_commits(kv: KVStore, sqlite: SqliteKVStore) -> tuple[int
     try:
         for thread in threads:
             thread.start()
-        _wait_until(lambda: len(group._queue) == WRITERS - 1)
+        wait_until(lambda: len(group._queue) == WRITERS - 1)
     finally:
         group.lock.release()
     for thread in threads:

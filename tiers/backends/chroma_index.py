@@ -383,7 +383,7 @@ class ChromaVectorIndex:
         distances = (result.get("distances") or [[]])[0]
         documents = (result.get("documents") or [[]])[0]
         metadatas = (result.get("metadatas") or [[]])[0]
-        return [
+        hits = [
             VectorHit(
                 id=ids[i],
                 distance=float(distances[i]),
@@ -392,6 +392,67 @@ class ChromaVectorIndex:
             )
             for i in range(len(ids))
         ]
+        if len(hits) < top_k:
+            return self._complete(vector, where, top_k, hits)
+        return hits
+
+    def _complete(
+        self, vector: list[float], where: Mapping[str, str], top_k: int, hits: list[VectorHit]
+    ) -> list[VectorHit]:
+        """``hits``, or the exact nearest ``top_k`` if the search left out live matches.
+
+        Fewer hits than asked for claims the filter matches no more items.
+        Chroma's approximate search can leave out live items after deletes
+        and upserts (chroma-core/chroma#7758, seen on 1.5.9: a filtered query
+        returned none of a tenant's vectors although ``get`` had them), so the
+        claim is checked with a page of ids; when the filter matches more, the
+        matches are ranked exactly, a page at a time.
+        """
+        flt = _where(where)
+        matched = self._call("get", "get", where=flt, include=[], limit=len(hits) + 1)
+        if len(matched.get("ids") or []) <= len(hits):
+            return hits
+        query = np.asarray(vector, dtype=np.float64)
+        query /= np.linalg.norm(query) or 1.0
+        best: list[tuple[float, str, str, dict[str, str | int | float | bool]]] = []
+        offset = 0
+        while True:
+            page = self._call(
+                "get",
+                "get",
+                where=flt,
+                include=["embeddings", "documents", "metadatas"],
+                limit=_IDS_PAGE,
+                offset=offset,
+            )
+            page_ids: list[str] = list(page.get("ids") or [])
+            if page_ids:
+                rows = np.asarray(page["embeddings"], dtype=np.float64)
+                norms = np.linalg.norm(rows, axis=1)
+                norms[norms == 0] = 1.0
+                distances = 1.0 - (rows @ query) / norms
+                documents = page.get("documents") or [None] * len(page_ids)
+                metadatas = page.get("metadatas") or [None] * len(page_ids)
+                for i in np.argsort(distances, kind="stable")[:top_k]:
+                    best.append(
+                        (
+                            float(distances[i]),
+                            page_ids[i],
+                            documents[i] or "",
+                            dict(metadatas[i] or {}),
+                        )
+                    )
+                best.sort(key=lambda b: b[0])
+                del best[top_k:]
+            if len(page_ids) < _IDS_PAGE:
+                break
+            offset += len(page_ids)
+        logger.info(
+            "the index's search returned %d of a filter's nearest %d; ranked its matches exactly",
+            len(hits),
+            len(best),
+        )
+        return [VectorHit(id=i, distance=d, document=doc, metadata=m) for d, i, doc, m in best]
 
     def get_embeddings(self, ids: Sequence[str]) -> tuple[list[str], npt.NDArray[np.float32]]:
         """The stored embeddings of the items with these ids; unknown ids are left out.

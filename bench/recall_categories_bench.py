@@ -1,32 +1,23 @@
 """Recall quality of the session tier by question category, for several fusion weightings.
 
-Stores every session of the dev data once through ``SessionTier`` (as
-``recall_bench.py`` does: transcript, then the extractive summary, ``created_at``
-= the session's date), then asks every headline query, at its question date
-(LongMemEval's ``query_date``; LoCoMo has none: a day after the user's last
-session), through readers with different :class:`~tiers.session.FusionWeights`
-over the same store. Printed: recall@1/3/5 and MRR overall and per category
-(LoCoMo: single-hop, multi-hop, temporal, open-domain; LongMemEval:
-temporal-reasoning, knowledge-update, ...), one row per weighting, with the
-load average. Gold sessions and categories are only used to score.
+Stores every session of the dev data once through ``SessionTier`` (as ``recall_bench.py``
+does: transcript, then the extractive summary, ``created_at`` = the session's date), then asks
+every headline query at its question date (LongMemEval's ``query_date``; LoCoMo has none: a
+day after the user's last session) through readers with different
+:class:`~tiers.session.FusionWeights` over the same store. Printed: recall@1/3/5 and MRR
+overall and per category, one row per weighting, with the load average. Gold sessions and
+categories are only used to score.
 
 Usage::
 
     python bench/recall_categories_bench.py --datasets locomo
     python bench/recall_categories_bench.py --datasets longmemeval_s --max-users 10 \\
         --embed-cache /tmp/tiermem-emb.npz
-    python bench/recall_categories_bench.py --variant recency=0.1 --variant dates=0.3
-    python bench/recall_categories_bench.py --datasets locomo --variant passages=0.5 \\
-        --variant passages=0.5,passage_blend=0.7
+    python bench/recall_categories_bench.py --variant recency=0.1 --variant prf=0.3
 
 Besides :class:`~tiers.session.FusionWeights` fields, a variant may score keywords
 by passage (session 24, issue 19 item 3; measured, not adopted: ``bench/README.md``):
-``passages=W`` takes a session's BM25 score as its best passage's plus ``W`` times its
-second best, over the summary text and every 120-word transcript window (30 words
-overlap, the windows :func:`~tiers.session.windows` makes, all of them), with document
-frequencies and mean length over the passages of the user; ``passage_blend=B`` mixes in
-the whole-session score, ``(1 - B) * passage / best passage + B * whole / best whole``.
-The tier's view is patched for those readers only: what is stored does not change.
+``passages=W``, ``passage_blend=B``, ``passage_neighbours=K``, see :mod:`recall_passages`.
 
 A variant may also set the dense window grain (session 25, issue 19 item 3; measured, not
 adopted): ``window_words=W,window_overlap=O,windows_cap=C`` cuts transcripts on a word
@@ -34,19 +25,16 @@ grid, ``turn_words=W`` on message boundaries (:func:`turn_windows`), ``plus_coar
 keeps the product's windows besides; unset ones keep the product's values (120 / 30 / 8).
 The dataset is stored once per grain, with the tier's windowing patched for that store.
 ``--leave-one-out`` picks a variant on all users but one and scores that one;
-``--cpu-sessions N`` only times embedding N sessions' windows per grain::
-
-    python bench/recall_categories_bench.py --datasets locomo --max-users 0 --leave-one-out \
-        --variant window_words=40,window_overlap=10,windows_cap=24 \
-        --variant turn_words=40,window_overlap=10,windows_cap=32
+``--cpu-sessions N`` only times embedding N sessions' windows per grain.
 
 A variant may also pool a session's cosines otherwise (session 25 later; measured, not
 adopted): ``centroid=C``, ``soft_max=T``, ``smooth=K``, see :mod:`recall_pooling`.
-
 A variant may also score a question's aspects apart (session 26, query decomposition;
 measured, not adopted): ``aspects=W``, ``cover=1``, ``no_and=1``, ``aspect_common=S``, see
-:mod:`recall_aspects`. ``--holdout-last N`` also scores the last N users apart (``held:``)
-from the others (``tune:``); ``--store-dir DIR`` keeps the stores and reuses a complete one.
+:mod:`recall_aspects`; or add pseudo-relevance feedback (session 27): ``prf=L``, ``rocchio=L``,
+``rm3=L``, see :mod:`recall_feedback` (its added CPU per recall printed after the table).
+``--holdout-last N`` also scores the last N users apart (``held:``) from the others
+(``tune:``); ``--store-dir DIR`` keeps the stores and reuses a complete one.
 """
 
 from __future__ import annotations
@@ -58,10 +46,9 @@ import os
 import sys
 import tempfile
 import time
-from collections import Counter
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import ExitStack
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from unittest import mock
 
@@ -80,21 +67,19 @@ from recall_bench import (
     store,
     summarize,
 )
+from recall_feedback import Feedback, costs
+from recall_passages import Passages
 from recall_pooling import Pooling
 
 import tiers.session._plans as session_plans
-from tiers.backends.base import KVStore
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.models import Message, SessionSummary
 from tiers.session import (
-    BM25Index,
     FusionWeights,
     SessionTier,
-    UserView,
     summary_text,
-    tokenize,
     transcript_text,
     windows,
 )
@@ -197,21 +182,20 @@ class Variant:
     Attributes:
         name: The row's name.
         weights: The fusion weights.
-        passages: ``None``: BM25 over whole sessions (the product); else the weight of a
-            session's second-best passage score added to its best (see the module docstring).
-        passage_blend: Share of the whole-session score mixed into the passage score.
+        passages: ``None``: BM25 over whole sessions (the product); else over passages.
         grain: The window grain of the store it reads.
         pooling: How a session's cosines make its dense score; ``None``: the product's.
         aspect_mode: How the query's aspects are used; ``None``: the product's way.
+        feedback: Pseudo-relevance feedback; ``None``: none (the product).
     """
 
     name: str
     weights: FusionWeights
-    passages: float | None = None
-    passage_blend: float = 0.0
+    passages: Passages | None = None
     grain: Grain = Grain()
     pooling: Pooling | None = None
     aspect_mode: AspectMode | None = None
+    feedback: Feedback | None = None
 
 
 def parse_variant(spec: str) -> Variant:
@@ -227,12 +211,12 @@ def parse_variant(spec: str) -> Variant:
     for part in spec.split(","):
         key, _, value = part.partition("=")
         fields[key.strip()] = float(value)
-    passages = fields.pop("passages", None)
-    blend = fields.pop("passage_blend", 0.0)
+    passages = Passages.pop(fields)
     pooling = Pooling.pop(fields)
     aspect_mode = AspectMode.pop(fields)
-    if blend and passages is None:
-        raise ValueError(f"{spec}: passage_blend needs passages=W")
+    feedback = Feedback.pop(fields)
+    if feedback and passages:
+        raise ValueError(f"{spec}: feedback expands whole-session BM25, not passages")
     turn_words = fields.pop("turn_words", None)
     grain = Grain(
         words=int(fields.pop("window_words", turn_words or WINDOW_WORDS)),
@@ -241,79 +225,8 @@ def parse_variant(spec: str) -> Variant:
         turns=turn_words is not None,
         plus_coarse=bool(fields.pop("plus_coarse", 0)),
     )
-    return Variant(spec, FusionWeights(**fields), passages, blend, grain, pooling, aspect_mode)
-
-
-@dataclass(slots=True)
-class PassageBM25(BM25Index):
-    """BM25 over passages (doc ids ``session\\x00n``), scored per session from its best two.
-
-    Attributes:
-        second: Weight of a session's second-best passage score (its best counts twice
-            when it has one passage, as the dense side does).
-        blend: Share of ``whole``'s normalised score in the result.
-        whole: BM25 over whole sessions, for ``blend``.
-    """
-
-    second: float = 0.5
-    blend: float = 0.0
-    whole: BM25Index | None = None
-
-    def scores(self, query_tokens: Sequence[str]) -> dict[str, float]:
-        """Per session, its best passage's score plus ``second`` times its second best."""
-        by_session: dict[str, list[float]] = {}
-        for doc_id, score in BM25Index.scores(self, query_tokens).items():
-            by_session.setdefault(doc_id.partition("\x00")[0], []).append(score)
-        passages: dict[str, float] = {}
-        for session_id, values in by_session.items():
-            values.sort(reverse=True)
-            passages[session_id] = values[0] + self.second * (values[1:] or values)[0]
-        if not self.blend or self.whole is None:
-            return passages
-        whole = self.whole.scores(query_tokens)
-        best_passage = max(passages.values(), default=0.0) or 1.0
-        best_whole = max(whole.values(), default=0.0) or 1.0
-        return {
-            sid: (1.0 - self.blend) * passages.get(sid, 0.0) / best_passage
-            + self.blend * whole.get(sid, 0.0) / best_whole
-            for sid in passages.keys() | whole.keys()
-        }
-
-
-@dataclass
-class PassageKeywords:
-    """A stand-in for :meth:`UserView.keywords` that scores passages (one per variant).
-
-    Attributes:
-        transcripts: Every session's messages, by ``(user_id, session_id)``.
-        variant: The variant (``passages`` not ``None``).
-        whole: The product's :meth:`UserView.keywords` (taken before it is patched).
-    """
-
-    transcripts: Mapping[tuple[str, str], Sequence[Message]]
-    variant: Variant
-    whole: Callable[[UserView, KVStore, str, str], BM25Index]
-    _built: dict[tuple[str, bytes | None], PassageBM25] = field(default_factory=dict)
-
-    def __call__(self, view: UserView, kv: KVStore, tenant: str, user_id: str) -> BM25Index:
-        """The passage index of ``view`` (built once per user and revision)."""
-        key = (user_id, view.revision)
-        if key not in self._built:
-            docs: list[tuple[str, Counter[str]]] = []
-            for session_id, text in zip(view.session_ids, view.texts, strict=True):
-                messages = self.transcripts.get((user_id, session_id))
-                passages = windows(text) + (windows(transcript_text(messages)) if messages else [])
-                docs.extend(
-                    (f"{session_id}\x00{n}", Counter(tokenize(passage)))
-                    for n, passage in enumerate(passages or [""])
-                )
-            index = PassageBM25.from_counts(docs)
-            assert isinstance(index, PassageBM25)  # from_counts builds its own class
-            index.second = self.variant.passages or 0.0
-            index.blend = self.variant.passage_blend
-            index.whole = self.whole(view, kv, tenant, user_id)
-            self._built[key] = index
-        return self._built[key]
+    weights = FusionWeights(**fields)
+    return Variant(spec, weights, passages, grain, pooling, aspect_mode, feedback)
 
 
 def score_by_category(
@@ -386,12 +299,10 @@ def measure(
                 patches.enter_context(variant.pooling.patched())
             if variant.aspect_mode is not None:
                 patches.enter_context(variant.aspect_mode.patched(embedder))
+            if variant.feedback is not None:
+                patches.enter_context(variant.feedback.patched(f"{dataset.name} {variant.name}"))
             if variant.passages is not None:
-                keywords = PassageKeywords(transcripts, variant, UserView.keywords)
-                # autospec keeps ``self``: the stand-in gets the view it is asked on.
-                patches.enter_context(
-                    mock.patch.object(UserView, "keywords", autospec=True, side_effect=keywords)
-                )
+                patches.enter_context(variant.passages.patched(transcripts))
             results[variant.name] = score_by_category(dataset.queries, reader.rank, held)
     embedder.save()  # the aspects' vectors, for the next run
     return results
@@ -583,6 +494,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             results = measure(dataset, embedder, workdir, variants, held)
         print(f"r@1 / r@3 / r@5 / MRR; load average {os.getloadavg()[0]:.1f}")
         print("\n".join(table(results)), flush=True)
+        print("\n".join(line for line in costs() if line.startswith(name)), flush=True)
         for side in ("tune:", "held:") if held else ():
             print(f"\n{side} users {'last' if side == 'held:' else 'first'} of the split:")
             print("\n".join(table(results, side)), flush=True)

@@ -1,6 +1,6 @@
 """Pseudo-relevance feedback for the recall bench: a second pass from the first pass's top sessions.
 
-Session 27, issue 19 item 3 (``bench/README.md``). Recall ranks once (today's
+Session 27, issue 19 item 3; measured, not adopted (``bench/README.md``). Recall ranks once (today's
 :func:`tiers.session._recall.rank`); the first pass's top sessions are then taken as
 relevant, with no model and nothing stored changed (the vectors and term counts are the ones
 the user's view already holds), and a second pass re-scores every session:

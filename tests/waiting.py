@@ -13,7 +13,7 @@ def wait_until(
     condition: Callable[[], T | None],
     timeout_s: float = 30.0,
     *,
-    what: str = "the condition",
+    what: str | Callable[[], str] = "the condition",
     every_s: float = 0.001,
 ) -> T:
     """Poll ``condition`` until it returns something truthy, and return that.
@@ -25,7 +25,9 @@ def wait_until(
         condition: What to poll; its first truthy answer is returned (a test may
             wait for a value, such as a response body, rather than a flag).
         timeout_s: How long to poll before failing.
-        what: What the test waits for, named in the failure message.
+        what: What the test waits for, named in the failure message; or a callable
+            that says it when the wait fails, with what was seen by then (the state
+            polled last, a server's log).
         every_s: The pause between polls: short for a thread's state, longer
             where a poll costs something (an HTTP request, a metrics page).
 
@@ -41,5 +43,6 @@ def wait_until(
         if value:
             return value
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out waiting for {what}")
+            named = what if isinstance(what, str) else what()
+            raise AssertionError(f"timed out waiting for {named}")
         time.sleep(every_s)

@@ -49,8 +49,8 @@ from datetime import datetime
 from functools import partial
 from pathlib import Path
 
-import redis
 from pydantic import JsonValue
+from task_bench import RedisAlways
 
 from memory.workers import WorkflowRun, Workflows
 from tiers.backends import open_kv_store
@@ -107,38 +107,6 @@ def agent_task(run: WorkflowRun, input: JsonValue) -> JsonValue:
 
 
 # -- processes ----------------------------------------------------------------------------
-
-
-class RedisAlways:
-    """A redis-server on a free loopback port with appendonly yes, appendfsync always."""
-
-    def __init__(self, workdir: Path) -> None:
-        with socket.socket() as sock:
-            sock.bind(("127.0.0.1", 0))
-            port = int(sock.getsockname()[1])
-        binary = shutil.which("redis-server")
-        if binary is None:
-            raise SystemExit("redis-server is not installed (apt-get install redis-server)")
-        command = [binary, "--port", str(port), "--bind", "127.0.0.1", "--dir", str(workdir)]
-        command += ["--save", "", "--appendonly", "yes", "--appendfsync", "always"]
-        self.proc = subprocess.Popen(
-            command,
-            stdout=subprocess.DEVNULL,
-            stderr=subprocess.DEVNULL,
-        )
-        self.url = f"redis://127.0.0.1:{port}/0"
-        client = redis.Redis(port=port)
-        for _ in range(200):
-            try:
-                client.ping()
-                break
-            except redis.ConnectionError:
-                time.sleep(0.05)
-        client.close()
-
-    def stop(self) -> None:
-        self.proc.terminate()
-        self.proc.wait(10)
 
 
 class LocalPostgres:

@@ -28,9 +28,10 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
+
+from task_bench import concurrent_steps
 
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.task import TaskTier
@@ -51,27 +52,6 @@ def one_writer(store: SqliteKVStore, run_id: str, steps: int) -> float:
     for _ in range(steps):
         run.step("s", lambda: PAYLOAD)
     return steps / (time.perf_counter() - began)
-
-
-def concurrent_runs(store: SqliteKVStore, prefix: str, runs: int, steps: int) -> float:
-    """Total steps per second of ``runs`` runs stepping at once, one thread each."""
-    tasks = TaskTier(store)
-    barrier = threading.Barrier(runs + 1)
-
-    def worker(i: int) -> None:
-        run = tasks.start_run("bench", f"{prefix}-{i}")
-        barrier.wait()
-        for _ in range(steps):
-            run.step("s", lambda: PAYLOAD)
-
-    pool = [threading.Thread(target=worker, args=(i,)) for i in range(runs)]
-    for t in pool:
-        t.start()
-    barrier.wait()
-    began = time.perf_counter()
-    for t in pool:
-        t.join()
-    return runs * steps / (time.perf_counter() - began)
 
 
 _CHILD = """
@@ -158,14 +138,18 @@ def main() -> None:
             before = store.group_commit_stats
             single = one_writer(store, "single", args.steps)
             mid = store.group_commit_stats
-            many = concurrent_runs(store, "conc", args.runs, max(args.steps // args.runs, 25))
+            many = concurrent_steps(
+                TaskTier(store), "conc", args.runs, max(args.steps // args.runs, 25), PAYLOAD
+            )
             after = store.group_commit_stats
             store.close()
             single_per = (mid[0] - before[0]) / max(mid[1] - before[1], 1)
             many_per = (after[0] - mid[0]) / max(after[1] - mid[1], 1)
             # The same runs with fsync off: what the CPU of a step allows, fsync aside.
             fast = SqliteKVStore(work / f"nosync-{round_}.sqlite3", durable=False)
-            ceiling = concurrent_runs(fast, "conc", args.runs, max(args.steps // args.runs, 25))
+            ceiling = concurrent_steps(
+                TaskTier(fast), "conc", args.runs, max(args.steps // args.runs, 25), PAYLOAD
+            )
             fast.close()
             print(
                 f"round {round_}: 1 writer {single:7.0f} steps/s ({single_per:.1f} commits/fsync)"

@@ -267,15 +267,17 @@ def floor_redis(url: str, n: int) -> float:
 # -- 5. concurrency -------------------------------------------------------------------------
 
 
-def concurrent_steps(tasks: TaskTier, prefix: str, runs: int, steps: int) -> float:
-    """Total steps/s of ``runs`` runs stepping at once, one thread each."""
+def concurrent_steps(
+    tasks: TaskTier, prefix: str, runs: int, steps: int, payload: dict[str, str] = PAYLOAD
+) -> float:
+    """Total steps/s of ``runs`` runs stepping at once, one thread each, results ``payload``."""
     barrier = threading.Barrier(runs + 1)
 
     def worker(i: int) -> None:
         run = tasks.start_run("bench", f"{prefix}-{i}")
         barrier.wait()
         for _ in range(steps):
-            run.step("s", lambda: PAYLOAD)
+            run.step("s", lambda: payload)
 
     pool = [threading.Thread(target=worker, args=(i,)) for i in range(runs)]
     for t in pool:

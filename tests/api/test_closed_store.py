@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import logging
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
+from functools import partial
 from pathlib import Path
 
 import pytest
@@ -24,6 +24,7 @@ from memory.settings import Settings
 from tests.api.conftest import start_app
 from tests.conftest import RedisServer
 from tests.memory.test_erasure import BlockingSummarizer
+from tests.waiting import wait_until
 
 
 def loop_settings(data_dir: Path, *, workers: int = 2) -> Settings:
@@ -44,13 +45,6 @@ def loops(service: ServiceState) -> list[threading.Thread]:
     threads = [service._sweeper, service._index_checker, *service.jobs._threads]
     assert all(thread is not None for thread in threads)
     return [thread for thread in threads if thread is not None]
-
-
-def wait_for(what: str, condition: Callable[[], bool], timeout: float = 30.0) -> None:
-    deadline = time.monotonic() + timeout
-    while not condition():
-        assert time.monotonic() < deadline, f"timed out waiting for {what}"
-        time.sleep(0.05)
 
 
 @pytest.fixture(params=["embedded", "redis"])
@@ -151,9 +145,12 @@ def test_the_loops_keep_retrying_while_the_store_is_down(
                 )
 
             # Each loop met the outage, and is still up for the store to come back.
-            wait_for("a failed claim", lambda: failed("summary jobs: cannot claim"))
-            wait_for("a failed sweep", lambda: failed("retention sweep failed"))
-            wait_for("a failed index check", lambda: failed("index check failed"))
+            for what, prefix in [
+                ("a failed claim", "summary jobs: cannot claim"),
+                ("a failed sweep", "retention sweep failed"),
+                ("a failed index check", "index check failed"),
+            ]:
+                wait_until(partial(failed, prefix), what=what, every_s=0.05)
             assert all(thread.is_alive() for thread in threads)
         # The app's shutdown still stops them.
         assert not any(thread.is_alive() for thread in threads)

@@ -4,12 +4,12 @@ jobs, in flight or finished, are gone too (404)."""
 
 from __future__ import annotations
 
-import time
 from typing import Any
 
 from tests.api.conftest import Api, new_tenant
 from tests.api.test_routes import wait_job
 from tests.memory.test_erasure import BlockingSummarizer
+from tests.waiting import wait_until
 
 FACT = "quokkafactzanzibar"
 SESSION = "marmosetsessionlagos"
@@ -91,10 +91,9 @@ def test_forgetting_a_user_over_http_leaves_no_route_with_their_data(api: Api) -
     summarizer.release.set()
     # Its worker, finishing, found its job gone and wrote nothing back.
     lost = 'tiermem_summary_job_attempts_total{outcome="lost"} 1.0'
-    deadline = time.monotonic() + 30
-    while lost not in c.get("/metrics").text:
-        assert time.monotonic() < deadline, "the job in flight never ended"
-        time.sleep(0.05)
+    wait_until(
+        lambda: lost in c.get("/metrics").text, what="the job in flight to end", every_s=0.05
+    )
     assert c.get(late["status_url"], headers=headers).status_code == 404
     jobs.append(late["status_url"])
 

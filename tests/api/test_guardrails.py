@@ -32,6 +32,7 @@ from tests.api.test_errors import GOOD_SUMMARY, TRANSCRIPT, memory_with_llm
 from tests.conftest import RedisServer, free_port
 from tests.memory.test_data_dir_lock import start_holder
 from tests.summarizer.stub_server import StubLLMServer, StubReply
+from tests.waiting import wait_until
 from tiers.errors import BackendUnavailableError
 
 TIERMEM = str(Path(__file__).resolve().parents[2] / ".venv" / "bin" / "tiermem")
@@ -171,10 +172,7 @@ def guarded_server(request: pytest.FixtureRequest) -> Iterator[int]:
     server = uvicorn.Server(config)
     thread = threading.Thread(target=server.run, daemon=True)
     thread.start()
-    deadline = time.monotonic() + 20
-    while not server.started:
-        assert time.monotonic() < deadline, "uvicorn did not start"
-        time.sleep(0.02)
+    wait_until(lambda: server.started, 20, what="uvicorn to start", every_s=0.02)
     yield port
     server.should_exit = True
     thread.join(10)

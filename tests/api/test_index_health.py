@@ -13,8 +13,6 @@ word with the session it should find, which is the user's oldest.
 from __future__ import annotations
 
 import re
-import time
-from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -29,9 +27,12 @@ from memory.settings import Settings
 from tests.api.conftest import Api, start_app
 from tests.memory.test_index_repair import TOPICS
 from tests.servers import ChromaServer, chroma_binary
+from tests.waiting import wait_until
 from tiers.backends.chroma_index import DEFAULT_COLLECTION
 
 BASE = datetime(2025, 3, 1, tzinfo=UTC)
+WAIT_S = 60.0
+POLL_S = 0.05  # a poll is an HTTP request (/metrics, /readyz)
 
 
 def seed(api: Api) -> dict[str, dict[str, str]]:
@@ -74,17 +75,6 @@ def counter(api: Api, name: str, kind: str) -> float:
     return 0.0 if found is None else float(found.group(1))
 
 
-def wait_for(what: str, condition: Callable[[], Any], timeout: float = 60.0) -> Any:
-    deadline = time.monotonic() + timeout
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}")
-        time.sleep(0.05)
-
-
 def checked_clean(api: Api) -> bool:
     return all(gauge(api, "tiermem_index_missing_vectors", t) == 0.0 for t in TOPICS)
 
@@ -102,7 +92,7 @@ def test_the_service_reports_a_dropped_collection_and_repairs_it_in_bounded_batc
     )
     with start_app(settings) as api:
         headers = seed(api)
-        wait_for("a clean index check", lambda: checked_clean(api))
+        wait_until(lambda: checked_clean(api), WAIT_S, what="a clean index check", every_s=POLL_S)
         assert api.client.get("/readyz").json()["status"] == "ok"
 
         # The collection goes under the running service (as a manual delete would do it).
@@ -129,7 +119,12 @@ def test_the_service_reports_a_dropped_collection_and_repairs_it_in_bounded_batc
                     seen_damaged.add(tenant)
             return body["status"] == "ok" and bool(missing_reported)
 
-        wait_for("the service to report, then repair, the lost index", repaired)
+        wait_until(
+            repaired,
+            WAIT_S,
+            what="the service to report, then repair, the lost index",
+            every_s=POLL_S,
+        )
         assert seen_damaged == set(TOPICS)
         # Bounded: a check left part of the damage for the next one.
         assert any(0 < missing < 6 for missing in missing_reported), missing_reported
@@ -155,7 +150,9 @@ def test_a_chroma_server_restarted_empty_is_reported_and_repaired_beside_the_liv
         )
         with start_app(settings) as api:
             headers = seed(api)
-            wait_for("a clean index check", lambda: checked_clean(api))
+            wait_until(
+                lambda: checked_clean(api), WAIT_S, what="a clean index check", every_s=POLL_S
+            )
 
             server.stop()
             server = ChromaServer(binary, tmp_path / "chroma-2", port=server.port)
@@ -168,7 +165,12 @@ def test_a_chroma_server_restarted_empty_is_reported_and_repaired_beside_the_liv
                 damage = body.get("index_damage") or {}
                 return body if damage.get("tenants") == 2 else None
 
-            body = wait_for("/readyz to report the lost index of both tenants", degraded)
+            body = wait_until(
+                degraded,
+                WAIT_S,
+                what="/readyz to report the lost index of both tenants",
+                every_s=POLL_S,
+            )
             assert body["status"] == "degraded"
             assert body["index_damage"] == {"tenants": 2, "missing": 6, "stale": 0, "orphans": 0}
             assert body["checks"]["index"] == "ok"  # Chroma answers: it is just empty
@@ -189,9 +191,11 @@ def test_a_chroma_server_restarted_empty_is_reported_and_repaired_beside_the_liv
             assert "tenant acme: index consistent" in repair.stdout
             assert "tenant globex: index consistent" in repair.stdout
 
-            wait_for(
-                "/readyz to see the repaired index",
+            wait_until(
                 lambda: api.client.get("/readyz").json()["status"] == "ok",
+                WAIT_S,
+                what="/readyz to see the repaired index",
+                every_s=POLL_S,
             )
             assert checked_clean(api)
             for tenant, (_, query) in TOPICS.items():

@@ -24,7 +24,9 @@ from summarizer import LiteLLMSummarizer
 from summarizer.base import Summarizer
 from tests.api.conftest import Api, new_tenant, start_app
 from tests.api.test_errors import GOOD_SUMMARY, TRANSCRIPT
+from tests.api.test_routes import wait_job
 from tests.summarizer.stub_server import StubLLMServer, StubReply
+from tests.waiting import wait_until
 from tiers.backends.base import KVStore
 from tiers.backends.redis_kv import RedisKVStore
 from tiers.backends.sqlite_kv import SqliteKVStore
@@ -87,18 +89,6 @@ def post(api: Api, headers: dict[str, str], user: str, session: str) -> Any:
     )
 
 
-def finished(api: Api, headers: dict[str, str], url: str, timeout: float = 60) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        r = api.client.get(url, headers=headers)
-        assert r.status_code == 200, r.text
-        job: dict[str, Any] = r.json()
-        if job["status"] in ("succeeded", "failed"):
-            return job
-        assert time.monotonic() < deadline, f"job still {job['status']}: {job}"
-        time.sleep(0.05)
-
-
 def test_a_full_tenant_queue_refuses_before_storing_and_only_that_tenant(
     memory: Memory, store: KVStore, stub: StubLLMServer, tmp_path: Path
 ) -> None:
@@ -156,7 +146,7 @@ def test_one_users_bulk_does_not_hold_back_other_users_or_tenants(
                 urls.append((headers, r.json()["status_url"]))
         finally:
             posted.set()
-        jobs = [finished(api, headers, url) for headers, url in urls]
+        jobs = [wait_job(api, headers, url) for headers, url in urls]
     assert {job["status"] for job in jobs} == {"succeeded"}
     stamp = {job["job_id"]: datetime.fromisoformat(job["finished_at"]) for job in jobs}
     order = sorted(stamp, key=stamp.__getitem__)
@@ -177,7 +167,7 @@ def test_a_job_that_keeps_failing_is_retried_then_fails_for_good_with_its_error(
     mem = memory_on(store, memory, llm(stub))
     with start_app(settings(tmp_path, summarize_workers=1, job_max_attempts=2), mem) as api:
         headers = api.key(new_tenant())
-        job = finished(api, headers, post(api, headers, "u1", "s1").json()["status_url"])
+        job = wait_job(api, headers, post(api, headers, "u1", "s1").json()["status_url"])
         assert (job["status"], job["attempts"], job["max_attempts"]) == ("failed", 2, 2)
         assert job["error"]["type"].endswith(":summarizer-unavailable")
         assert job["error"]["status"] == 503
@@ -186,7 +176,7 @@ def test_a_job_that_keeps_failing_is_retried_then_fails_for_good_with_its_error(
         assert pending["session_ids"] == ["s1"]  # the transcript is kept
         # A failure that goes away: the retry succeeds.
         stub.enqueue(StubReply.error(503, "a blip"), StubReply.json(GOOD_SUMMARY))
-        job = finished(api, headers, post(api, headers, "u1", "s2").json()["status_url"])
+        job = wait_job(api, headers, post(api, headers, "u1", "s2").json()["status_url"])
         assert (job["status"], job["attempts"]) == ("succeeded", 2)
         assert job["session"]["task_description"] == GOOD_SUMMARY["task_description"]
         text = api.client.get("/metrics").text
@@ -205,10 +195,11 @@ def test_shutdown_gives_a_running_job_back_and_the_next_start_runs_it(
         tenant = new_tenant()
         headers = api.key(tenant)
         url = post(api, headers, "u1", "s1").json()["status_url"]
-        deadline = time.monotonic() + 30
-        while api.client.get(url, headers=headers).json()["status"] != "running":
-            assert time.monotonic() < deadline
-            time.sleep(0.05)
+        wait_until(
+            lambda: api.client.get(url, headers=headers).json()["status"] == "running",
+            what="the job to run",
+            every_s=0.05,
+        )
         leaving = time.monotonic()
     assert time.monotonic() - leaving < 60  # bounded by the shutdown timeout, not the model's 600 s
     job = slow.for_tenant(tenant).jobs.get(url.rsplit("/", 1)[-1])
@@ -216,5 +207,5 @@ def test_shutdown_gives_a_running_job_back_and_the_next_start_runs_it(
     assert (job.status, job.attempts) == ("pending", 0)
     # The next start (here with the offline summarizer) finishes it.
     with start_app(settings(tmp_path), memory_on(store, memory)) as api:
-        done = finished(api, headers, url)
+        done = wait_job(api, headers, url)
     assert (done["status"], done["attempts"]) == ("succeeded", 1)

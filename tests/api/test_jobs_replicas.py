@@ -9,7 +9,6 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from collections import Counter
 from collections.abc import Iterator, Mapping
 from pathlib import Path
@@ -20,10 +19,11 @@ import pytest
 import redis
 
 from memory.client import MemoryClient
-from tests.api.test_routes import TRANSCRIPT
+from tests.api.test_routes import TRANSCRIPT, finished_job
 from tests.conftest import RedisServer, free_port
 from tests.servers import wait_ready
 from tests.summarizer.stub_server import StubLLMServer, StubReply
+from tests.waiting import wait_until
 
 TIERMEM = str(Path(sys.executable).parent / "tiermem")
 
@@ -66,15 +66,7 @@ def servers() -> Iterator[list[Server]]:
 
 
 def wait_finished(server: Server, job_id: str, timeout: float = 90) -> dict[str, Any]:
-    deadline = time.monotonic() + timeout
-    while True:
-        r = server.job(job_id)
-        assert r.status_code == 200, r.text
-        job: dict[str, Any] = r.json()
-        if job["status"] in ("succeeded", "failed"):
-            return job
-        assert time.monotonic() < deadline, f"job {job_id} still {job['status']}"
-        time.sleep(0.1)
+    return finished_job(lambda: server.job(job_id), timeout, every_s=0.1)
 
 
 @pytest.mark.slow
@@ -115,10 +107,11 @@ def test_jobs_of_a_killed_server_are_finished_by_the_next_one(
             )
             assert r.status_code == 202, r.text
             job_ids.append(r.json()["job_id"])
-        deadline = time.monotonic() + 30
-        while first.job(job_ids[0]).json()["status"] != "running":
-            assert time.monotonic() < deadline, "the first job never started"
-            time.sleep(0.05)
+        wait_until(
+            lambda: first.job(job_ids[0]).json()["status"] == "running",
+            what="the first job to start",
+            every_s=0.05,
+        )
         assert first.job(job_ids[1]).json()["status"] == "pending"  # one worker, busy
         first.kill()  # SIGKILL: no shutdown, the lease is never given back
 

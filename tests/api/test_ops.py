@@ -7,7 +7,6 @@ import json
 import logging
 import re
 import socket
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -18,6 +17,7 @@ from memory.facade import Memory
 from memory.settings import Settings
 from summarizer.embeddings import LiteLLMEmbedder
 from tests.api.conftest import Api, new_tenant, start_app
+from tests.waiting import wait_until
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.errors import BackendUnavailableError
@@ -186,8 +186,9 @@ def test_the_service_sweeps_finished_runs_of_every_tenant(tmp_path: Path) -> Non
                     headers=headers,
                 )
                 assert done.status_code == 200, done.text
-        deadline = time.monotonic() + 30
-        while c.get(f"/v1/runs/{ids['finished']}", headers=headers).status_code != 404:
-            assert time.monotonic() < deadline, "the finished run was never swept"
-            time.sleep(0.05)
+        wait_until(
+            lambda: c.get(f"/v1/runs/{ids['finished']}", headers=headers).status_code == 404,
+            what="the finished run to be swept",
+            every_s=0.05,
+        )
         assert c.get(f"/v1/runs/{ids['running']}", headers=headers).json()["status"] == "running"

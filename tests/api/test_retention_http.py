@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import time
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -11,6 +10,7 @@ import pytest
 from memory import SessionSummary
 from memory.settings import Settings
 from tests.api.conftest import new_tenant, start_app
+from tests.waiting import wait_until
 
 
 @pytest.mark.parametrize("backend", ["embedded", "redis"])
@@ -45,13 +45,14 @@ def test_the_service_sweeps_every_tenant_with_its_own_retention(
 
         c = api.client
         url = "/v1/users/u1"
-        deadline = time.monotonic() + 30
-        while (
-            c.get(f"{url}/sessions/old", headers=headers[strict]).status_code != 404
-            or c.get(f"{url}/facts/k", headers=headers[strict]).status_code != 404
-        ):
-            assert time.monotonic() < deadline, "the service never swept the expired data"
-            time.sleep(0.05)
+        wait_until(
+            lambda: (
+                c.get(f"{url}/sessions/old", headers=headers[strict]).status_code == 404
+                and c.get(f"{url}/facts/k", headers=headers[strict]).status_code == 404
+            ),
+            what="the service to sweep the expired data",
+            every_s=0.05,
+        )
         assert c.get(f"{url}/sessions/recent", headers=headers[strict]).status_code == 200
         listed = c.get(f"{url}/sessions", headers=headers[lax]).json()["sessions"]
         assert {s["session_id"] for s in listed} == {"old", "recent"}  # sessions off in lax

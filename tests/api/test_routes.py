@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
-import time
+from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
-from typing import Any
+from typing import Any, Protocol
 
 import pytest
 
 from tests.api.conftest import Api, new_tenant
+from tests.waiting import wait_until
 from tiers.errors import ApprovalPendingError
 
 SUMMARY = {
@@ -29,13 +30,47 @@ TRANSCRIPT = [
 ]
 
 
+class Response(Protocol):
+    """What :func:`finished_job` reads of an HTTP response (the app's test client's or httpx's)."""
+
+    status_code: int
+
+    @property
+    def text(self) -> str: ...
+
+    def json(self) -> Any: ...
+
+
+def finished_job(
+    fetch: Callable[[], Response], timeout_s: float = 60, *, every_s: float = 0.02
+) -> dict[str, Any]:
+    """Poll a summary job until it has succeeded or failed, and return it.
+
+    Args:
+        fetch: Reads the job's status (a ``GET`` of its URL) from the server that runs it.
+        timeout_s: How long to poll before failing, the job's last status in the message.
+        every_s: The pause between polls.
+
+    Returns:
+        The job's body once its status is ``succeeded`` or ``failed``.
+    """
+
+    def job() -> dict[str, Any]:
+        r = fetch()
+        assert r.status_code == 200, r.text
+        body: dict[str, Any] = r.json()
+        return body
+
+    def done() -> dict[str, Any] | None:
+        body = job()
+        return body if body["status"] in ("succeeded", "failed") else None
+
+    return wait_until(done, timeout_s, what=lambda: f"the job to finish: {job()}", every_s=every_s)
+
+
 def wait_job(api: Api, headers: dict[str, str], url: str) -> dict[str, Any]:
-    deadline = time.monotonic() + 60
-    while True:
-        job = api.client.get(url, headers=headers).json()
-        if job["status"] in ("succeeded", "failed") or time.monotonic() > deadline:
-            return job
-        time.sleep(0.02)
+    """The job at ``url`` of the app ``api`` once it has succeeded or failed."""
+    return finished_job(lambda: api.client.get(url, headers=headers))
 
 
 # -- facts -------------------------------------------------------------------------------------

@@ -28,6 +28,7 @@ from langgraph.graph.message import add_messages
 
 from memory import Memory, Settings
 from memory.integrations.langgraph import NOT_DONE, TiermemSaver, effect
+from tests.waiting import wait_until
 from tiers.backends.base import KVStore
 from tiers.errors import EffectOutcomeUnknownError, InvalidInputError, ThreadConflictError
 
@@ -408,11 +409,14 @@ def test_two_processes_on_one_thread_never_fork_it(
                 text=True,
             )
         )
-    deadline = time.monotonic() + 120
-    while not all((tmp_path / f"ready-{n}").exists() for n in "ab"):
-        assert time.monotonic() < deadline, "workers did not start"
+
+    def started() -> bool:
+        if all((tmp_path / f"ready-{n}").exists() for n in "ab"):
+            return True
         assert all(p.poll() is None for p in procs), procs[0].communicate()[1][-2000:]
-        time.sleep(0.01)
+        return False
+
+    wait_until(started, 120, what="the workers to start", every_s=0.01)
     go.touch()
     outputs = [p.communicate(timeout=240) for p in procs]
     for proc, (_out, err) in zip(procs, outputs, strict=True):

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import math
-import time
 import uuid
 from collections.abc import Iterator, Sequence
 from datetime import UTC, datetime, timedelta
@@ -39,6 +38,7 @@ from langgraph.store.base import (
 
 from memory import AsyncMemory, Memory, Settings
 from memory.integrations.langgraph_store import TiermemStore
+from tests.waiting import wait_until
 from tiers import keys
 from tiers.backends.base import KVStore, VectorIndex
 from tiers.backends.chroma_index import ChromaVectorIndex
@@ -585,10 +585,11 @@ def test_the_sweeper_thread_deletes_expired_items(memory: Memory, clock: Clock) 
     store.put(("t",), "k", {"v": 1})
     clock.advance(minutes=2)
     future = store.start_ttl_sweeper(sweep_interval_minutes=0.001)
-    deadline = time.monotonic() + 30
-    while item_records(memory) and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert item_records(memory) == []
+    wait_until(
+        lambda: item_records(memory) == [],
+        what="the sweeper to delete the expired item",
+        every_s=0.02,
+    )
     assert store.stop_ttl_sweeper(timeout=10)
     assert future.result(timeout=10) is None
 

@@ -10,7 +10,6 @@ folder included) and every Redis key are searched for strings only that user eve
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from pathlib import Path
@@ -22,6 +21,7 @@ import redis
 from memory import Memory, SessionNotFoundError, SessionSummary
 from memory.settings import Settings
 from summarizer import ExtractiveSummarizer, Summarization
+from tests.waiting import wait_until
 from tiers.errors import ConflictError
 from tiers.models import Message
 
@@ -218,14 +218,13 @@ def test_forget_user_wins_over_a_summary_in_flight_and_leaves_no_trace(
 def redis_aof_dir(url: str) -> Path:
     """The server's append-only files' folder, once no rewrite is running or scheduled."""
     client = redis.Redis.from_url(url, decode_responses=True)
+
+    def rewritten() -> bool:
+        info = client.info("persistence")
+        return not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]
+
     try:
-        deadline = time.monotonic() + 30
-        while True:
-            info = client.info("persistence")
-            if not info["aof_rewrite_in_progress"] and not info["aof_rewrite_scheduled"]:
-                break
-            assert time.monotonic() < deadline, "the AOF rewrite never finished"
-            time.sleep(0.05)
+        wait_until(rewritten, what="the AOF rewrite to finish", every_s=0.05)
         folder = Path(client.config_get("dir")["dir"])
         return folder / client.config_get("appenddirname")["appenddirname"]
     finally:

@@ -16,12 +16,12 @@ import random
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
 from memory import Memory
+from tests.waiting import wait_until
 from tiers import keys
 from tiers.backends import open_kv_store
 
@@ -108,10 +108,12 @@ def test_a_killed_background_indexer_is_replayed_by_the_next_instance(tmp_path: 
         with Memory.open(data_dir) as memory:
             assert memory.background_indexing
             # The new instance's worker replays the outbox by itself: no recall, no flush.
-            deadline = time.monotonic() + 120
-            while _outbox(memory) and time.monotonic() < deadline:
-                time.sleep(0.05)
-            assert _outbox(memory) == [], "the outbox left by the killed process never drained"
+            wait_until(
+                lambda: _outbox(memory) == [],
+                120,
+                what="the outbox left by the killed process to drain",
+                every_s=0.05,
+            )
             # Every acknowledged session is in the KV store and indexed: its summary vector.
             for user in ("u0", "u1", "u2"):
                 saved = {sid for u, sid in acknowledged if u == user}

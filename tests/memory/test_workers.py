@@ -17,7 +17,7 @@ import sys
 import threading
 import time
 from collections import Counter
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from functools import partial
 from pathlib import Path
 
@@ -39,6 +39,7 @@ from memory.workers import (
     registration,
 )
 from tests.conftest import free_port
+from tests.waiting import wait_until
 from tiers.backends import open_kv_store
 from tiers.backends.base import KVStore
 from tiers.errors import ConflictError, InvalidInputError
@@ -242,10 +243,12 @@ def test_stop_lets_the_current_step_commit_then_releases_the_run(
     worker = Worker(tasks, workflows, lease_ttl=60, poll_interval=0.05)
     serving = threading.Thread(target=worker.run)
     serving.start()
-    deadline = time.monotonic() + 60
-    while tasks.get_run("r").head_seq < 2:
-        assert time.monotonic() < deadline, "the worker never committed two steps"
-        time.sleep(0.05)
+    wait_until(
+        lambda: tasks.get_run("r").head_seq >= 2,
+        60,
+        what="the worker to commit two steps",
+        every_s=0.05,
+    )
     # The head at stop() lies between these two reads: a test thread descheduled for a step's
     # 0.5 s between one read and stop() must not look like a step started after stop().
     committed = tasks.get_run("r").head_seq
@@ -309,10 +312,12 @@ def test_a_worker_counts_runs_claimed_finished_by_outcome_and_its_idle_time(
 
     serving = threading.Thread(target=worker.run)
     serving.start()
-    deadline = time.monotonic() + 60
-    while value("tiermem_worker_idle_seconds_total") == 0 and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert value("tiermem_worker_idle_seconds_total") > 0  # polled, found nothing, waited
+    wait_until(  # polled, found nothing, waited
+        lambda: value("tiermem_worker_idle_seconds_total") > 0,
+        60,
+        what="the worker to count idle seconds",
+        every_s=0.02,
+    )
     # Far more steps than it takes to see three: the run is still active when the test looks
     # and stops the worker, however long the test thread was descheduled in between (the
     # drain ends it after the step in progress, so the steps left cost nothing).
@@ -323,10 +328,12 @@ def test_a_worker_counts_runs_claimed_finished_by_outcome_and_its_idle_time(
         {"n": 9, "log": str(log), "pause": 0.3, "steps_before": 200},
         run_id="m-long",
     )
-    deadline = time.monotonic() + 60
-    while tasks.get_run("m-long").head_seq < 3:
-        assert time.monotonic() < deadline, "the worker never committed three steps of m-long"
-        time.sleep(0.02)
+    wait_until(
+        lambda: tasks.get_run("m-long").head_seq >= 3,
+        60,
+        what="the worker to commit three steps of m-long",
+        every_s=0.02,
+    )
     assert value("tiermem_worker_runs_active") == 1
     worker.stop()
     serving.join(60)
@@ -400,10 +407,16 @@ class Fleet:
     def stop_all(self) -> None:
         # As a deploy would once the pod is ready: a SIGTERM during interpreter start-up, before
         # the handler exists, ends a worker that holds nothing with -15, which is not a drain.
-        deadline = time.monotonic() + 60
-        while any(p.poll() is None and not self.serving(i) for i, p in enumerate(self.processes)):
-            assert time.monotonic() < deadline, f"a worker never started serving\n{self.logs()}"
-            time.sleep(0.05)
+        wait_until(
+            lambda: (
+                not any(
+                    p.poll() is None and not self.serving(i) for i, p in enumerate(self.processes)
+                )
+            ),
+            60,
+            what=lambda: f"every worker to start serving\n{self.logs()}",
+            every_s=0.05,
+        )
         for process in self.alive():
             process.send_signal(signal.SIGTERM)
         for process in self.processes:
@@ -423,13 +436,11 @@ def fleet(store_url: str, tmp_path: Path) -> Iterator[Fleet]:
     group.stop_all()
 
 
-def _wait_for(condition: object, what: str, fleet: Fleet, timeout: float = 180) -> None:
-    assert callable(condition)
-    deadline = time.monotonic() + timeout
-    while not condition():
-        if time.monotonic() > deadline:
-            pytest.fail(f"timed out waiting for {what}\n{fleet.logs()}")
-        time.sleep(0.1)
+def _wait_for(
+    condition: Callable[[], object], what: str, fleet: Fleet, timeout: float = 180
+) -> None:
+    """Wait for ``condition``; a timeout shows the workers' logs."""
+    wait_until(condition, timeout, what=lambda: f"{what}\n{fleet.logs()}", every_s=0.1)
 
 
 @pytest.mark.slow

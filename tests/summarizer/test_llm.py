@@ -13,7 +13,6 @@ import re
 import subprocess
 import sys
 import threading
-import time
 from collections.abc import Callable, Iterator
 from datetime import UTC, datetime
 from typing import Any
@@ -35,6 +34,7 @@ from summarizer.llm import (
     summary_json_schema,
 )
 from tests.summarizer.stub_server import StubLLMServer, StubReply
+from tests.waiting import wait_until
 from tiers.errors import InvalidInputError
 
 pytestmark = pytest.mark.usefixtures("no_network")
@@ -358,9 +358,12 @@ def test_stub_slow_reply_times_out(stub: StubLLMServer, sleeps: SleepLog) -> Non
     assert info.value.is_timeout
     assert info.value.attempts == 2
     # The client gave up after 0.3 s, maybe before the stub's thread read the second request.
-    deadline = time.monotonic() + 60
-    while len(stub.requests) < 2 and time.monotonic() < deadline:
-        time.sleep(0.01)
+    wait_until(
+        lambda: len(stub.requests) >= 2,
+        60,
+        what="the stub to read the second request",
+        every_s=0.01,
+    )
     assert len(stub.requests) == 2
 
 

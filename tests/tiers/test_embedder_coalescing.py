@@ -3,13 +3,13 @@
 from __future__ import annotations
 
 import threading
-import time
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import numpy.typing as npt
 import pytest
 
+from tests.waiting import wait_until
 from tiers.backends.embedders import Coalescer, MiniLMEmbedder
 
 QUERIES = [
@@ -51,16 +51,19 @@ class Recorder:
                 self.running -= 1
 
 
+def queued_texts(coalescer: Coalescer) -> int:
+    """How many texts callers' requests hold that wait for a model call."""
+    with coalescer._changed:  # the callers append under it
+        return sum(len(request.texts) for request in coalescer._queue)
+
+
 def wait_until_queued(coalescer: Coalescer, texts: int) -> None:
     """Wait until callers' requests of ``texts`` texts in all wait for a model call."""
-    deadline = time.monotonic() + 60
-    while True:
-        with coalescer._changed:  # the callers append under it
-            queued = sum(len(request.texts) for request in coalescer._queue)
-        if queued >= texts:
-            return
-        assert time.monotonic() < deadline, f"{queued} of {texts} texts queued"
-        threading.Event().wait(0.001)
+    wait_until(
+        lambda: queued_texts(coalescer) >= texts,
+        60,
+        what=lambda: f"{texts} texts queued ({queued_texts(coalescer)} are)",
+    )
 
 
 def test_a_lone_caller_runs_at_once_as_one_call() -> None:

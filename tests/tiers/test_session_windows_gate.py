@@ -15,12 +15,12 @@ the index worker at a gate, which makes the interleaving deterministic.
 from __future__ import annotations
 
 import threading
-import time
 from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 
 import numpy as np
 
+from tests.waiting import wait_until
 from tiers import keys
 from tiers.backends.base import KVStore
 from tiers.backends.chroma_index import ChromaVectorIndex
@@ -78,12 +78,9 @@ class HeldEmbedder:
             return next(n for n, (_, texts) in enumerate(self.calls) if text in texts)
 
 
-def wait_until(condition: Callable[[], bool]) -> None:
+def wait_for_worker(condition: Callable[[], bool]) -> None:
     """Wait (generously) for something the worker does by itself."""
-    deadline = time.monotonic() + 300
-    while not condition():
-        assert time.monotonic() < deadline, "the index worker never got there"
-        time.sleep(0.01)
+    wait_until(condition, 300, what="the index worker to get there", every_s=0.01)
 
 
 def at(n: int) -> datetime:
@@ -133,7 +130,7 @@ def test_a_query_in_flight_holds_back_the_windows_pass(
         # The first pass is not held back: alice's session becomes searchable meanwhile.
         assert tier.flush(timeout=300, windows=False)
         indexer = tier._store.indexer
-        wait_until(lambda: indexer.windows_held >= 1)
+        wait_for_worker(lambda: indexer.windows_held >= 1)
         assert held.marked() == []  # not one window while the query is in flight
         assert not tier.flush(timeout=0)  # and the windows are still to do
         held.query_gate.set()
@@ -167,7 +164,7 @@ def test_a_query_arriving_mid_session_shares_the_cores_with_one_model_call_at_mo
         recall = recall_in_thread(tier, found)
         assert held.query_waiting.wait(timeout=300)  # the query is in flight
         held.worker_gate.set()  # the call in flight finishes; the next one waits for the query
-        wait_until(lambda: indexer.windows_held > holds)
+        wait_for_worker(lambda: indexer.windows_held > holds)
         assert [len(texts) for texts in held.marked()] == [WINDOW_CHUNK]
         held.query_gate.set()
         recall.join(timeout=300)

@@ -16,7 +16,7 @@ import subprocess
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import IO
 
@@ -24,6 +24,7 @@ import pytest
 from pydantic import JsonValue
 
 from tests.tiers.crash_worker import STEPS, effect_keys, effects_done, open_store, run_to_end
+from tests.waiting import wait_until
 from tiers import keys
 from tiers.backends.base import KVStore
 from tiers.errors import RunNotFoundError
@@ -275,10 +276,11 @@ def test_expired_lease_is_taken_over_and_the_old_worker_is_fenced(
     kv = open_store(store)
     try:
         tier = TaskTier(kv)
-        deadline = time.monotonic() + 30
-        while tier.get_run("r").lease_live(tier._now()):
-            assert time.monotonic() < deadline, "the lease never expired"
-            time.sleep(0.05)
+        wait_until(
+            lambda: not tier.get_run("r").lease_live(tier._now()),
+            what="the lease to expire",
+            every_s=0.05,
+        )
         assert [r.run_id for r in tier.list_resumable()] == ["r"]
 
         new = _race_worker(store, "r", log, "new", go, tmp_path / "release-new", 30.0)
@@ -317,13 +319,6 @@ def _proc_state(pid: int) -> str:
     return stat.rsplit(")", 1)[1].split()[0]
 
 
-def _wait_for(what: str, ready: Callable[[], bool]) -> None:
-    deadline = time.monotonic() + 30
-    while not ready():
-        assert time.monotonic() < deadline, f"gave up waiting: {what}"
-        time.sleep(0.01)
-
-
 def _run_bytes(kv: KVStore, run_id: str) -> dict[str, object]:
     """Every stored byte of one run: its head and its space."""
     return {
@@ -349,7 +344,7 @@ def _fencing_trial(
         if point == "none":
             time.sleep(stop_after)
             os.kill(pid, signal.SIGSTOP)
-        _wait_for("the worker to stop", lambda: _proc_state(pid) in "TZ")
+        wait_until(lambda: _proc_state(pid) in "TZ", what="the worker to stop", every_s=0.01)
 
         def lease_gone() -> bool:
             try:
@@ -357,7 +352,7 @@ def _fencing_trial(
             except RunNotFoundError:
                 return True
 
-        _wait_for("the frozen worker's lease to expire", lease_gone)
+        wait_until(lease_gone, what="the frozen worker's lease to expire", every_s=0.01)
         outputs = run_to_end(tier, run_id, str(log), dedupe=True, worker_id="taker", lease_ttl=30)
         before = _run_bytes(kv, run_id)
         os.kill(pid, signal.SIGCONT)

@@ -18,11 +18,11 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.waiting import wait_until
 from tiers.backends.base import Flushable, KVStore
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.errors import InvalidInputError
@@ -118,10 +118,11 @@ def test_the_background_flusher_bounds_the_backlog(tmp_path: Path) -> None:
     run = TaskTier(store).start_run("u", "r")
     for i in range(20):
         run.step("s", lambda i=i: i)
-    deadline = time.monotonic() + 30
-    while store.unflushed and time.monotonic() < deadline:
-        time.sleep(0.01)
-    assert store.unflushed == 0
+    wait_until(
+        lambda: store.unflushed == 0,
+        what=lambda: f"the flusher to empty the backlog ({store.unflushed} unflushed)",
+        every_s=0.01,
+    )
     store.close()
     assert store.unflushed == 0
 

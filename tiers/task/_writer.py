@@ -91,6 +91,9 @@ class RunWriter:
         self.store = store
         self.info = info
         self.head = head
+        # The run this handle writes to (read several times a step; the head it holds
+        # always names this run).
+        self.run_id = info.run_id
         self.epoch = info.lease_epoch
         # Who took the lease this handle holds (the run's lease owner then).
         self.worker_id = info.lease_owner
@@ -119,11 +122,6 @@ class RunWriter:
         self.head_known_at = time.monotonic()
         # The KV space of the run's checkpoints and index entries (every step writes there).
         self.space = keys.run_space(store.tenant, info.run_id)
-
-    @property
-    def run_id(self) -> str:
-        """The run this handle writes to."""
-        return self.info.run_id
 
     def read_fresh(self) -> RunInfo:
         """Re-read the head; a change by anyone else makes this handle's view (and state) stale."""

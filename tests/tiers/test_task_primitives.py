@@ -8,6 +8,7 @@ reads are bounded by the page, and external ids mapped to run ids.
 from __future__ import annotations
 
 import string
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -302,3 +303,36 @@ def test_heads_stored_before_external_ids_still_read() -> None:
     old = RunInfo(run_id="r", user_id="u").model_dump(mode="json")
     del old["external_id"]
     assert RunInfo.model_validate(old).external_id is None
+
+
+# -- step names -----------------------------------------------------------------------------
+
+
+class _Name(str):
+    """A str subclass: checked like a str, never kept in a handle's table of checked names."""
+
+
+def test_a_step_name_checked_once_is_the_same_name_every_later_call(tasks: TaskTier) -> None:
+    # A handle keeps the names it checked; every later call of a name must give what the
+    # check gave (the stripped name, in the default key), and a bad name is refused every time.
+    run = tasks.start_run("u1", "names")
+    assert run.step("  search ", lambda: 1) == 1
+    assert run.step("  search ", lambda: 2) == 2
+    assert run.step("search", lambda: 3) == 3
+    assert [c.idempotency_key for c in tasks.history(run.run_id)] == [
+        "names/search/0",
+        "names/search/1",
+        "names/search/2",
+    ]
+    for _ in range(2):
+        for bad in ("", "   ", "a\nb", "x" * 257):
+            with pytest.raises(InvalidInputError) as refused:
+                run.step(bad, lambda: 0)
+            assert refused.value.field == "step"
+        not_a_name: Any = None
+        with pytest.raises(InvalidInputError):
+            run.step(not_a_name, lambda: 0)
+    assert run.step(_Name(" search "), lambda: 4) == 4
+    latest = tasks.latest_checkpoint(run.run_id)
+    assert latest is not None
+    assert (latest.step, latest.idempotency_key) == ("search", "names/search/3")

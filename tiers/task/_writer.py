@@ -405,24 +405,26 @@ class RunWriter:
         )
         # The output and state delta are JSON values already (to_json, the ledger, a
         # snapshot): validated once there, not walked again here; the rest is checked.
+        # The fields in CheckpointFields' order, positionally: its generated __new__ matched
+        # 16 keywords in ~1.2 us more (every step builds one).
         ckpt, data = build_checkpoint(
             CheckpointFields(
-                checkpoint_id=ckpt_id,
-                run_id=run_id,
-                seq=seq,
-                parent_id=info.head_checkpoint_id,
-                step=step,
-                input_hash=digest,
-                output=output,
-                idempotency_key=key,
-                scope=scope,
-                started_at=started_at,
-                created_at=txn.now,
-                kind=kind,
-                state_delta=delta,
-                event_seq=event_seq,
-                commit_epoch=commit_epoch,
-                output_text=output_text,
+                ckpt_id,  # checkpoint_id
+                run_id,
+                seq,
+                info.head_checkpoint_id,  # parent_id
+                step,
+                digest,  # input_hash
+                output,
+                key,  # idempotency_key
+                scope,
+                started_at,
+                txn.now,  # created_at
+                kind,
+                delta,  # state_delta
+                event_seq,
+                commit_epoch,
+                output_text,
             ),
             exact_ints=True,  # output_text is to_json_text's (orjson's) or None
         )

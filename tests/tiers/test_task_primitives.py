@@ -8,6 +8,8 @@ reads are bounded by the page, and external ids mapped to run ids.
 from __future__ import annotations
 
 import string
+from datetime import UTC, datetime
+from typing import Any
 
 import pytest
 from hypothesis import given, settings
@@ -24,7 +26,8 @@ from tiers.errors import (
 )
 from tiers.ids import DERIVED_ID_PATTERN, ID_PATTERN, MAX_EXTERNAL_ID, run_id_for
 from tiers.models import RunInfo, RunStatus
-from tiers.task import TaskTier
+from tiers.task import Charged, TaskTier
+from tiers.task._records import checkpoint_id, input_hash
 
 TENANT = "default"
 
@@ -302,3 +305,58 @@ def test_heads_stored_before_external_ids_still_read() -> None:
     old = RunInfo(run_id="r", user_id="u").model_dump(mode="json")
     del old["external_id"]
     assert RunInfo.model_validate(old).external_id is None
+
+
+# -- step names -----------------------------------------------------------------------------
+
+
+class _Name(str):
+    """A str subclass: checked like a str, never kept in a handle's table of checked names."""
+
+
+def test_a_step_name_checked_once_is_the_same_name_every_later_call(tasks: TaskTier) -> None:
+    # A handle keeps the names it checked; every later call of a name must give what the
+    # check gave (the stripped name, in the default key), and a bad name is refused every time.
+    run = tasks.start_run("u1", "names")
+    assert run.step("  search ", lambda: 1) == 1
+    assert run.step("  search ", lambda: 2) == 2
+    assert run.step("search", lambda: 3) == 3
+    assert [c.idempotency_key for c in tasks.history(run.run_id)] == [
+        "names/search/0",
+        "names/search/1",
+        "names/search/2",
+    ]
+    for _ in range(2):
+        for bad in ("", "   ", "a\nb", "x" * 257):
+            with pytest.raises(InvalidInputError) as refused:
+                run.step(bad, lambda: 0)
+            assert refused.value.field == "step"
+        not_a_name: Any = None
+        with pytest.raises(InvalidInputError):
+            run.step(not_a_name, lambda: 0)
+    assert run.step(_Name(" search "), lambda: 4) == 4
+    latest = tasks.latest_checkpoint(run.run_id)
+    assert latest is not None
+    assert (latest.step, latest.idempotency_key) == ("search", "names/search/3")
+
+
+def test_a_steps_checkpoint_holds_each_field_where_it_belongs(kv: KVStore) -> None:
+    # The writer hands the checkpoint's fields over by position: each must land in its own.
+    times = iter(datetime(2026, 11, 27, 9, 0, second, tzinfo=UTC) for second in range(60))
+    tier = TaskTier(kv, clock=lambda: next(times))
+    run = tier.start_run("u1", "fields")
+    first = run.step("plan", lambda: {"a": 1}, input={"q": 1})
+    run.step("act", lambda: Charged("done", tokens=3, state={"k": "v"}), scope={"s": 1})
+    one, two = tier.history(run.run_id)
+    assert first == one.output == {"a": 1}
+    assert (one.seq, one.parent_id, one.step, one.kind) == (1, None, "plan", "step")
+    assert one.checkpoint_id == checkpoint_id("fields", 1, "fields/plan/0")
+    assert (one.idempotency_key, one.input_hash) == ("fields/plan/0", input_hash({"q": 1}))
+    assert one.started_at < one.created_at
+    assert (two.seq, two.parent_id, two.output) == (2, one.checkpoint_id, "done")
+    assert (two.idempotency_key, two.input_hash) == ("fields/act/0", input_hash(None))
+    assert (two.scope, two.state_delta) == ({"s": 1}, {"k": "v"})
+    assert one.created_at < two.started_at < two.created_at
+    assert one.event_seq is not None
+    assert two.event_seq is not None
+    assert two.event_seq > one.event_seq

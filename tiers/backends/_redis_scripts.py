@@ -1,18 +1,31 @@
-"""The Lua scripts of :class:`~tiers.backends.redis_kv.RedisKVStore` and the commit's arguments.
+"""What :class:`~tiers.backends.redis_kv.RedisKVStore` sends and reads: scripts, arguments, RESP.
 
 A space is a values hash and a key-index sorted set (see ``redis_kv``). The
 commit script checks, then writes; the scan script reads a key range and its
 values in one consistent step. Both run on one server (or one cluster slot).
+Also here: the commit's write groups, a command packed as RESP in one buffer,
+and the scan's replies taken apart.
 """
 
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
+
+import redis
 
 from tiers.backends.base import Delete, Put, Write
 
-__all__ = ["COMMIT", "GROUP_KEYS", "SCAN", "SCAN_INLINE_BYTES", "write_groups"]
+__all__ = [
+    "COMMIT",
+    "GROUP_KEYS",
+    "SCAN",
+    "SCAN_INLINE_BYTES",
+    "exec_replies",
+    "resp_command",
+    "scan_pairs",
+    "write_groups",
+]
 
 # KEYS: (values-hash, index-zset) per space. ARGV: n_checks, then 4 per check
 # (space#, key, must_exist, expected), then the writes in groups: op, space#, n, then
@@ -144,3 +157,41 @@ def write_groups(writes: Sequence[Write], spaces: dict[str, int]) -> list[bytes]
     if head >= 0:
         args[head] = b"%d" % count
     return args
+
+
+# The RESP length line of a bulk string shorter than 1 KiB (keys, counts, small values),
+# made once: formatting it per word was a third of packing a commit.
+_BULK_HEADS: Final = tuple(b"$%d" % length for length in range(1024))
+
+
+def resp_command(words: list[bytes]) -> bytes:
+    """``words`` as one RESP command (an array of bulk strings), in one buffer."""
+    # Every line of RESP ends in CRLF: the lines joined by CRLF, plus a final one.
+    lines = [b"*%d" % len(words)]
+    heads = _BULK_HEADS
+    for word in words:
+        length = len(word)
+        lines += (heads[length] if length < 1024 else b"$%d" % length, word)
+    lines.append(b"")
+    return b"\r\n".join(lines)
+
+
+def scan_pairs(flat: list[Any]) -> list[tuple[str, bytes]]:
+    """The scan script's ``key, value, ...`` reply as pairs (a key without a value left out)."""
+    # Bulk strings arrive as bytes (the client does not decode responses).
+    pairs = zip(flat[::2], flat[1::2], strict=True)
+    return [(key.decode(), value) for key, value in pairs if value is not None]
+
+
+def exec_replies(replies: list[Any]) -> tuple[list[Any], Any]:
+    """The ``HMGET`` and ``ZLEXCOUNT`` replies of an ``EXEC``.
+
+    Raises:
+        redis.ResponseError: One of them failed (a key of another type).
+    """
+    for reply in replies:
+        # EXEC answers a command's error inside its array instead of raising it.
+        if isinstance(reply, redis.ResponseError):
+            raise reply
+    values, count = replies
+    return values, count

@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
-from typing import Any, Final
+from collections.abc import Callable, Sequence
+from types import TracebackType
+from typing import Any
 
 import redis
 from redis.backoff import NoBackoff
@@ -33,7 +33,15 @@ from redis.exceptions import NoScriptError, RedisClusterException
 from redis.retry import Retry
 
 from tiers.backends import redact_url
-from tiers.backends._redis_scripts import COMMIT, SCAN, SCAN_INLINE_BYTES, write_groups
+from tiers.backends._redis_scripts import (
+    COMMIT,
+    SCAN,
+    SCAN_INLINE_BYTES,
+    exec_replies,
+    resp_command,
+    scan_pairs,
+    write_groups,
+)
 from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES, Check, Write
 from tiers.backends.common import (
     check_checks,
@@ -118,17 +126,9 @@ class RedisKVStore:
         if self._closed:
             raise StoreClosedError("the Redis store is closed; open a new RedisKVStore")
 
-    @contextmanager
-    def _translate(self, what: str) -> Iterator[None]:
-        self._ensure_open()
-        try:
-            yield
-        except (redis.RedisError, RedisClusterException) as exc:
-            if self._closed:
-                raise StoreClosedError(
-                    f"the Redis store was closed during a {what}; open a new RedisKVStore"
-                ) from exc
-            raise BackendUnavailableError(f"Redis {what} failed: {exc}") from exc
+    def _translate(self, what: str) -> _Translating:
+        """``with`` it around a ``what`` (a read, a commit...): Redis's errors as this store's."""
+        return _Translating(self, what)
 
     def get_many(self, space: str, keys: Sequence[str]) -> list[bytes | None]:
         """See :meth:`KVStore.get_many`."""
@@ -194,7 +194,7 @@ class RedisKVStore:
         for _ in range(_RELISTS):
             flat = self._run_scan([hash_name, index_name], args)
             if len(flat) != 1 or not isinstance(flat[0], list):
-                return _pairs(flat)
+                return scan_pairs(flat)
             listed: list[Any] = flat[0]
             # The span the listing covers: the range, cut at its last key by the limit.
             span = (args[0], args[1])
@@ -205,7 +205,7 @@ class RedisKVStore:
             if int(count) == len(listed) and all(value is not None for value in values):
                 return [(k.decode(), v) for k, v in zip(listed, values, strict=True)]
         args[-1] = b"-1"
-        return _pairs(self._run_scan([hash_name, index_name], args))
+        return scan_pairs(self._run_scan([hash_name, index_name], args))
 
     def commit(self, writes: Sequence[Write], checks: Sequence[Check] = ()) -> None:
         """See :meth:`KVStore.commit`."""
@@ -271,7 +271,7 @@ class RedisKVStore:
                 [b"EXEC"],
             ]
         )
-        return _exec_replies(replies[-1])
+        return exec_replies(replies[-1])
 
     def _hmget(self, name: str, fields: Sequence[str]) -> list[Any]:
         """``HMGET`` of ``fields`` of the hash ``name`` (see :meth:`_send`)."""
@@ -315,7 +315,7 @@ class RedisKVStore:
         client = self._client
         if not isinstance(client, redis.Redis):
             raise TypeError("a RedisKVStore sends its commands through a redis.Redis client")
-        packed = b"".join(_resp_command(words) for words in commands)
+        packed = b"".join(resp_command(words) for words in commands)
         connection = self._take_connection(client)
         # redis-py leaves this method unannotated; this is the signature relied on.
         send: Callable[[list[bytes]], None] = connection.send_packed_command
@@ -470,49 +470,38 @@ class RedisKVStore:
             self._client.close()
 
 
+class _Translating:
+    """Checks the store is open on entry; raises Redis's errors as the tier's on exit.
+
+    A class, not a ``contextmanager`` generator: every operation of the store
+    enters one, and the generator's machinery cost three times as much.
+    """
+
+    __slots__ = ("_store", "_what")
+
+    def __init__(self, store: RedisKVStore, what: str) -> None:
+        self._store = store
+        self._what = what
+
+    def __enter__(self) -> None:
+        self._store._ensure_open()
+
+    def __exit__(
+        self, kind: type[BaseException] | None, exc: BaseException | None, tb: TracebackType | None
+    ) -> None:
+        if isinstance(exc, (redis.RedisError, RedisClusterException)):
+            if self._store._closed:
+                raise StoreClosedError(
+                    f"the Redis store was closed during a {self._what}; open a new RedisKVStore"
+                ) from exc
+            raise BackendUnavailableError(f"Redis {self._what} failed: {exc}") from exc
+
+
 def _disconnect(connection: ConnectionInterface) -> None:
     """Close ``connection``'s socket; its next use connects again."""
     # redis-py leaves this method unannotated; this is the signature relied on.
     disconnect: Callable[[], None] = connection.disconnect
     disconnect()
-
-
-def _pairs(flat: list[Any]) -> list[tuple[str, bytes]]:
-    """The scan script's ``key, value, ...`` reply as pairs (a key without a value left out)."""
-    # Bulk strings arrive as bytes (the client does not decode responses).
-    pairs = zip(flat[::2], flat[1::2], strict=True)
-    return [(key.decode(), value) for key, value in pairs if value is not None]
-
-
-def _exec_replies(replies: list[Any]) -> tuple[list[Any], Any]:
-    """The ``HMGET`` and ``ZLEXCOUNT`` replies of an ``EXEC``.
-
-    Raises:
-        redis.ResponseError: One of them failed (a key of another type).
-    """
-    for reply in replies:
-        # EXEC answers a command's error inside its array instead of raising it.
-        if isinstance(reply, redis.ResponseError):
-            raise reply
-    values, count = replies
-    return values, count
-
-
-# The RESP length line of a bulk string shorter than 1 KiB (keys, counts, small values),
-# made once: formatting it per word was a third of packing a commit.
-_BULK_HEADS: Final = tuple(b"$%d" % length for length in range(1024))
-
-
-def _resp_command(words: list[bytes]) -> bytes:
-    """``words`` as one RESP command (an array of bulk strings), in one buffer."""
-    # Every line of RESP ends in CRLF: the lines joined by CRLF, plus a final one.
-    lines = [b"*%d" % len(words)]
-    heads = _BULK_HEADS
-    for word in words:
-        length = len(word)
-        lines += (heads[length] if length < 1024 else b"$%d" % length, word)
-    lines.append(b"")
-    return b"\r\n".join(lines)
 
 
 def _tighter_low(low: str, start_after: str) -> str:

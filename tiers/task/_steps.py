@@ -26,6 +26,9 @@ from tiers.task._writer import ActiveStep, RunWriter
 
 __all__ = ["Steps"]
 
+# The most step names a handle keeps checked (names made per call fall back to the check).
+_NAMES_HELD = 256
+
 # What a write is decided to be on a head: the checkpoint that committed its key (a
 # replay; None: a new write) and the index entry its commit checks.
 Decision = tuple[Checkpoint | None, bytes | None]
@@ -41,6 +44,9 @@ class Steps:
     def __init__(self, writer: RunWriter) -> None:
         self._writer = writer
         self._store = writer.store
+        # Step names this handle checked, to the name check_name made of each: a worker
+        # calls a few names over and over (one lookup instead of the check and its regex).
+        self._names: dict[str, str] = {}
 
     def step(
         self,
@@ -120,7 +126,12 @@ class Steps:
             ConflictError: This lease was used concurrently; nothing was written.
             Exception: Whatever ``fn`` raises, unchanged; nothing was written.
         """
-        step = check_name(name)
+        plain = type(name) is str  # not a subclass: its hash and equality are str's
+        step = self._names.get(name) if plain else None
+        if step is None:
+            step = check_name(name)
+            if plain and len(self._names) < _NAMES_HELD:
+                self._names[name] = step
         self._writer.refuse_nesting(step)
         occurrence = self._writer.occurrences.get(step, 0)
         key = (

@@ -32,6 +32,7 @@ from tiers.ids import check_id
 from tiers.models import Checkpoint, RunInfo, utcnow
 from tiers.redaction import OFF, Redactor
 from tiers.task import _format as task_format
+from tiers.task._checkpoint_encode import encode_head
 from tiers.task._fresh import RecentHeads
 from tiers.task._observer import NULL_OBSERVER, TaskObserver
 from tiers.task._records import (
@@ -291,7 +292,7 @@ class RunStore:
     def apply(self, txn: Txn, head: bytes | None) -> tuple[RunInfo, bytes]:
         """Commit ``txn`` if the head still holds exactly ``head`` (``None``: absent)."""
         new_info = txn.head()
-        new_head = encode(new_info)
+        new_head = encode_head(new_info)
         writes: list[Write] = list(txn.puts)
         if txn.events:
             space = keys.run_space(self.tenant, txn.run_id)

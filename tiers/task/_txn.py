@@ -157,7 +157,7 @@ class Txn:
         """
         self.status = lifecycle.advance(self.status, kind, data, run_id=self.run_id)
         self.held += 1
-        return self.base.event_seq + self.appended
+        return self.base.event_seq + len(self.events) + self.held
 
     @property
     def appended(self) -> int:

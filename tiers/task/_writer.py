@@ -91,6 +91,9 @@ class RunWriter:
         self.store = store
         self.info = info
         self.head = head
+        # The run this handle writes to (read several times a step; the head it holds
+        # always names this run).
+        self.run_id = info.run_id
         self.epoch = info.lease_epoch
         # Who took the lease this handle holds (the run's lease owner then).
         self.worker_id = info.lease_owner
@@ -119,11 +122,6 @@ class RunWriter:
         self.head_known_at = time.monotonic()
         # The KV space of the run's checkpoints and index entries (every step writes there).
         self.space = keys.run_space(store.tenant, info.run_id)
-
-    @property
-    def run_id(self) -> str:
-        """The run this handle writes to."""
-        return self.info.run_id
 
     def read_fresh(self) -> RunInfo:
         """Re-read the head; a change by anyone else makes this handle's view (and state) stale."""
@@ -407,24 +405,26 @@ class RunWriter:
         )
         # The output and state delta are JSON values already (to_json, the ledger, a
         # snapshot): validated once there, not walked again here; the rest is checked.
+        # The fields in CheckpointFields' order, positionally: its generated __new__ matched
+        # 16 keywords in ~1.2 us more (every step builds one).
         ckpt, data = build_checkpoint(
             CheckpointFields(
-                checkpoint_id=ckpt_id,
-                run_id=run_id,
-                seq=seq,
-                parent_id=info.head_checkpoint_id,
-                step=step,
-                input_hash=digest,
-                output=output,
-                idempotency_key=key,
-                scope=scope,
-                started_at=started_at,
-                created_at=txn.now,
-                kind=kind,
-                state_delta=delta,
-                event_seq=event_seq,
-                commit_epoch=commit_epoch,
-                output_text=output_text,
+                ckpt_id,  # checkpoint_id
+                run_id,
+                seq,
+                info.head_checkpoint_id,  # parent_id
+                step,
+                digest,  # input_hash
+                output,
+                key,  # idempotency_key
+                scope,
+                started_at,
+                txn.now,  # created_at
+                kind,
+                delta,  # state_delta
+                event_seq,
+                commit_epoch,
+                output_text,
             ),
             exact_ints=True,  # output_text is to_json_text's (orjson's) or None
         )

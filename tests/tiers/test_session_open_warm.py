@@ -13,6 +13,7 @@ observe and hold calls.
 
 from __future__ import annotations
 
+import gc
 import threading
 from collections.abc import Sequence
 
@@ -168,3 +169,21 @@ def test_a_failed_loading_leaves_the_tier_working(
     assert new_workers(before) == failures
     tier.close()
     assert new_workers(before) == []
+
+
+def test_a_tier_dropped_without_close_stops_the_worker_that_loaded_its_index(
+    sqlite_kv: SqliteKVStore,
+    index: ChromaVectorIndex,
+    embedder: MiniLMEmbedder,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    before = threading.enumerate()
+    threads = spy_on_reads(monkeypatch, index)
+    tier = SessionTier(sqlite_kv, index, embedder, background=True)
+    wait_until(lambda: len(threads) == 1)
+    (worker,) = new_workers(before)
+    tier._store.indexer.close()  # the index worker is not what this is about
+    del tier
+    gc.collect()
+    worker.join(60)
+    assert not worker.is_alive()

@@ -165,6 +165,9 @@ class _Crew:
         self._free = 0
         self._threads: list[threading.Thread] = []
         self._closed = False
+        # What the first worker runs before any job (start_warm); taken from here, not from
+        # the thread's arguments, which would keep it (and the store it holds) to the end.
+        self._warm: Callable[[], None] | None = None
 
     def hand_over(self, job: _ViewReads) -> bool:
         """Queue ``job`` for a free worker (starting one if fewer than ``size`` run); False if none.
@@ -176,7 +179,7 @@ class _Crew:
                 return False
             if self._free > 0:
                 self._free -= 1
-            elif len(self._threads) >= self._size or not self._start_worker(None):
+            elif len(self._threads) >= self._size or not self._start_worker():
                 return False
             self._jobs.put(job)
         return True
@@ -191,19 +194,21 @@ class _Crew:
         raise: it would end the worker while it is counted free.
         """
         with self._lock:
-            if self._closed or self._threads or not self._start_worker(warm):
+            if self._closed or self._threads:
+                return False
+            self._warm = warm
+            if not self._start_worker():
+                self._warm = None
                 return False
             self._free += 1
         return True
 
-    def _start_worker(self, warm: Callable[[], None] | None) -> bool:
+    def _start_worker(self) -> bool:
         """Start one more worker (``_lock`` held); False at the process cap or without a thread."""
         cap = _process_workers
         if not cap.acquire(blocking=False):
             return False
-        thread = threading.Thread(
-            target=self._serve, args=(cap, warm), name=_WORKER_NAME, daemon=True
-        )
+        thread = threading.Thread(target=self._serve, args=(cap,), name=_WORKER_NAME, daemon=True)
         try:
             thread.start()  # listed only once started: close() joins what is listed
         except RuntimeError:
@@ -227,11 +232,14 @@ class _Crew:
                         self._free -= 1
                         return None
 
-    def _serve(
-        self, cap: threading.BoundedSemaphore, warm: Callable[[], None] | None = None
-    ) -> None:
-        """Run ``warm``, then serve jobs until stopped or idle; then give back the place in ``cap``."""
+    def _serve(self, cap: threading.BoundedSemaphore) -> None:
+        """Serve jobs until stopped or idle; then give back the place taken in ``cap``.
+
+        The first worker runs the warm-up of :meth:`start_warm` before its first job.
+        """
         try:
+            with self._lock:
+                warm, self._warm = self._warm, None
             if warm is not None:
                 warm()
                 del warm  # an idle worker must not keep the store alive

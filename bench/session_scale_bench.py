@@ -20,6 +20,13 @@ first through ``recall_relevant(top_k=5)`` (cold: nothing of the user is cached)
 then again (warm); then in another freshly opened store the same through
 ``build_continuation_context``. Query embedding is included everywhere.
 ``--profile`` prints a cProfile of the cold recalls of the first round.
+Each call kind also reports its open, its first call after the open (the warm-up:
+what the first user of a freshly opened store waits for; ``--open-pause-ms`` lets
+the store load in the background first, as an application's start-up would) and
+its five slowest cold queries with the second since the open they started at
+(a tail of first-open work bunches at the start; one of a loaded box does not).
+``--snapshot DIR`` copies the store right after ingest, so its first open can be
+replayed on copies.
 Each figure line also counts the cyclic GC's full (generation-2) collections
 that ran during its queries, with the longest one. As ``tiermem serve`` does
 after its warm-up (``api/app.py``), the bench freezes what is alive after the
@@ -67,6 +74,7 @@ import json
 import os
 import pstats
 import random
+import shutil
 import subprocess
 import sys
 import time
@@ -279,15 +287,25 @@ def measure(
     label: str = "",
     gap: float = 0.0,
     freeze_gc: bool = True,
+    open_pause: float = 0.0,
 ) -> None:
-    """One round: each call kind in a freshly opened store, cold then warm per user."""
+    """One round: each call kind in a freshly opened store, cold then warm per user.
+
+    ``open_pause``: seconds between the open and the first (warm-up) call, an
+    application's own start-up; what the store loads in the background meanwhile
+    (the vector index, ``SessionReader.warm``) the first call then finds done.
+    """
     rng = random.Random(seed)
     asks = [(user.user_id, rng.choice(user.questions)) for user in users]
     warm_up, asks = asks[-1], asks[:-1]
     for name, call in CALLS.items():
+        opening = time.perf_counter()
         memory = Memory.open(store)
+        opened = time.perf_counter()
         try:
+            time.sleep(open_pause)
             call(memory, *warm_up)
+            first_ms = (time.perf_counter() - opened - open_pause) * 1000
             if freeze_gc:
                 freeze_once()
             profiler = cProfile.Profile() if profile and name.startswith("recall") else None
@@ -295,6 +313,7 @@ def measure(
             collections = FullCollections()
             gc.callbacks.append(collections)
             cold: list[float] = []
+            cold_at: list[float] = []  # seconds since the open, of each cold query's start
             for user, text in asks:
                 if profiler:
                     profiler.enable()
@@ -302,6 +321,7 @@ def measure(
                 with collections.counting():
                     call(memory, user, text)
                 cold.append((time.perf_counter() - started) * 1000)
+                cold_at.append(started - opened)
                 if profiler:
                     profiler.disable()
                 time.sleep(gap)
@@ -324,6 +344,13 @@ def measure(
             f"warm p50 {w50:.1f} / p95 {w95:.1f} / p99 {w99:.1f} ms; "
             f"windows of {indexed} sessions indexed meanwhile; {collections.report()} "
             f"during the queries; load {os.getloadavg()[0]:.1f}",
+            flush=True,
+        )
+        slowest = sorted(range(len(cold)), key=cold.__getitem__, reverse=True)[:5]
+        print(
+            f"{label}{name}: open {(opened - opening) * 1000:.0f} ms, first call "
+            f"{first_ms:.1f} ms after {open_pause * 1000:.0f} ms; slowest cold (ms @ s since "
+            "the open): " + ", ".join(f"{cold[n]:.1f} @ {cold_at[n]:.1f}" for n in slowest),
             flush=True,
         )
         if profiler:
@@ -362,6 +389,17 @@ def main() -> int:
         "--busy", type=int, default=0, help="busy-loop processes run beside the measurement"
     )
     parser.add_argument(
+        "--open-pause-ms",
+        type=float,
+        default=0.0,
+        help="pause between each open and its first (warm-up) call, not counted",
+    )
+    parser.add_argument(
+        "--snapshot",
+        type=Path,
+        help="copy the store here right after ingest (before any open), to replay first opens",
+    )
+    parser.add_argument(
         "--no-freeze-gc",
         action="store_true",
         help="do not freeze the heap after the first warm-up query (tiermem serve does)",
@@ -374,6 +412,9 @@ def main() -> int:
     )
     args.store.mkdir(parents=True, exist_ok=True)
     ingest(args.store, users, args.windows)
+    if args.snapshot is not None:
+        shutil.copytree(args.store, args.snapshot)  # nothing has the store open now
+        print(f"copied the store to {args.snapshot}")
     if args.ingest_only:
         return 0
     for user in users:
@@ -387,17 +428,16 @@ def main() -> int:
 
 def rounds(args: argparse.Namespace, users: list[User], gap: float) -> None:
     """The measured restarts, parked and/or with the window pass running."""
+    freeze, pause = not args.no_freeze_gc, args.open_pause_ms / 1000
     for n in range(args.rounds):
         profile = args.profile and n == 0
         if args.compare or not args.unparked:
             with windows_parked(args.store) as parked:
                 label = f"round {n + 1} parked ({parked} sessions' windows): "
-                measure(
-                    args.store, users, args.seed + n, profile, label, gap, not args.no_freeze_gc
-                )
+                measure(args.store, users, args.seed + n, profile, label, gap, freeze, pause)
         if args.compare or args.unparked:
             label = f"round {n + 1} pass running: "
-            measure(args.store, users, args.seed + n, profile, label, gap, not args.no_freeze_gc)
+            measure(args.store, users, args.seed + n, profile, label, gap, freeze, pause)
 
 
 if __name__ == "__main__":

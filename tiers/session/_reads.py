@@ -11,15 +11,18 @@ documented on :class:`~tiers.session.SessionTier`.
 
 from __future__ import annotations
 
+import logging
 import queue
 import threading
 import time
 import weakref
+from collections.abc import Callable
 from datetime import datetime
 from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from tiers import keys
 from tiers.codec import decode
 from tiers.errors import InvalidInputError, SessionNotFoundError
 from tiers.ids import check_id
@@ -38,6 +41,8 @@ from tiers.session._view import UserView
 from tiers.values import check_datetime
 
 __all__ = ["MAX_TOP_K", "RecalledSession", "SessionReader", "check_top_k"]
+
+logger = logging.getLogger(__name__)
 
 MAX_TOP_K = 100
 
@@ -160,6 +165,9 @@ class _Crew:
         self._free = 0
         self._threads: list[threading.Thread] = []
         self._closed = False
+        # What the first worker runs before any job (start_warm); taken from here, not from
+        # the thread's arguments, which would keep it (and the store it holds) to the end.
+        self._warm: Callable[[], None] | None = None
 
     def hand_over(self, job: _ViewReads) -> bool:
         """Queue ``job`` for a free worker (starting one if fewer than ``size`` run); False if none.
@@ -171,23 +179,44 @@ class _Crew:
                 return False
             if self._free > 0:
                 self._free -= 1
-            elif len(self._threads) < self._size and (cap := _process_workers).acquire(
-                blocking=False
-            ):
-                thread = threading.Thread(
-                    target=self._serve, args=(cap,), name=_WORKER_NAME, daemon=True
-                )
-                try:
-                    thread.start()  # listed only once started: close() joins what is listed
-                except RuntimeError:
-                    # No thread to be had (the process's or container's limit, or the
-                    # interpreter shutting down): the caller reads its view itself.
-                    cap.release()
-                    return False
-                self._threads.append(thread)
-            else:
+            elif len(self._threads) >= self._size or not self._start_worker():
                 return False
             self._jobs.put(job)
+        return True
+
+    def start_warm(self, warm: Callable[[], None]) -> bool:
+        """Start the first worker, which runs ``warm`` before any job; False if none may start.
+
+        False when closed, when workers run already, or when no thread can be
+        had. The worker counts as free from the start: a cold recall meanwhile
+        queues its reads behind ``warm`` (which loads what those reads would
+        wait for anyway) rather than starting another thread. ``warm`` must not
+        raise: it would end the worker while it is counted free.
+        """
+        with self._lock:
+            if self._closed or self._threads:
+                return False
+            self._warm = warm
+            if not self._start_worker():
+                self._warm = None
+                return False
+            self._free += 1
+        return True
+
+    def _start_worker(self) -> bool:
+        """Start one more worker (``_lock`` held); False at the process cap or without a thread."""
+        cap = _process_workers
+        if not cap.acquire(blocking=False):
+            return False
+        thread = threading.Thread(target=self._serve, args=(cap,), name=_WORKER_NAME, daemon=True)
+        try:
+            thread.start()  # listed only once started: close() joins what is listed
+        except RuntimeError:
+            # No thread to be had (the process's or container's limit, or the
+            # interpreter shutting down): the caller reads its view itself.
+            cap.release()
+            return False
+        self._threads.append(thread)
         return True
 
     def _next_job(self) -> _ViewReads | None:
@@ -204,8 +233,16 @@ class _Crew:
                         return None
 
     def _serve(self, cap: threading.BoundedSemaphore) -> None:
-        """Serve jobs until stopped or idle; then give back the place taken in ``cap``."""
+        """Serve jobs until stopped or idle; then give back the place taken in ``cap``.
+
+        The first worker runs the warm-up of :meth:`start_warm` before its first job.
+        """
         try:
+            with self._lock:
+                warm, self._warm = self._warm, None
+            if warm is not None:
+                warm()
+                del warm  # an idle worker must not keep the store alive
             while (job := self._next_job()) is not None:
                 try:
                     job.read()
@@ -255,11 +292,30 @@ class _ViewWorkers:
                 return reads
         return _ViewReads.nothing(store, view, user_id)
 
+    def warm(self, store: SessionStore) -> bool:
+        """Start a worker that loads the vector index now (see :meth:`SessionReader.warm`)."""
+        return self._crew.start_warm(lambda: _load_index(store))
+
     def close(self, timeout: float | None) -> None:
         """Stop the workers after the reads handed to them; wait up to ``timeout`` in all."""
         deadline = None if timeout is None else time.monotonic() + timeout
         for thread in self._crew.stop():
             thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+
+
+def _load_index(store: SessionStore) -> None:
+    """Read one vector id, so the index loads what every later read needs (errors only logged).
+
+    Embedded Chroma loads a collection's HNSW segment, and applies the part of
+    its write-ahead log not yet persisted in it (up to ``hnsw:sync_threshold``
+    = 1,000 writes), on the first read after it is opened: 0.3-0.4 s at
+    100,000 vectors (bench/README.md, session_scale section, session 27).
+    Whether the id exists does not matter.
+    """
+    try:
+        store.index.get_embeddings([keys.session_vector_id(store.tenant, "warm-up", "probe")])
+    except Exception as exc:  # a recall meets the same failure and reports it
+        logger.info("loading the session index ahead of the first recall failed: %r", exc)
 
 
 class SessionReader:
@@ -382,6 +438,19 @@ class SessionReader:
             now=asked_at,
         )
         return self._read_best(user_id, ranked, top_k)
+
+    def warm(self) -> bool:
+        """Load the vector index in a view-reading worker, ahead of the first recall.
+
+        Without this the first cold recall after the store is opened waits for
+        the index to load (see :func:`_load_index`). The worker then serves
+        recalls like any other (a recall arriving meanwhile queues its reads
+        behind the loading, which they would wait for anyway); it ends after
+        :data:`IDLE_S` without work, the loaded index stays loaded. Returns
+        False, and loads nothing, when no worker may start (the reader is
+        closed, has workers already, or the process cap is reached).
+        """
+        return self._workers.warm(self._store)
 
     def close(self, timeout: float | None = None) -> None:
         """Stop the view-reading workers, waiting up to ``timeout``; later recalls read alone.

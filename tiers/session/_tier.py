@@ -74,7 +74,10 @@ class SessionTier:
 
     Thread-safe. Construction replays index work a crash left behind
     (:meth:`repair`); if the index is unreachable then, the work stays queued
-    and is retried by the next call.
+    and is retried by the next call. With ``background=True`` both run in
+    threads: the replay in the index worker, and the vector index's loading
+    (embedded Chroma reads its HNSW files on first use) in a recall worker, so
+    the first recall after opening a large store does not pay for all of it.
 
     Args:
         kv: The authoritative store.
@@ -131,7 +134,11 @@ class SessionTier:
         self._expiry = SessionExpiry(self._store, self._writer)
         self._reindexer = SessionReindexer(self._store)
         if background:
-            return  # the worker replays the outbox first; construction does not wait for it
+            # The index worker replays the outbox first; construction does not wait for it.
+            # Nor for the vector index's loading, which a view-reading worker starts now so
+            # the first recall need not wait for all of it (SessionReader.warm).
+            self._reader.warm()
+            return
         try:
             self.repair()
         except BackendUnavailableError as exc:

@@ -414,7 +414,8 @@ class ChromaVectorIndex:
             return hits
         query = np.asarray(vector, dtype=np.float64)
         query /= np.linalg.norm(query) or 1.0
-        best: list[tuple[float, str, str, dict[str, str | int | float | bool]]] = []
+        # id -> (distance, document, metadata) of the nearest rows read so far.
+        best: dict[str, tuple[float, str, dict[str, str | int | float | bool]]] = {}
         offset = 0
         while True:
             page = self._call(
@@ -427,6 +428,10 @@ class ChromaVectorIndex:
             )
             page_ids: list[str] = list(page.get("ids") or [])
             if page_ids:
+                # Pages list items in the order they were added: an id deleted and added
+                # again while they are read comes back on a later page, its current row.
+                for vector_id in page_ids:
+                    best.pop(vector_id, None)
                 rows = np.asarray(page["embeddings"], dtype=np.float64)
                 norms = np.linalg.norm(rows, axis=1)
                 norms[norms == 0] = 1.0
@@ -434,16 +439,13 @@ class ChromaVectorIndex:
                 documents = page.get("documents") or [None] * len(page_ids)
                 metadatas = page.get("metadatas") or [None] * len(page_ids)
                 for i in np.argsort(distances, kind="stable")[:top_k]:
-                    best.append(
-                        (
-                            float(distances[i]),
-                            page_ids[i],
-                            documents[i] or "",
-                            dict(metadatas[i] or {}),
-                        )
+                    best[page_ids[i]] = (
+                        float(distances[i]),
+                        documents[i] or "",
+                        dict(metadatas[i] or {}),
                     )
-                best.sort(key=lambda b: b[0])
-                del best[top_k:]
+                if len(best) > top_k:
+                    best = dict(sorted(best.items(), key=lambda b: b[1][0])[:top_k])
             if len(page_ids) < _IDS_PAGE:
                 break
             offset += len(page_ids)
@@ -452,7 +454,11 @@ class ChromaVectorIndex:
             len(hits),
             len(best),
         )
-        return [VectorHit(id=i, distance=d, document=doc, metadata=m) for d, i, doc, m in best]
+        nearest = sorted(best.items(), key=lambda b: b[1][0])
+        return [
+            VectorHit(id=vector_id, distance=distance, document=document, metadata=metadata)
+            for vector_id, (distance, document, metadata) in nearest
+        ]
 
     def get_embeddings(self, ids: Sequence[str]) -> tuple[list[str], npt.NDArray[np.float32]]:
         """The stored embeddings of the items with these ids; unknown ids are left out.

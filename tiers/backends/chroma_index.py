@@ -405,15 +405,11 @@ class ChromaVectorIndex:
         Chroma's approximate search can leave out live items after deletes
         and upserts (chroma-core/chroma#7758, seen on 1.5.9: a filtered query
         returned none of a tenant's vectors although ``get`` had them), and
-        without them too (1.5.9, a collection of 10,000 vectors never deleted
-        from: 4-7% of queries for a tenant's 10 returned fewer than 10), so the
-        claim is checked with a page of ids; when the filter matches more, the
-        matches are ranked exactly, a page at a time. A full ``top_k`` is not
-        checked: like any approximate search it may still miss a nearer item.
-
-        Pages are read by offset, so an item deleted from a page already read
-        while later ones are read moves the items after it forward: one of
-        them can be left out, as a concurrent delete can in :meth:`ids`.
+        without (1.5.9, 10,000 vectors: 4-7% of queries for a tenant's 10 got
+        fewer), so the claim is checked with a page of ids; when the filter
+        matches more, the matches are ranked exactly, a page at a time. A full
+        ``top_k`` is not checked (approximate, it may miss a nearer item); a
+        delete while the pages are read can leave one out (as in :meth:`ids`).
         """
         flt = _where(where)
         matched = self._call("get", "get", where=flt, include=[], limit=len(hits) + 1)
@@ -421,8 +417,7 @@ class ChromaVectorIndex:
             return hits
         query = np.asarray(vector, dtype=np.float64)
         query /= np.linalg.norm(query) or 1.0
-        # id -> (distance, document, metadata) of the nearest rows read so far.
-        best: dict[str, tuple[float, str, dict[str, str | int | float | bool]]] = {}
+        best: dict[str, VectorHit] = {}  # the nearest rows read so far, nearest first
         offset = 0
         while True:
             page = self._call(
@@ -446,13 +441,13 @@ class ChromaVectorIndex:
                 documents = page.get("documents") or [None] * len(page_ids)
                 metadatas = page.get("metadatas") or [None] * len(page_ids)
                 for i in np.argsort(distances, kind="stable")[:top_k]:
-                    best[page_ids[i]] = (
+                    best[page_ids[i]] = VectorHit(
+                        page_ids[i],
                         float(distances[i]),
                         documents[i] or "",
                         dict(metadatas[i] or {}),
                     )
-                if len(best) > top_k:
-                    best = dict(sorted(best.items(), key=lambda b: b[1][0])[:top_k])
+                best = dict(sorted(best.items(), key=lambda b: b[1].distance)[:top_k])
             if len(page_ids) < _IDS_PAGE:
                 break
             offset += len(page_ids)
@@ -461,11 +456,7 @@ class ChromaVectorIndex:
             len(hits),
             len(best),
         )
-        nearest = sorted(best.items(), key=lambda b: b[1][0])
-        return [
-            VectorHit(id=vector_id, distance=distance, document=document, metadata=metadata)
-            for vector_id, (distance, document, metadata) in nearest
-        ]
+        return list(best.values())
 
     def get_embeddings(self, ids: Sequence[str]) -> tuple[list[str], npt.NDArray[np.float32]]:
         """The stored embeddings of the items with these ids; unknown ids are left out.

@@ -11,6 +11,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import chromadb
 import numpy as np
@@ -20,6 +21,7 @@ from chromadb.config import Settings
 from tests.conftest import free_port
 from tests.contracts.test_vector_index_contract import DIM, NAME, item, unit
 from tests.servers import ChromaServer, chroma_binary
+from tiers.backends import chroma_index
 from tiers.backends.base import VectorItem
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.errors import BackendUnavailableError, InvalidInputError
@@ -236,3 +238,37 @@ def test_a_filtered_query_returns_every_live_match_after_deletes(tmp_path: Path)
                 assert [h.distance for h in hits] == sorted(h.distance for h in hits)
     finally:
         index.close()
+
+
+def test_an_id_added_again_while_the_exact_ranking_reads_its_pages_is_one_hit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Chroma's ``get`` lists items in the order they were added, so an id deleted and added
+    again between two pages of the exact ranking comes back on a later page: it is one hit,
+    with its current vector, not two."""
+    monkeypatch.setattr(chroma_index, "_IDS_PAGE", 4)  # 10 matches: three pages
+    index = ChromaVectorIndex(tmp_path / "chroma", dimension=DIM, embedder_name=NAME)
+    index.upsert([item(f"i{n}", unit(1, n / 10, 0, 0), "u") for n in range(10)])
+    read = index._call
+    offsets: list[int] = []
+
+    def another_writer_between_pages(what: str, method: str, **kwargs: Any) -> Any:
+        result = read(what, method, **kwargs)
+        if "embeddings" in kwargs.get("include", ()):
+            offsets.append(kwargs["offset"])
+            if len(offsets) == 1:  # after the first page, which holds i1
+                index.delete(["i1"])
+                index.upsert([item("i1", unit(0, 0, 1, 0), "u")])
+        return result
+
+    monkeypatch.setattr(index, "_call", another_writer_between_pages)
+    try:
+        # The exact ranking, as after a search that left out live matches (chroma-core/chroma#7758).
+        hits = index._complete(unit(1, 0.1, 0, 0), {"user_id": "u"}, 10, [])
+    finally:
+        index.close()
+    assert offsets == [0, 4, 8]
+    ids = [h.id for h in hits]
+    assert len(ids) == len(set(ids)), ids
+    assert ids.count("i1") == 1
+    assert next(h for h in hits if h.id == "i1").distance == pytest.approx(1.0, abs=1e-5)

@@ -404,9 +404,12 @@ class ChromaVectorIndex:
         Fewer hits than asked for claims the filter matches no more items.
         Chroma's approximate search can leave out live items after deletes
         and upserts (chroma-core/chroma#7758, seen on 1.5.9: a filtered query
-        returned none of a tenant's vectors although ``get`` had them), so the
-        claim is checked with a page of ids; when the filter matches more, the
-        matches are ranked exactly, a page at a time.
+        returned none of a tenant's vectors although ``get`` had them), and
+        without (1.5.9, 10,000 vectors: 4-7% of queries for a tenant's 10 got
+        fewer), so the claim is checked with a page of ids; when the filter
+        matches more, the matches are ranked exactly, a page at a time. A full
+        ``top_k`` is not checked (approximate, it may miss a nearer item); a
+        delete while the pages are read can leave one out (as in :meth:`ids`).
         """
         flt = _where(where)
         matched = self._call("get", "get", where=flt, include=[], limit=len(hits) + 1)
@@ -414,7 +417,7 @@ class ChromaVectorIndex:
             return hits
         query = np.asarray(vector, dtype=np.float64)
         query /= np.linalg.norm(query) or 1.0
-        best: list[tuple[float, str, str, dict[str, str | int | float | bool]]] = []
+        best: dict[str, VectorHit] = {}  # the nearest rows read so far, nearest first
         offset = 0
         while True:
             page = self._call(
@@ -427,6 +430,10 @@ class ChromaVectorIndex:
             )
             page_ids: list[str] = list(page.get("ids") or [])
             if page_ids:
+                # Pages list items in the order they were added: an id deleted and added
+                # again while they are read comes back on a later page, its current row.
+                for vector_id in page_ids:
+                    best.pop(vector_id, None)
                 rows = np.asarray(page["embeddings"], dtype=np.float64)
                 norms = np.linalg.norm(rows, axis=1)
                 norms[norms == 0] = 1.0
@@ -434,16 +441,13 @@ class ChromaVectorIndex:
                 documents = page.get("documents") or [None] * len(page_ids)
                 metadatas = page.get("metadatas") or [None] * len(page_ids)
                 for i in np.argsort(distances, kind="stable")[:top_k]:
-                    best.append(
-                        (
-                            float(distances[i]),
-                            page_ids[i],
-                            documents[i] or "",
-                            dict(metadatas[i] or {}),
-                        )
+                    best[page_ids[i]] = VectorHit(
+                        page_ids[i],
+                        float(distances[i]),
+                        documents[i] or "",
+                        dict(metadatas[i] or {}),
                     )
-                best.sort(key=lambda b: b[0])
-                del best[top_k:]
+                best = dict(sorted(best.items(), key=lambda b: b[1].distance)[:top_k])
             if len(page_ids) < _IDS_PAGE:
                 break
             offset += len(page_ids)
@@ -452,7 +456,7 @@ class ChromaVectorIndex:
             len(hits),
             len(best),
         )
-        return [VectorHit(id=i, distance=d, document=doc, metadata=m) for d, i, doc, m in best]
+        return list(best.values())
 
     def get_embeddings(self, ids: Sequence[str]) -> tuple[list[str], npt.NDArray[np.float32]]:
         """The stored embeddings of the items with these ids; unknown ids are left out.

@@ -91,6 +91,9 @@ class GroupCommitWriter:
         self, conn: sqlite3.Connection, connections: SqliteConnections, write_lock: WriteLock
     ) -> None:
         self.conn = conn
+        # One cursor for every statement of a transaction: conn.execute builds a new
+        # cursor per call (~0.14 us each, four a step's commit). Used only under ``lock``.
+        self._cursor = conn.cursor()
         self.write_lock = write_lock
         self._connections = connections
         # Held while a batch is committed, and by whoever else uses the write connection.
@@ -179,19 +182,19 @@ class GroupCommitWriter:
     def _transact_alone(self, writes: Sequence[Write], checks: Sequence[Check]) -> None:
         """One commit in a transaction of its own: :meth:`_commit_batch` for a batch of one."""
 
-        def apply(conn: sqlite3.Connection) -> None:
+        def apply(cursor: sqlite3.Cursor) -> None:
             try:
-                _apply_alone(conn, writes, checks)
+                _apply_alone(cursor, writes, checks)
             except ConflictError:
                 # A failed check rolls the whole transaction back (not counted).
-                conn.execute("ROLLBACK")
+                cursor.execute("ROLLBACK")
                 raise
 
         self._transact(apply)
         self.acked += 1
         self.batches += 1
 
-    def _transact(self, apply: Callable[[sqlite3.Connection], None]) -> bool:
+    def _transact(self, apply: Callable[[sqlite3.Cursor], None]) -> bool:
         """Run ``apply`` in one write transaction; whether it committed (not rolled back by ``apply``).
 
         Under the OS write lock, ``BEGIN IMMEDIATE`` takes SQLite's write lock
@@ -202,14 +205,15 @@ class GroupCommitWriter:
         if self._connections.closed:
             raise self._connections.closed_error()
         conn = self.conn
+        cursor = self._cursor
         self.write_lock.acquire()
         try:
-            conn.execute("BEGIN IMMEDIATE")
+            cursor.execute("BEGIN IMMEDIATE")
             try:
-                apply(conn)
+                apply(cursor)
                 if not conn.in_transaction:
                     return False
-                conn.execute("COMMIT")
+                cursor.execute("COMMIT")
                 return True
             except BaseException:
                 end_transaction(conn, "ROLLBACK")
@@ -311,18 +315,18 @@ class GroupCommitWriter:
         failure: BaseException | None = None
         try:
 
-            def apply(conn: sqlite3.Connection) -> None:
+            def apply(cursor: sqlite3.Cursor) -> None:
                 if len(batch) == 1:
                     # Alone: a failed check rolls the whole transaction back.
                     try:
-                        _apply_alone(conn, batch[0].writes, batch[0].checks)
+                        _apply_alone(cursor, batch[0].writes, batch[0].checks)
                     except ConflictError as exc:
                         batch[0].error = exc
-                        conn.execute("ROLLBACK")
+                        cursor.execute("ROLLBACK")
                 elif any(isinstance(w, DeleteSpace) for p in batch for w in p.writes):
-                    _apply_with_savepoints(conn, batch)
+                    _apply_with_savepoints(cursor, batch)
                 else:
-                    _apply_merged(conn, batch)
+                    _apply_merged(cursor, batch)
 
             if self._transact(apply):
                 self.acked += sum(1 for p in batch if p.error is None)
@@ -342,22 +346,22 @@ class GroupCommitWriter:
             raise failure
 
 
-def _apply_with_savepoints(conn: sqlite3.Connection, batch: list[_Pending]) -> None:
+def _apply_with_savepoints(cursor: sqlite3.Cursor, batch: list[_Pending]) -> None:
     """Apply each queued commit in its own savepoint: a failed check undoes only its writes."""
     for pending in batch:
-        conn.execute("SAVEPOINT one")
+        cursor.execute("SAVEPOINT one")
         try:
-            _apply(conn, pending.writes, pending.checks)
+            _apply(cursor, pending.writes, pending.checks)
         except ConflictError as exc:
-            conn.execute("ROLLBACK TO one")
+            cursor.execute("ROLLBACK TO one")
             pending.error = exc
-        conn.execute("RELEASE one")
+        cursor.execute("RELEASE one")
 
 
 _ABSENT = object()
 
 
-def _apply_merged(conn: sqlite3.Connection, batch: list[_Pending]) -> None:
+def _apply_merged(cursor: sqlite3.Cursor, batch: list[_Pending]) -> None:
     """Apply queued commits (no ``DeleteSpace``) with one read and as few writes as fit.
 
     Every check of the batch is read in one pass; each commit's checks are then
@@ -374,7 +378,7 @@ def _apply_merged(conn: sqlite3.Connection, batch: list[_Pending]) -> None:
             args += [space, key]
         stored.update(
             ((space, key), bytes(value))
-            for space, key, value in conn.execute(_select_statement(len(chunk)), args)
+            for space, key, value in cursor.execute(_select_statement(len(chunk)), args)
         )
     overlay: dict[tuple[str, str], bytes | None] = {}
     accepted: list[Write] = []
@@ -397,7 +401,7 @@ def _apply_merged(conn: sqlite3.Connection, batch: list[_Pending]) -> None:
             elif isinstance(write, Delete):
                 overlay[(write.space, write.key)] = None
         accepted.extend(pending.writes)
-    _apply(conn, accepted, ())
+    _apply(cursor, accepted, ())
 
 
 def _conflict(check: Check) -> ConflictError:
@@ -406,7 +410,7 @@ def _conflict(check: Check) -> ConflictError:
     )
 
 
-def _apply(conn: sqlite3.Connection, writes: Sequence[Write], checks: Sequence[Check]) -> None:
+def _apply(cursor: sqlite3.Cursor, writes: Sequence[Write], checks: Sequence[Check]) -> None:
     """Run one commit's checks, then its writes (the caller holds a transaction).
 
     Checks are read with one statement and runs of puts are written with one
@@ -420,7 +424,7 @@ def _apply(conn: sqlite3.Connection, writes: Sequence[Write], checks: Sequence[C
             args += [check.space, check.key]
         found = {
             (space, key): bytes(value)
-            for space, key, value in conn.execute(_select_statement(len(chunk)), args)
+            for space, key, value in cursor.execute(_select_statement(len(chunk)), args)
         }
         for check in chunk:
             if found.get((check.space, check.key)) != check.expected:
@@ -430,18 +434,16 @@ def _apply(conn: sqlite3.Connection, writes: Sequence[Write], checks: Sequence[C
         if isinstance(write, Put):
             puts.append(write)
             continue
-        _put_rows(conn, puts)
+        _put_rows(cursor, puts)
         puts = []
         if isinstance(write, Delete):
-            conn.execute("DELETE FROM kv WHERE space = ? AND key = ?", (write.space, write.key))
+            cursor.execute("DELETE FROM kv WHERE space = ? AND key = ?", (write.space, write.key))
         elif isinstance(write, DeleteSpace):
-            conn.execute("DELETE FROM kv WHERE space = ?", (write.space,))
-    _put_rows(conn, puts)
+            cursor.execute("DELETE FROM kv WHERE space = ?", (write.space,))
+    _put_rows(cursor, puts)
 
 
-def _apply_alone(
-    conn: sqlite3.Connection, writes: Sequence[Write], checks: Sequence[Check]
-) -> None:
+def _apply_alone(cursor: sqlite3.Cursor, writes: Sequence[Write], checks: Sequence[Check]) -> None:
     """Run a lone commit whose checks its own writes can enforce, else :func:`_apply`.
 
     When each check is on the address of exactly one of the commit's puts (a
@@ -460,23 +462,23 @@ def _apply_alone(
     """
     guarded = _guarded(writes, checks)
     if guarded is None:
-        _apply(conn, writes, checks)
+        _apply(cursor, writes, checks)
         return
     inserts, updates = guarded
     try:
         held = True
         for args in updates:
-            if conn.execute(_UPDATE_IF_HOLDS, args).rowcount != 1:
+            if cursor.execute(_UPDATE_IF_HOLDS, args).rowcount != 1:
                 held = False
                 break
         if held and inserts:
-            conn.execute(_insert_statement(len(inserts) // 3), inserts)
+            cursor.execute(_insert_statement(len(inserts) // 3), inserts)
     except sqlite3.IntegrityError:
         held = False  # a row where a put was expected absent
     if not held:
-        conn.execute("ROLLBACK")
-        conn.execute("BEGIN IMMEDIATE")
-        _apply(conn, writes, checks)
+        cursor.execute("ROLLBACK")
+        cursor.execute("BEGIN IMMEDIATE")
+        _apply(cursor, writes, checks)
 
 
 _UPDATE_IF_HOLDS = "UPDATE kv SET value = ? WHERE space = ? AND key = ? AND value = ?"
@@ -513,14 +515,14 @@ def _guarded(
     return inserts, updates
 
 
-def _put_rows(conn: sqlite3.Connection, puts: list[Put]) -> None:
+def _put_rows(cursor: sqlite3.Cursor, puts: list[Put]) -> None:
     """Upsert ``puts`` in order (a later put of the same key wins), in as few statements as fit."""
     for start in range(0, len(puts), _PUTS_PER_STATEMENT):
         chunk = puts[start : start + _PUTS_PER_STATEMENT]
         args: list[object] = []
         for put in chunk:
             args += [put.space, put.key, put.value]
-        conn.execute(_upsert_statement(len(chunk)), args)
+        cursor.execute(_upsert_statement(len(chunk)), args)
 
 
 # The statements for n rows, built once per n: a commit of a step runs the same ones.

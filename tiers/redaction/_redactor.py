@@ -39,7 +39,7 @@ from tiers.redaction._values import (
     _machine_made,
     _plain_value,
 )
-from tiers.redaction._verdicts import Verdicts
+from tiers.redaction._verdicts import CleanStrings
 
 
 def check_patterns(patterns: Mapping[str, str | re.Pattern[str]]) -> dict[str, re.Pattern[str]]:
@@ -117,7 +117,7 @@ class _RuleSet:
     """Rules and their gates at once: text that passes none (most text) costs a few substring tests."""
 
     rules: tuple[_Rule, ...]
-    # The rules' indexes in the redactor's table: what a string's verdict was reached by.
+    # The rules' indexes in the redactor's table: what a string was found clean by.
     key: tuple[int, ...]
     ungated: bool
     triggers: tuple[str, ...]
@@ -201,8 +201,8 @@ class Redactor:
             for t in self._all.triggers
         }
 
-        # The walk's answer per string, for the history a chat state repeats every step.
-        self._verdicts = Verdicts()
+        # Strings the walk found nothing in: the history a chat state repeats every step.
+        self._clean = CleanStrings()
 
         # Redacting twice changes nothing: a value already replaced is never a finding.
         self._prefix = placeholder.split("{kind}", 1)[0]
@@ -429,14 +429,13 @@ class Redactor:
                     return whole
             if not rule_set.rules or len(value) < 6:
                 return value  # what _find decides first, without two calls per string
-            verdict_key = (rule_set.key, value)
-            redacted = self._verdicts.get(verdict_key)
-            if redacted is None:
-                redacted = self._redact(value, rule_set)
-                self._verdicts.put(verdict_key, redacted)
-            # Unchanged: this very string (the verdict may be an equal one of an earlier value),
-            # so the containers holding it are not copied.
-            return value if redacted == value else redacted
+            clean_key = (rule_set.key, value)
+            if clean_key in self._clean:
+                return value
+            redacted = self._redact(value, rule_set)
+            if redacted is value:
+                self._clean.add(clean_key)
+            return redacted
         if isinstance(value, dict):
             changed: dict[object, object] | None = None
             for k, v in value.items():

@@ -21,12 +21,17 @@
    peers harness writes): CPU microseconds per payload, and which rules the
    narrowing keeps. Nothing in them is a secret, so every rule kept is work
    spent for nothing.
+5. **A growing chat thread** (``--thread``; the LongMemEval_S turns
+   ``langgraph_bench.py`` replays): CPU per state as a step redacts it, and
+   how many of the walk's strings were tested again rather than known clean
+   from an earlier state (the history a chat state repeats every step).
 
 Usage::
 
     python bench/redaction_bench.py                 # both modes, all data
     python bench/redaction_bench.py --mode secrets --sample 40
     python bench/redaction_bench.py --chat-state    # only part 4
+    python bench/redaction_bench.py --thread --turns 60   # only part 5
 """
 
 from __future__ import annotations
@@ -43,11 +48,13 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 import orjson
 from _payloads import ChatShape, Vocabulary
 
-from tiers.redaction import Redactor, luhn_valid, redact_dumped_json
+from tiers.redaction import RedactMode, Redactor, luhn_valid, redact_dumped_json
+from tiers.redaction._redactor import _RuleSet
 
 DEFAULT_DATA = Path(__file__).resolve().parents[2] / "shared" / "data" / "recall-dev"
 FILES = ("locomo.sessions.jsonl", "longmemeval_s.sessions.jsonl.gz")
@@ -417,19 +424,23 @@ def bench_chat_state(mode: str, rounds: int = 2) -> None:
             rule_set, by_key = narrow(p, None)
             kept.update(rule.name for rule in rule_set.rules)
             walked += bool(rule_set.rules) or by_key
+    # A new redactor each round: the strings it keeps as clean would make a second round
+    # over the same payloads cheaper than any run of fresh steps.
     best = float("inf")
     for _ in range(rounds):
+        fresh = Redactor(cast(RedactMode, mode))
         start = time.process_time()
         for p in payloads:
-            redactor.redact_json(p)
+            fresh.redact_json(p)
         best = min(best, time.process_time() - start)
     # As a step calls it: with the output's JSON text, which the step wrote already.
     texts = [orjson.dumps(p) for p in payloads]
     best_text = float("inf")
     for _ in range(rounds):
+        fresh = Redactor(cast(RedactMode, mode))
         start = time.process_time()
         for p, text in zip(payloads, texts, strict=True):
-            redact_dumped_json(redactor, p, text)
+            redact_dumped_json(fresh, p, text)
         best_text = min(best_text, time.process_time() - start)
     print(
         f"\n== chat-state checkpoints, mode {mode}: {len(payloads)} payloads of {size:,.0f} bytes: "
@@ -442,18 +453,106 @@ def bench_chat_state(mode: str, rounds: int = 2) -> None:
     )
 
 
+def thread_states(data: Path, turns: int) -> list[dict[str, object]]:
+    """A growing chat thread's states, one per node step (``langgraph_bench.py``'s conversation).
+
+    The first ``turns`` (user, assistant) pairs of the LongMemEval_S haystacks,
+    each turn adding the user's message and three of the agent's (a plan, the
+    answer, a review), as the LangGraph bench's three-node graph does. Each
+    state is decoded afresh from JSON, as a worker restoring it would have it:
+    its history is equal text, not the same objects.
+    """
+    pairs: list[tuple[str, str]] = []
+    with gzip.open(data / FILES[1], "rt") as lines:
+        user = None
+        for line in lines:
+            for turn in json.loads(line)["turns"]:
+                if turn["speaker"] == "user":
+                    user = turn["text"]
+                elif user is not None:
+                    pairs.append((user, turn["text"]))
+                    user = None
+            if len(pairs) >= turns:
+                break
+    messages: list[dict[str, str]] = []
+    states: list[dict[str, object]] = []
+    for n, (user_text, answer) in enumerate(pairs[:turns]):
+        messages.append({"type": "human", "content": user_text, "id": f"human-{n}"})
+        for node, text in (
+            ("plan", "Plan: answer the question using the thread so far."),
+            ("answer", answer),
+            ("review", "Reviewed: ok."),
+        ):
+            messages.append({"type": "ai", "content": text, "id": f"{node}-{n}"})
+            states.append(orjson.loads(orjson.dumps({"messages": messages, "step": len(states)})))
+    return states
+
+
+class _CountingRedactor(Redactor):
+    """A redactor counting the strings its walk meets (6+ characters) and those it tests."""
+
+    def __init__(self, mode: RedactMode) -> None:
+        super().__init__(mode)
+        self.walked = self.tested = 0
+
+    def _walk(self, value: object, key: str | None, rule_set: _RuleSet, by_key: bool) -> object:
+        self.walked += isinstance(value, str) and len(value) >= 6
+        return super()._walk(value, key, rule_set, by_key)
+
+    def _redact(self, text: str, rule_set: _RuleSet) -> str:
+        self.tested += 1
+        return super()._redact(text, rule_set)
+
+
+def bench_thread(mode: str, data: Path, turns: int) -> None:
+    """CPU per state of a growing thread, and how many strings the walk tested afresh."""
+    redact_mode = cast(RedactMode, mode)
+    states = thread_states(data, turns)
+    texts = [orjson.dumps(state) for state in states]
+    best = float("inf")
+    for _ in range(2):
+        redactor = Redactor(redact_mode)
+        start = time.process_time()
+        for state, text in zip(states, texts, strict=True):
+            redact_dumped_json(redactor, state, text)
+        best = min(best, time.process_time() - start)
+    counting = _CountingRedactor(redact_mode)
+    for state, text in zip(states, texts, strict=True):
+        redact_dumped_json(counting, state, text)
+    walked, tested = counting.walked, counting.tested
+    size = sum(map(len, texts)) / len(texts)
+    print(
+        f"\n== a growing chat thread, mode {mode}: {len(states)} states ({turns} turns, "
+        f"{size / 1000:,.0f} KB of JSON on average): redact_dumped_json "
+        f"{best / len(states) * 1e6:,.0f} us CPU per state (a new redactor each run, best of 2)"
+    )
+    print(
+        f"   strings walked {walked:,}, tested with the rules {tested:,}: "
+        f"{1 - tested / max(walked, 1):.1%} known clean from earlier states"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=DEFAULT_DATA)
     parser.add_argument("--mode", choices=["secrets", "secrets+pii", "both"], default="both")
     parser.add_argument("--sample", type=int, default=30, help="findings printed per mode")
     parser.add_argument("--chat-state", action="store_true", help="only the chat-state part")
+    parser.add_argument("--turns", type=int, default=60, help="turns of the growing thread")
+    parser.add_argument("--thread", action="store_true", help="only the growing-thread part")
     args = parser.parse_args(argv)
     modes = ["secrets", "secrets+pii"] if args.mode == "both" else [args.mode]
+    if args.thread:
+        for mode in modes:
+            bench_thread(mode, args.data, args.turns)
+        return 0
     for mode in modes:
         bench_chat_state(mode)
     if args.chat_state:
         return 0
+    if (args.data / FILES[1]).exists():
+        for mode in modes:
+            bench_thread(mode, args.data, args.turns)
     for mode in modes:
         bench_recall(mode)
     if not (args.data / FILES[0]).exists():

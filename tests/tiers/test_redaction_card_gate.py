@@ -16,7 +16,7 @@ import string
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tiers.redaction._rules import _has_card_run
+from tiers.redaction._rules import _CARD_RUN, _DIGIT_RUN, _has_card_run, _has_digit_run
 
 _GLUE = frozenset(c for c in string.ascii_letters if c.lower() not in "abcdefnrtu") | frozenset(
     "_.+/"
@@ -77,3 +77,20 @@ def test_runs_glued_or_short_fail() -> None:
 @example("-1234567890123 4")
 def test_the_gate_is_the_reference(text: str) -> None:
     assert _has_card_run(text.encode(), text) is _reference(text)
+
+
+# Text with characters of other scripts: digits of theirs (Arabic-Indic, full-width,
+# Devanagari), letters, and the separators the card and phone runs allow.
+_MIXED = "0123456789" * 3 + '  --().éß日€\u0663\uff11\u0967aZ"\\'
+
+
+@settings(max_examples=1500, deadline=None)
+@given(st.text(alphabet=_MIXED, max_size=60))
+@example("é4111111111111111")
+@example("é411111111111\u0663")  # 13 digits, the last of another script
+@example("日 415 555 0100")
+@example("\uff11" + "4111111111111111")
+def test_on_non_ascii_text_the_gates_are_the_regexes_over_the_text(text: str) -> None:
+    data = text.encode()
+    assert _has_card_run(data, text) is (_CARD_RUN.search(text) is not None)
+    assert _has_digit_run(data, text) is (_DIGIT_RUN.search(text) is not None)

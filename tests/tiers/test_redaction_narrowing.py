@@ -62,3 +62,37 @@ def test_redact_json_equals_the_walk_with_every_rule(
 ) -> None:
     expected = redactor._walk(value, key, redactor._all, True)
     assert redactor.redact_json(value, key=key) == expected
+
+
+# Non-ASCII text that lowercases in place (no "İ"): the keys holding a gate word are read
+# from it, so a key naming a credential starts the by-key walk and none other does.
+_IN_PLACE = [p for p in _PIECES if "İ" not in p] + [
+    "é",
+    "日本",
+    "\u212aey",
+    "clé",
+    "Schlüssel",
+    "ö",
+]
+_in_place_strings = st.lists(st.sampled_from(_IN_PLACE), max_size=8).map("".join)
+_in_place_keys = st.one_of(
+    st.sampled_from([*_KEYS[:5], "clé_token", "\u212aey", "passwörd"]), _in_place_strings
+)
+_in_place_values = st.recursive(
+    _in_place_strings,
+    lambda inner: st.one_of(
+        st.lists(inner, max_size=4), st.dictionaries(_in_place_keys, inner, max_size=4)
+    ),
+    max_leaves=12,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_in_place_values, st.sampled_from(REDACTORS))
+@example({"note": "café", "api_key": SECRETS[0][1]}, REDACTORS[0])
+@example({"\u212aey": "Zx9kLm2Qw8Er5Ty1Zx9kLm2Qw8Er5Ty1", "note": "é"}, REDACTORS[0])
+@example({"passwörd": "hunter22", "password": "hunter22é"}, REDACTORS[1])
+def test_non_ascii_keys_start_the_by_key_walk_as_the_walk_decides(
+    value: object, redactor: Redactor
+) -> None:
+    assert redactor.redact_json(value) == redactor._walk(value, None, redactor._all, True)

@@ -44,7 +44,8 @@ their own; a pattern with a group named ``secret`` has only that group replaced.
 The implementation is private: ``_base`` holds the modes, findings and the
 shape of a rule, ``_values`` the tests of what a value looks like, ``_rules``
 the rule table, and ``_redactor`` the :class:`Redactor` that applies it to
-text and walks JSON.
+text and walks JSON (``_scan`` and ``_json_text`` narrow the rules on a value's
+JSON text, ``_verdicts`` keeps the strings a walk found clean).
 """
 
 from __future__ import annotations

@@ -88,8 +88,10 @@ def word_places(
     ``at`` holds every place ``word`` starts in ``lowered``, in order
     (overlapping occurrences too). Each value is the span of its text between
     its quotes, ``lowered[start:end]``. The keys are read from ``text`` (their
-    case tells what they name), so they are None unless ``text`` is ASCII
-    (lowercasing kept every position).
+    case tells what they name), so they are None unless lowercasing kept every
+    position (no character of ``text`` became two, as "İ" does). A key of
+    other scripts' letters is read as it is: no such key names a credential
+    (``_key_class`` reads ASCII letters only, the Kelvin sign is no "k").
 
     A key starts after the last quote before ``word``: an escaped one when the
     key holds a quote, but a key naming a credential holds none (nor any other
@@ -98,7 +100,8 @@ def word_places(
     is in a key already found, the search stops.
     """
     values: list[tuple[int, int]] = []
-    keys: set[str] | None = set() if len(lowered) == len(text) and text.isascii() else None
+    # Lowercasing never drops a character: the same length means each became one, in place.
+    keys: set[str] | None = set() if len(lowered) == len(text) else None
     left = _disjoint(at, word)
     n = 0
     while n < len(at) and left:

@@ -39,6 +39,7 @@ from tiers.redaction._values import (
     _machine_made,
     _plain_value,
 )
+from tiers.redaction._verdicts import CleanStrings
 
 
 def check_patterns(patterns: Mapping[str, str | re.Pattern[str]]) -> dict[str, re.Pattern[str]]:
@@ -116,15 +117,18 @@ class _RuleSet:
     """Rules and their gates at once: text that passes none (most text) costs a few substring tests."""
 
     rules: tuple[_Rule, ...]
+    # The rules' indexes in the redactor's table: what a string was found clean by.
+    key: tuple[int, ...]
     ungated: bool
     triggers: tuple[str, ...]
     words: tuple[str, ...]
     digits: bool
 
     @classmethod
-    def of(cls, rules: tuple[_Rule, ...]) -> _RuleSet:
+    def of(cls, rules: tuple[_Rule, ...], key: tuple[int, ...]) -> _RuleSet:
         return cls(
             rules,
+            key,
             any(not (r.triggers or r.words or r.digits) for r in rules),
             tuple(sorted({t for r in rules for t in r.triggers})),
             tuple(sorted({w for r in rules for w in r.words})),
@@ -135,7 +139,10 @@ class _RuleSet:
 class Redactor:
     """Finds secrets (and optionally PII) in text and JSON and replaces them with placeholders.
 
-    Immutable and thread-safe; build one per configuration and share it.
+    Its configuration is immutable and it is thread-safe; build one per
+    configuration and share it. What it keeps between calls (the strings its
+    walk found clean, a few MB at most) only saves work: every answer is the
+    one a new redactor gives.
 
     Args:
         mode: ``"secrets"`` (default), ``"secrets+pii"`` or ``"off"``.
@@ -177,7 +184,7 @@ class Redactor:
                 rules.append(_Rule(f"custom:{kind}", regex, _group(kind, group)))
         self._rules: tuple[_Rule, ...] = tuple(rules)
         self._order = {rule.name: n for n, rule in enumerate(self._rules)}
-        self._all = _RuleSet.of(self._rules)
+        self._all = _RuleSet.of(self._rules, tuple(range(len(self._rules))))
         # The rule sets redact_json narrowed to, by the rules kept (a handful in practice).
         self._narrowed: dict[tuple[int, ...], _RuleSet] = {}
         # The gates can be tested on a value's JSON text only if JSON never escapes
@@ -196,6 +203,9 @@ class Redactor:
             t: frozenset(n for n, rule in enumerate(self._rules) if t in rule.triggers)
             for t in self._all.triggers
         }
+
+        # Strings the walk found nothing in: the history a chat state repeats every step.
+        self._clean = CleanStrings()
 
         # Redacting twice changes nothing: a value already replaced is never a finding.
         self._prefix = placeholder.split("{kind}", 1)[0]
@@ -409,7 +419,7 @@ class Redactor:
         chosen = tuple(kept)
         rule_set = self._narrowed.get(chosen)
         if rule_set is None:
-            rule_set = _RuleSet.of(tuple(self._rules[n] for n in chosen))
+            rule_set = _RuleSet.of(tuple(self._rules[n] for n in chosen), chosen)
             if len(self._narrowed) < _MAX_NARROWED:
                 self._narrowed[chosen] = rule_set
         return rule_set, by_key
@@ -422,7 +432,13 @@ class Redactor:
                     return whole
             if not rule_set.rules or len(value) < 6:
                 return value  # what _find decides first, without two calls per string
-            return self._redact(value, rule_set)
+            clean_key = (rule_set.key, value)
+            if clean_key in self._clean:
+                return value
+            redacted = self._redact(value, rule_set)
+            if redacted is value:
+                self._clean.add(clean_key)
+            return redacted
         if isinstance(value, dict):
             changed: dict[object, object] | None = None
             for k, v in value.items():

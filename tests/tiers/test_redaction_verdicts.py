@@ -11,6 +11,7 @@ kept, and that what is kept stays bounded.
 from __future__ import annotations
 
 import copy
+from hashlib import blake2b
 
 import orjson
 from hypothesis import given, settings
@@ -19,7 +20,7 @@ from hypothesis import strategies as st
 from tests.tiers.test_redaction import SECRETS
 from tests.tiers.test_redaction_narrowing import REDACTORS, values
 from tiers.redaction import Redactor, redact_dumped_json
-from tiers.redaction._verdicts import GENERATION_CHARS, MAX_KEPT_CHARS, CleanStrings
+from tiers.redaction._verdicts import GENERATION_ENTRIES, CleanStrings, _entry
 
 _HISTORY = [
     "My key point is that the pin on the map was wrong.",
@@ -70,8 +71,10 @@ def test_a_string_with_a_secret_is_redacted_again_and_never_kept() -> None:
     after = redactor.redact_json({"b": orjson.loads(orjson.dumps([secret]))})
     assert before["a"][0] == after["b"][0]
     assert SECRETS[1][1] not in after["b"][0]
-    assert all(SECRETS[1][1] not in text for _, text in redactor._clean._young)
     assert len(redactor._clean) == 1  # the clean one
+    kept = {digest for _, digest in redactor._clean._young}
+    assert {_entry(((0,), "the key is under the mat"))[1]} == kept
+    assert _entry(((0,), secret))[1] not in kept
 
 
 @settings(max_examples=300, deadline=None)
@@ -88,20 +91,27 @@ def test_values_in_a_row_are_redacted_as_each_alone(row: list[object], which: in
 
 def test_clean_strings_stay_within_their_bound() -> None:
     clean = CleanStrings()
-    line = "x" * 1000
-    for n in range(3 * GENERATION_CHARS // len(line)):
-        clean.add(((0,), f"{n:08d}{line}"))
-        assert clean._chars <= GENERATION_CHARS
-    assert len(clean) <= 2 * GENERATION_CHARS // len(line)
-    assert ((0,), f"{n:08d}{line}") in clean
-    assert ((0,), f"{0:08d}{line}") not in clean  # dropped with its generation
-    assert ((1,), f"{n:08d}{line}") not in clean  # other rules, another entry
+    for n in range(3 * GENERATION_ENTRIES):
+        clean.add(((0,), f"message {n}"))
+        assert len(clean._young) <= GENERATION_ENTRIES
+    assert len(clean) <= 2 * GENERATION_ENTRIES
+    assert ((0,), f"message {n}") in clean
+    assert ((0,), "message 0") not in clean  # dropped with its generation
+    assert ((1,), f"message {n}") not in clean  # other rules, another entry
 
 
-def test_a_string_too_long_to_keep_is_tested_but_not_kept() -> None:
+def test_the_kept_entries_hold_no_text() -> None:
     redactor = Redactor()
-    long_text = "the key to it all " + "y" * MAX_KEPT_CHARS
+    words = "the key to the garden shed is under the third flowerpot"
+    assert redactor.redact_json({"notes": [words]}) == {"notes": [words]}
+    assert len(redactor._clean) == 1
+    # The one entry is the rules' indexes and the words' digest, not the words.
+    ((_, digest),) = redactor._clean._young
+    assert digest == blake2b(words.encode(), digest_size=16).digest()
+    # A long string is kept as a digest too, and answered from it.
+    long_text = "the key to it all " + "y" * 100_000
     assert redactor.redact_json([long_text])[0] is long_text
-    assert len(redactor._clean) == 0
-    assert redactor.redact_json([long_text[:100]])[0] == long_text[:100]
-    assert len(redactor._clean) == 1  # the same rule kept, the walk ran: a short one is kept
+    assert len(redactor._clean) == 2
+    again = "".join(["the key to it all ", "y" * 100_000])
+    assert again is not long_text
+    assert redactor.redact_json([again])[0] is again

@@ -5,14 +5,16 @@ the messages of the last step are the same text again. When a rule is kept
 for a value (a prose ``key`` or ``pin`` in one old message keeps ``labelled``
 for every later step), the walk runs that rule over every string again, each
 step, for the same answers. :class:`CleanStrings` remembers the strings it
-found nothing in, by the rules they were tested with and the exact text.
+found nothing in, by the rules they were tested with and a 128-bit BLAKE2b
+digest of the text: never the text itself, so a user's words do not outlive
+the call in the redactor (their erasure would not reach a cache of text).
 
 Only those: a string in which something was found is redacted again each time
-(few are), so this never holds a string with a secret the redactor knows of
-beyond the call that saw it.
+(few are), so not even a digest of a string with a secret the redactor knows
+of is kept.
 
-Bounded in characters by two generations: strings go into the young one; when
-it is full, it becomes the old one and the older is dropped. A hit in the old
+Bounded in entries by two generations: entries go into the young one; when it
+is full, it becomes the old one and the older is dropped. A hit in the old
 generation is copied into the young one, so a history that keeps coming back
 stays. Each operation is a set test or add, atomic under the GIL: a race
 between two threads at worst loses an entry or counts one twice, never gives a
@@ -21,46 +23,48 @@ wrong answer (an entry is a fact about its key alone).
 
 from __future__ import annotations
 
+from hashlib import blake2b
 from typing import Final
 
-# Characters a generation holds at most (the two: ~2 MB of ASCII text, 8 MB at worst).
-GENERATION_CHARS: Final = 1 << 20
-# Longer strings are not kept: one would fill a generation by itself.
-MAX_KEPT_CHARS: Final = 1 << 16
+# Entries a generation holds at most (each ~150 bytes: two generations ~10 MB at most).
+GENERATION_ENTRIES: Final = 1 << 15
 
-# An entry: the indexes of the rules a string was tested with, and the string.
+# What a string was tested with: the indexes of the rules, and the string.
 CleanKey = tuple[tuple[int, ...], str]
+
+
+def _entry(key: CleanKey) -> tuple[tuple[int, ...], bytes]:
+    rules, text = key
+    return rules, blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 class CleanStrings:
     """Strings no rule of a set found anything in (see the module docstring)."""
 
-    __slots__ = ("_chars", "_old", "_young")
+    __slots__ = ("_old", "_young")
 
     def __init__(self) -> None:
-        self._young: set[CleanKey] = set()
-        self._old: set[CleanKey] = set()
-        self._chars = 0
+        self._young: set[tuple[tuple[int, ...], bytes]] = set()
+        self._old: set[tuple[tuple[int, ...], bytes]] = set()
 
     def __contains__(self, key: CleanKey) -> bool:
-        if key in self._young:
+        entry = _entry(key)
+        if entry in self._young:
             return True
-        if key in self._old:
-            self.add(key)
+        if entry in self._old:
+            self._keep(entry)
             return True
         return False
 
     def add(self, key: CleanKey) -> None:
-        """Remember that ``key``'s rules find nothing in its string (unless it is too long)."""
-        size = len(key[1])
-        if size > MAX_KEPT_CHARS:
-            return
-        if self._chars + size > GENERATION_CHARS:
+        """Remember that ``key``'s rules find nothing in its string."""
+        self._keep(_entry(key))
+
+    def _keep(self, entry: tuple[tuple[int, ...], bytes]) -> None:
+        if len(self._young) >= GENERATION_ENTRIES:
             self._old = self._young
             self._young = set()
-            self._chars = 0
-        self._young.add(key)
-        self._chars += size
+        self._young.add(entry)
 
     def __len__(self) -> int:
         return len(self._young) + len(self._old)

@@ -8,7 +8,8 @@ run's or another seq's record, not an object, not JSON, another field order),
 are compared with the exact decode of each item: the same records (fields,
 fields set, bytes), or the same error, and the exact decode called for exactly
 the records the fast path must not take. The collector is off while a page decodes and back as it was after, also
-when the decode raises or when pages decode in two threads at once. Then the SQLite readers' memory map:
+when the decode raises or when pages decode in two threads at once, and
+decodes that keep overlapping still let it pass. Then the SQLite readers' memory map:
 reads through one reader see every later commit, after the file has grown and
 the WAL was checkpointed into it.
 """
@@ -39,6 +40,7 @@ from tiers.task import TaskTier
 from tiers.task._checkpoint_decode import (
     _CHECKPOINT_KEY,
     _NO_INPUT_HASH,
+    _OVERDUE,
     decode_run_checkpoints,
     may_hold_big_int,
 )
@@ -257,6 +259,33 @@ def test_the_collector_comes_back_when_the_last_of_two_threads_ends_its_decode()
         release.set()
         first.join()
     assert after_other == [False]
+    assert gc.isenabled()
+
+
+@pytest.mark.usefixtures("collector_on")
+def test_decodes_that_keep_overlapping_still_let_the_collector_pass() -> None:
+    inside = threading.Event()
+    release = threading.Event()
+
+    def held(key: str, data: bytes) -> Checkpoint:
+        inside.set()
+        assert release.wait(10)
+        return _exact(key, data)
+
+    slow_page = [_stored(1, [1], "int over 64 bits")[:2]]
+    first = threading.Thread(target=decode_run_checkpoints, args=(RUN, slow_page, held))
+    first.start()
+    try:
+        assert inside.wait(10)
+        kept = [[] for _ in range(_OVERDUE + 1)]  # containers the collector has not seen
+        assert gc.get_count()[0] > _OVERDUE
+        assert len(decode_run_checkpoints(RUN, _clean_page(1), _exact)) == 1
+        assert gc.get_count()[0] < _OVERDUE  # the decode that ended made the pass
+        assert not gc.isenabled()  # and the first thread's page is still decoding
+        del kept
+    finally:
+        release.set()
+        first.join()
     assert gc.isenabled()
 
 

@@ -103,6 +103,11 @@ def may_hold_big_int(data: bytes) -> bool:
     return _LONG_DIGITS in data.translate(_DIGITS_ONLY)
 
 
+# Containers counted since the collector's last pass past which a decode that ends while others
+# still run makes one (about 30 pages of 100 chat-state records that no one dropped).
+_OVERDUE: Final = 100_000
+
+
 class _CollectorPause:
     """The cyclic garbage collector held off while pages decode, in any number of threads.
 
@@ -117,6 +122,10 @@ class _CollectorPause:
     collector off (if it was on) and the last to end turns it back on; an
     application that turned it off keeps it off. Turning it off or on from
     another thread while a page decodes is undone when the last decode ends.
+    Decodes that keep overlapping (many reader threads) would keep it off for
+    good: a decode that ends while others still run and finds more than
+    :data:`_OVERDUE` containers counted since the last pass runs a full pass
+    itself, as the collector would have.
     """
 
     def __init__(self) -> None:
@@ -134,8 +143,14 @@ class _CollectorPause:
     def __exit__(self, *exc_info: object) -> None:
         with self._lock:
             self._decoding -= 1
-            if self._decoding == 0 and self._was_enabled:
-                gc.enable()
+            overdue = False
+            if self._was_enabled:
+                if self._decoding == 0:
+                    gc.enable()
+                else:
+                    overdue = gc.get_count()[0] > _OVERDUE
+        if overdue:
+            gc.collect()  # outside the lock: a finalizer it runs may decode a page too
 
 
 _COLLECTOR_PAUSE: Final = _CollectorPause()

@@ -7,14 +7,18 @@ pages of generated records, clean ones beside records that must fall back
 run's or another seq's record, not an object, not JSON, another field order),
 are compared with the exact decode of each item: the same records (fields,
 fields set, bytes), or the same error, and the exact decode called for exactly
-the records the fast path must not take. Then the SQLite readers' memory map:
+the records the fast path must not take. The collector is off while a page decodes and back as it was after, also
+when the decode raises or when pages decode in two threads at once, and
+decodes that keep overlapping still let it pass. Then the SQLite readers' memory map:
 reads through one reader see every later commit, after the file has grown and
 the WAL was checkpointed into it.
 """
 
 from __future__ import annotations
 
+import gc
 import threading
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -36,6 +40,7 @@ from tiers.task import TaskTier
 from tiers.task._checkpoint_decode import (
     _CHECKPOINT_KEY,
     _NO_INPUT_HASH,
+    _OVERDUE,
     decode_run_checkpoints,
     may_hold_big_int,
 )
@@ -189,6 +194,99 @@ def test_a_page_decodes_as_the_exact_path_decodes_each_record(
     assert exact_calls == [
         key for (key, _), trusted in zip(items, fast, strict=True) if not trusted
     ]
+
+
+@pytest.fixture
+def collector_on() -> Iterator[None]:
+    """The collector on for the test, and as it was after."""
+    was_enabled = gc.isenabled()
+    gc.enable()
+    yield
+    if not was_enabled:
+        gc.disable()
+
+
+def _clean_page(count: int) -> list[tuple[str, bytes]]:
+    return [
+        (keys.checkpoint_key(seq), encode_checkpoint(_record(seq), {"n": seq}, None))
+        for seq in range(1, count + 1)
+    ]
+
+
+@pytest.mark.usefixtures("collector_on")
+def test_the_collector_is_off_while_a_page_decodes_and_on_after() -> None:
+    seen: list[bool] = []
+
+    def exact(key: str, data: bytes) -> Checkpoint:
+        seen.append(gc.isenabled())
+        return _exact(key, data)
+
+    items = [*_clean_page(2), _stored(3, [1], "int over 64 bits")[:2]]
+    assert len(decode_run_checkpoints(RUN, items, exact)) == 3
+    assert seen == [False]
+    assert gc.isenabled()
+    with pytest.raises(CorruptRecordError):
+        decode_run_checkpoints(RUN, [(keys.checkpoint_key(1), b"[1]")], exact)
+    assert gc.isenabled()
+
+
+@pytest.mark.usefixtures("collector_on")
+def test_an_application_that_turned_the_collector_off_keeps_it_off() -> None:
+    gc.disable()
+    assert len(decode_run_checkpoints(RUN, _clean_page(2), _exact)) == 2
+    assert not gc.isenabled()
+
+
+@pytest.mark.usefixtures("collector_on")
+def test_the_collector_comes_back_when_the_last_of_two_threads_ends_its_decode() -> None:
+    inside = threading.Event()
+    release = threading.Event()
+    after_other: list[bool] = []
+
+    def held(key: str, data: bytes) -> Checkpoint:
+        inside.set()
+        assert release.wait(10)
+        return _exact(key, data)
+
+    slow_page = [_stored(1, [1], "int over 64 bits")[:2]]
+    first = threading.Thread(target=decode_run_checkpoints, args=(RUN, slow_page, held))
+    first.start()
+    try:
+        assert inside.wait(10)
+        assert len(decode_run_checkpoints(RUN, _clean_page(3), _exact)) == 3
+        after_other.append(gc.isenabled())  # the first thread's page is still decoding
+    finally:
+        release.set()
+        first.join()
+    assert after_other == [False]
+    assert gc.isenabled()
+
+
+@pytest.mark.usefixtures("collector_on")
+def test_decodes_that_keep_overlapping_still_let_the_collector_pass() -> None:
+    inside = threading.Event()
+    release = threading.Event()
+
+    def held(key: str, data: bytes) -> Checkpoint:
+        inside.set()
+        assert release.wait(10)
+        return _exact(key, data)
+
+    slow_page = [_stored(1, [1], "int over 64 bits")[:2]]
+    first = threading.Thread(target=decode_run_checkpoints, args=(RUN, slow_page, held))
+    first.start()
+    try:
+        assert inside.wait(10)
+        kept = [[] for _ in range(_OVERDUE + 1)]  # containers the collector has not seen
+        assert gc.get_count()[0] > _OVERDUE
+        assert len(decode_run_checkpoints(RUN, _clean_page(1), _exact)) == 1
+        assert gc.get_count()[0] < _OVERDUE  # the decode that ended made the pass
+        assert not gc.isenabled()  # and the first thread's page is still decoding
+        del kept
+    finally:
+        release.set()
+        first.join()
+    assert gc.isenabled()
 
 
 def test_the_no_input_hash_is_the_hash_of_no_input() -> None:

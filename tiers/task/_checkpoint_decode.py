@@ -20,13 +20,16 @@ the exact decode the caller passes. A record that begins as a step's writer
 begins one of version :data:`~tiers.task._format.EXACT_INTS_VERSION` (orjson
 wrote it whole, so it holds no int outside 64 bits) is parsed without
 :func:`may_hold_big_int`'s scan of its bytes; every other record keeps it.
-The record keeps its version, as pydantic's decode keeps it.
+The record keeps its version, as pydantic's decode keeps it. The cyclic
+garbage collector is held off while a page decodes (:class:`_CollectorPause`).
 """
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import re
+import threading
 from collections.abc import Callable, Sequence
 from datetime import datetime
 from typing import Any, Final
@@ -100,12 +103,68 @@ def may_hold_big_int(data: bytes) -> bool:
     return _LONG_DIGITS in data.translate(_DIGITS_ONLY)
 
 
+# Containers counted since the collector's last pass past which a decode that ends while others
+# still run makes one (about 30 pages of 100 chat-state records that no one dropped).
+_OVERDUE: Final = 100_000
+
+
+class _CollectorPause:
+    """The cyclic garbage collector held off while pages decode, in any number of threads.
+
+    A page of 100 chat-state records makes about 3,000 containers (orjson's dicts
+    and lists, the records), each counted toward the collector's next pass: a
+    history ran four young passes and every other one a middle pass over the
+    page it was building (0.2-0.3 ms of a 1.5-2 ms history), and none of them
+    can free anything (a decoded record holds no cycle). With the collector off
+    while a page decodes, the page's containers are counted off again as the
+    caller drops its previous page, so a reader that replaces one page by the
+    next leaves the count where it was. The first decode to start turns the
+    collector off (if it was on) and the last to end turns it back on; an
+    application that turned it off keeps it off. Turning it off or on from
+    another thread while a page decodes is undone when the last decode ends.
+    Decodes that keep overlapping (many reader threads) would keep it off for
+    good: a decode that ends while others still run and finds more than
+    :data:`_OVERDUE` containers counted since the last pass runs a full pass
+    itself, as the collector would have.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._decoding = 0
+        self._was_enabled = False
+
+    def __enter__(self) -> None:
+        with self._lock:
+            if self._decoding == 0:
+                self._was_enabled = gc.isenabled()
+                gc.disable()
+            self._decoding += 1
+
+    def __exit__(self, *exc_info: object) -> None:
+        with self._lock:
+            self._decoding -= 1
+            overdue = False
+            if self._was_enabled:
+                if self._decoding == 0:
+                    gc.enable()
+                else:
+                    overdue = gc.get_count()[0] > _OVERDUE
+        if overdue:
+            gc.collect()  # outside the lock: a finalizer it runs may decode a page too
+
+
+_COLLECTOR_PAUSE: Final = _CollectorPause()
+
+
 def decode_run_checkpoints(
     run_id: str,
     items: Sequence[tuple[str, bytes]],
     exact: Callable[[str, bytes], Checkpoint],
 ) -> list[Checkpoint]:
     """Stored checkpoints of run ``run_id`` as records, in their order; ours built without pydantic.
+
+    The cyclic garbage collector is held off while the page decodes (see
+    :class:`_CollectorPause`): it would only walk the containers being built.
 
     A record is built here when its bytes cannot hold an int over 64 bits (they
     begin as a record of version :data:`~tiers.task._format.EXACT_INTS_VERSION`
@@ -125,6 +184,16 @@ def decode_run_checkpoints(
     Returns:
         One checkpoint per item.
     """
+    with _COLLECTOR_PAUSE:
+        return _decode_page(run_id, items, exact)
+
+
+def _decode_page(
+    run_id: str,
+    items: Sequence[tuple[str, bytes]],
+    exact: Callable[[str, bytes], Checkpoint],
+) -> list[Checkpoint]:
+    """:func:`decode_run_checkpoints`'s loop."""
     page: list[Checkpoint] = []
     append = page.append
     # One loop, one call per record: per-record calls cost more than the checks in them.

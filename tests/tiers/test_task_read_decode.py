@@ -17,7 +17,9 @@ the WAL was checkpointed into it.
 from __future__ import annotations
 
 import gc
+import os
 import threading
+import warnings
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import partial
@@ -286,6 +288,44 @@ def test_decodes_that_keep_overlapping_still_let_the_collector_pass() -> None:
     finally:
         release.set()
         first.join()
+    assert gc.isenabled()
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
+@pytest.mark.usefixtures("collector_on")
+def test_a_child_forked_while_another_thread_decodes_has_its_collector_back() -> None:
+    inside = threading.Event()
+    release = threading.Event()
+
+    def held(key: str, data: bytes) -> Checkpoint:
+        inside.set()
+        assert release.wait(10)
+        return _exact(key, data)
+
+    slow_page = [_stored(1, [1], "int over 64 bits")[:2]]
+    first = threading.Thread(target=decode_run_checkpoints, args=(RUN, slow_page, held))
+    first.start()
+    try:
+        assert inside.wait(10)
+        read_end, write_end = os.pipe()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads running
+            child = os.fork()
+        if child == 0:  # pragma: no cover - the child reports through the pipe
+            try:
+                after_fork = gc.isenabled()
+                decoded = len(decode_run_checkpoints(RUN, _clean_page(2), _exact))
+                os.write(write_end, orjson.dumps([after_fork, decoded, gc.isenabled()]))
+            finally:
+                os._exit(0)
+        os.close(write_end)
+        with os.fdopen(read_end, "rb") as pipe:
+            reported = orjson.loads(pipe.read())
+        os.waitpid(child, 0)
+    finally:
+        release.set()
+        first.join()
+    assert reported == [True, 2, True]
     assert gc.isenabled()
 
 

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import gc
 import hashlib
+import os
 import re
 import threading
 from collections.abc import Callable, Sequence
@@ -125,24 +126,35 @@ class _CollectorPause:
     Decodes that keep overlapping (many reader threads) would keep it off for
     good: a decode that ends while others still run and finds more than
     :data:`_OVERDUE` containers counted since the last pass runs a full pass
-    itself, as the collector would have.
+    itself, as the collector would have. A child of ``fork`` keeps only the
+    decodes of the thread that forked (the others never end there).
     """
 
     def __init__(self) -> None:
         self._lock = threading.Lock()
         self._decoding = 0
+        # Open decodes by thread id: a child of fork keeps only its forking thread's.
+        self._decoding_by_thread: dict[int, int] = {}
         self._was_enabled = False
+        os.register_at_fork(after_in_child=self._after_fork_in_child)
 
     def __enter__(self) -> None:
+        thread = threading.get_ident()
         with self._lock:
             if self._decoding == 0:
                 self._was_enabled = gc.isenabled()
                 gc.disable()
             self._decoding += 1
+            self._decoding_by_thread[thread] = self._decoding_by_thread.get(thread, 0) + 1
 
     def __exit__(self, *exc_info: object) -> None:
+        thread = threading.get_ident()
         with self._lock:
             self._decoding -= 1
+            if self._decoding_by_thread[thread] == 1:
+                del self._decoding_by_thread[thread]
+            else:
+                self._decoding_by_thread[thread] -= 1
             overdue = False
             if self._was_enabled:
                 if self._decoding == 0:
@@ -151,6 +163,21 @@ class _CollectorPause:
                     overdue = gc.get_count()[0] > _OVERDUE
         if overdue:
             gc.collect()  # outside the lock: a finalizer it runs may decode a page too
+
+    def _after_fork_in_child(self) -> None:
+        """The child's state: only the forking thread's decodes go on, the others never end.
+
+        Without this, a fork while another thread decodes would leave the child's
+        collector off for good (that decode never ends there) and its lock
+        possibly held by a thread the child does not have.
+        """
+        self._lock = threading.Lock()
+        forking_thread = threading.get_ident()
+        open_here = self._decoding_by_thread.get(forking_thread, 0)
+        self._decoding_by_thread = {forking_thread: open_here} if open_here else {}
+        self._decoding = open_here
+        if open_here == 0 and self._was_enabled:
+            gc.enable()
 
 
 _COLLECTOR_PAUSE: Final = _CollectorPause()

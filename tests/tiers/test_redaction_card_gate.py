@@ -16,6 +16,7 @@ import string
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
+from tiers.redaction import Redactor
 from tiers.redaction._rules import _CARD_RUN, _DIGIT_RUN, _has_card_run, _has_digit_run
 
 _GLUE = frozenset(c for c in string.ascii_letters if c.lower() not in "abcdefnrtu") | frozenset(
@@ -98,3 +99,30 @@ def test_on_non_ascii_text_the_gates_are_the_regexes_over_the_text(text: str) ->
     else:
         assert _has_card_run(data, text) is (_CARD_RUN.search(text) is not None)
     assert _has_digit_run(data, text) is (_DIGIT_RUN.search(text) is not None)
+
+
+_PII = Redactor("secrets+pii")
+
+
+@settings(max_examples=1500, deadline=None)
+@given(
+    st.text(alphabet="0123456789" * 3 + "  ().--+", max_size=30),
+    st.sampled_from(["phone: ", "tel ", "call ", "", "x "]),
+)
+@example("555 - 1234 x", "phone: ")  # two separators: no 7-digit run with single ones
+@example("12 (34) (56) (78) now", "call +")
+@example("020 - 7946 - 0958", "Tel: ")
+def test_the_digit_gate_holds_wherever_a_phone_or_card_rule_finds_one(tail: str, lead: str) -> None:
+    text = lead + tail
+    hits = [
+        rule.name
+        for rule in _PII._rules
+        if rule.digits
+        for m in rule.pattern.finditer(text)
+        if rule.classify(m) is not None
+    ]
+    if hits:
+        assert _DIGIT_RUN.search(text) is not None, hits
+        assert _has_digit_run(text.encode(), text), hits
+        assert _PII.redact(text) != text
+        assert _PII.redact_json({"m": text}) == {"m": _PII.redact(text)}

@@ -42,8 +42,8 @@ class _Rule:
     finder_i: re.Pattern[str] | None = None  # the same, for text whose lowercase is longer
     # The finder runs only on text whose lowercase holds one of these words.
     words: tuple[str, ...] = ()
-    # The rule runs only on text with a run of this many digits, single separators between
-    # them allowed: 7 (phones), 13 (cards); 0 for none. A string is tested for a 7-digit run
+    # The rule runs only on text with a run of this many digits, separators between them
+    # allowed (a card's one, a phone's any run): 7 (phones), 13 (cards); 0 for none. A string is tested for a 7-digit run
     # (implied by either); a JSON value's whole text for the rule's own length.
     digits: int = 0
     # A looser form of ``pattern`` that matches a JSON value's text wherever ``pattern``

@@ -300,8 +300,9 @@ def _email(m: re.Match[str]) -> tuple[str, int, int] | None:
     return "email", start, m.end()
 
 
-# Seven digits, with single separators between them: the least a card or phone number has.
-_DIGIT_RUN = re.compile(r"\d(?:[ \-().]?\d){6}")
+# Seven digits, any run of the separators a phone rule allows between two of them (" - ",
+# ") (": "phone: 555 - 1234" is one): the least a card or phone number has.
+_DIGIT_RUN = re.compile(r"\d(?:[ \-().]*\d){6}")
 # ASCII digits -> "0", the separators _DIGIT_RUN allows -> "s", every other byte -> " ".
 _DIGIT_MAP: Final = (
     bytes(
@@ -314,7 +315,7 @@ _DIGIT_MAP: Final = (
 
 # _DIGIT_RUN over text mapped by _DIGIT_MAP: it starts with a literal, so the regex
 # engine jumps from digit to digit instead of trying every position.
-_MAPPED_DIGIT_RUN = re.compile(rb"0(?:s?0){6}")
+_MAPPED_DIGIT_RUN = re.compile(rb"0(?:s*0){6}")
 
 
 _ASCII: Final = bytes(range(128))

@@ -12,6 +12,7 @@ documented on :class:`~tiers.session.SessionTier`.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -168,6 +169,21 @@ class _Crew:
         # What the first worker runs before any job (start_warm); taken from here, not from
         # the thread's arguments, which would keep it (and the store it holds) to the end.
         self._warm: Callable[[], None] | None = None
+        _crews.add(self)
+
+    def forget_threads(self) -> None:
+        """In a child of ``fork``: the parent's workers are not here, so none is counted.
+
+        Otherwise a worker counted free (the warm-up's, or one idle for less
+        than :data:`IDLE_S`) would be handed the child's first cold recall,
+        which then waited for it for good; and a lock held by a parent's thread
+        at the fork would never be released.
+        """
+        self._lock = threading.Lock()
+        self._jobs = queue.SimpleQueue()
+        self._free = 0
+        self._threads = []
+        self._warm = None
 
     def hand_over(self, job: _ViewReads) -> bool:
         """Queue ``job`` for a free worker (starting one if fewer than ``size`` run); False if none.
@@ -266,6 +282,21 @@ class _Crew:
                 for _ in self._threads:
                     self._jobs.put(None)
             return list(self._threads)
+
+
+# Every crew of the process, for a child of fork to forget the parent's threads in.
+_crews: weakref.WeakSet[_Crew] = weakref.WeakSet()
+
+
+def _forget_threads_after_fork() -> None:
+    """In a child of ``fork``: no worker of the parent's runs, so no place in the cap is taken."""
+    global _process_workers  # its places were taken by the parent's threads, gone here
+    _process_workers = threading.BoundedSemaphore(MAX_PROCESS_READ_WORKERS)
+    for crew in list(_crews):
+        crew.forget_threads()
+
+
+os.register_at_fork(after_in_child=_forget_threads_after_fork)
 
 
 class _ViewWorkers:

@@ -291,6 +291,40 @@ def test_decodes_that_keep_overlapping_still_let_the_collector_pass() -> None:
     assert gc.isenabled()
 
 
+@pytest.mark.usefixtures("collector_on")
+def test_the_overdue_pass_is_the_young_one_the_collector_would_make() -> None:
+    inside = threading.Event()
+    release = threading.Event()
+    passes: list[int] = []
+
+    def held(key: str, data: bytes) -> Checkpoint:
+        inside.set()
+        assert release.wait(10)
+        return _exact(key, data)
+
+    def record(phase: str, info: dict[str, int]) -> None:
+        if phase == "start":
+            passes.append(info["generation"])
+
+    slow_page = [_stored(1, [1], "int over 64 bits")[:2]]
+    first = threading.Thread(target=decode_run_checkpoints, args=(RUN, slow_page, held))
+    gc.collect()  # every generation's count at 0: only the young one is due
+    first.start()
+    try:
+        assert inside.wait(10)
+        kept = [[] for _ in range(_OVERDUE + 1)]
+        gc.callbacks.append(record)
+        try:
+            assert len(decode_run_checkpoints(RUN, _clean_page(1), _exact)) == 1
+        finally:
+            gc.callbacks.remove(record)
+        del kept
+    finally:
+        release.set()
+        first.join()
+    assert passes == [0]  # not a full pass over the whole heap
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 @pytest.mark.usefixtures("collector_on")
 def test_a_child_forked_while_another_thread_decodes_has_its_collector_back() -> None:

@@ -125,8 +125,8 @@ class _CollectorPause:
     another thread while a page decodes is undone when the last decode ends.
     Decodes that keep overlapping (many reader threads) would keep it off for
     good: a decode that ends while others still run and finds more than
-    :data:`_OVERDUE` containers counted since the last pass runs a full pass
-    itself, as the collector would have. A child of ``fork`` keeps only the
+    :data:`_OVERDUE` containers counted since the last pass makes the pass the
+    collector would have made (:func:`_due_pass`). A child of ``fork`` keeps only the
     decodes of the thread that forked (the others never end there).
     """
 
@@ -162,7 +162,7 @@ class _CollectorPause:
                 else:
                     overdue = gc.get_count()[0] > _OVERDUE
         if overdue:
-            gc.collect()  # outside the lock: a finalizer it runs may decode a page too
+            _due_pass()  # outside the lock: a finalizer it runs may decode a page too
 
     def _after_fork_in_child(self) -> None:
         """The child's state: only the forking thread's decodes go on, the others never end.
@@ -178,6 +178,25 @@ class _CollectorPause:
         self._decoding = open_here
         if open_here == 0 and self._was_enabled:
             gc.enable()
+
+
+def _due_pass() -> None:
+    """The pass the collector would make now: of the oldest generation past its threshold.
+
+    Not always a full pass: in an application with millions of objects one takes
+    a second, and the collector makes one only after many young and middle ones.
+    None when the application set the young threshold to 0 (no automatic pass).
+    """
+    counts = gc.get_count()
+    thresholds = gc.get_threshold()
+    if thresholds[0] == 0:
+        return
+    if counts[2] > thresholds[2]:
+        gc.collect(2)
+    elif counts[1] > thresholds[1]:
+        gc.collect(1)
+    else:
+        gc.collect(0)
 
 
 _COLLECTOR_PAUSE: Final = _CollectorPause()

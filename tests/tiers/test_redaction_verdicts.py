@@ -115,3 +115,19 @@ def test_the_kept_entries_hold_no_text() -> None:
     again = "".join(["the key to it all ", "y" * 100_000])
     assert again is not long_text
     assert redactor.redact_json([again])[0] is again
+
+
+class _OwnEncode(str):
+    """A str whose encode gives the same bytes for every text."""
+
+    def encode(self, encoding: str = "utf-8", errors: str = "strict") -> bytes:
+        return b"same"
+
+
+def test_a_str_subclass_with_its_own_encode_is_kept_by_its_text() -> None:
+    redactor = Redactor()
+    secret = f"use {SECRETS[0][1]} for the call"
+    # Both values keep the same rules (the secret's trigger is in both), so only the text differs.
+    first = redactor.redact_json({"m": _OwnEncode(secret), "n": _OwnEncode("sk- nothing here")})
+    assert first["n"] == "sk- nothing here"  # found clean and kept
+    assert redactor.redact_json({"n": _OwnEncode(secret)}) == Redactor().redact_json({"n": secret})

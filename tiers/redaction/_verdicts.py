@@ -35,7 +35,8 @@ CleanKey = tuple[tuple[int, ...], str]
 
 def _entry(key: CleanKey) -> tuple[tuple[int, ...], bytes]:
     rules, text = key
-    return rules, blake2b(text.encode("utf-8", "surrogatepass"), digest_size=16).digest()
+    # str.encode, not text.encode: a str subclass's own encode could give two texts one digest.
+    return rules, blake2b(str.encode(text, "utf-8", "surrogatepass"), digest_size=16).digest()
 
 
 class CleanStrings:

@@ -18,12 +18,14 @@ from __future__ import annotations
 
 import gc
 import os
+import sys
 import threading
 import warnings
 from collections.abc import Iterator
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
+from types import FrameType
 
 import orjson
 import pytest
@@ -41,8 +43,10 @@ from tiers.models import Checkpoint
 from tiers.task import TaskTier
 from tiers.task._checkpoint_decode import (
     _CHECKPOINT_KEY,
+    _COLLECTOR_PAUSE,
     _NO_INPUT_HASH,
     _OVERDUE,
+    _CollectorPause,
     decode_run_checkpoints,
     may_hold_big_int,
 )
@@ -323,6 +327,44 @@ def test_the_overdue_pass_is_the_young_one_the_collector_would_make() -> None:
         release.set()
         first.join()
     assert passes == [0]  # not a full pass over the whole heap
+
+
+@pytest.mark.usefixtures("collector_on")
+def test_a_decode_started_at_any_instruction_of_another_leaves_the_collector_on() -> None:
+    # A signal handler runs between two instructions of the thread it interrupts, also
+    # inside the pause's lock: here one decode starts and ends at every instruction of the
+    # outer decode's enter and exit (tracing is off while it runs, so it is not nested again).
+    pause_code = {_CollectorPause.__enter__.__code__, _CollectorPause.__exit__.__code__}
+    nested: list[int] = []
+    result: list[object] = []
+
+    def at_instruction(frame: FrameType, event: str, arg: object) -> object:
+        if event == "opcode":
+            nested.append(len(decode_run_checkpoints(RUN, _clean_page(1), _exact)))
+        return at_instruction
+
+    def on_call(frame: FrameType, event: str, arg: object) -> object:
+        if frame.f_code in pause_code:
+            frame.f_trace_opcodes = True
+            return at_instruction
+        return None
+
+    def decode_traced() -> None:
+        sys.settrace(on_call)
+        try:
+            result.append(len(decode_run_checkpoints(RUN, _clean_page(2), _exact)))
+        finally:
+            sys.settrace(None)
+
+    outer = threading.Thread(target=decode_traced, daemon=True)
+    outer.start()
+    outer.join(30)
+    assert not outer.is_alive()  # no deadlock on the pause's lock
+    assert result == [2]
+    assert len(nested) > 10
+    assert set(nested) == {1}
+    assert gc.isenabled()
+    assert _COLLECTOR_PAUSE._decoding == 0
 
 
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")

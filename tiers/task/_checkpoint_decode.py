@@ -131,7 +131,9 @@ class _CollectorPause:
     """
 
     def __init__(self) -> None:
-        self._lock = threading.Lock()
+        # Reentrant: a signal handler that reads a history runs in the thread it interrupts,
+        # maybe while that thread holds this lock.
+        self._lock = threading.RLock()
         self._decoding = 0
         # Open decodes by thread id: a child of fork keeps only its forking thread's.
         self._decoding_by_thread: dict[int, int] = {}
@@ -140,23 +142,29 @@ class _CollectorPause:
 
     def __enter__(self) -> None:
         thread = threading.get_ident()
+        # Counted before the collector is turned off: a decode that starts in between (a
+        # signal handler's, in this thread under this lock) must not take "off" for the
+        # application's setting and keep it.
         with self._lock:
-            if self._decoding == 0:
-                self._was_enabled = gc.isenabled()
-                gc.disable()
             self._decoding += 1
             self._decoding_by_thread[thread] = self._decoding_by_thread.get(thread, 0) + 1
+            if self._decoding == 1:
+                self._was_enabled = gc.isenabled()
+                gc.disable()
 
     def __exit__(self, *exc_info: object) -> None:
         thread = threading.get_ident()
         with self._lock:
+            # Read before the count drops: a decode starting and ending in between (a signal
+            # handler's) would set it from the collector we turned off.
+            was_enabled = self._was_enabled
             self._decoding -= 1
             if self._decoding_by_thread[thread] == 1:
                 del self._decoding_by_thread[thread]
             else:
                 self._decoding_by_thread[thread] -= 1
             overdue = False
-            if self._was_enabled:
+            if was_enabled:
                 if self._decoding == 0:
                     gc.enable()
                 else:
@@ -171,7 +179,7 @@ class _CollectorPause:
         collector off for good (that decode never ends there) and its lock
         possibly held by a thread the child does not have.
         """
-        self._lock = threading.Lock()
+        self._lock = threading.RLock()
         forking_thread = threading.get_ident()
         open_here = self._decoding_by_thread.get(forking_thread, 0)
         self._decoding_by_thread = {forking_thread: open_here} if open_here else {}

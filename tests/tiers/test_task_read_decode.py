@@ -22,6 +22,7 @@ import sys
 import threading
 import warnings
 from collections.abc import Iterator
+from contextlib import contextmanager
 from datetime import UTC, datetime
 from functools import partial
 from pathlib import Path
@@ -219,6 +220,28 @@ def _clean_page(count: int) -> list[tuple[str, bytes]]:
     ]
 
 
+@contextmanager
+def _a_page_held_mid_decode() -> Iterator[None]:
+    """Another thread decoding a page, held inside its decode until the block ends."""
+    inside = threading.Event()
+    release = threading.Event()
+
+    def held(key: str, data: bytes) -> Checkpoint:
+        inside.set()
+        assert release.wait(10)
+        return _exact(key, data)
+
+    slow_page = [_stored(1, [1], "int over 64 bits")[:2]]
+    first = threading.Thread(target=decode_run_checkpoints, args=(RUN, slow_page, held))
+    first.start()
+    try:
+        assert inside.wait(10)
+        yield
+    finally:
+        release.set()
+        first.join()
+
+
 @pytest.mark.usefixtures("collector_on")
 def test_the_collector_is_off_while_a_page_decodes_and_on_after() -> None:
     seen: list[bool] = []
@@ -245,77 +268,36 @@ def test_an_application_that_turned_the_collector_off_keeps_it_off() -> None:
 
 @pytest.mark.usefixtures("collector_on")
 def test_the_collector_comes_back_when_the_last_of_two_threads_ends_its_decode() -> None:
-    inside = threading.Event()
-    release = threading.Event()
     after_other: list[bool] = []
-
-    def held(key: str, data: bytes) -> Checkpoint:
-        inside.set()
-        assert release.wait(10)
-        return _exact(key, data)
-
-    slow_page = [_stored(1, [1], "int over 64 bits")[:2]]
-    first = threading.Thread(target=decode_run_checkpoints, args=(RUN, slow_page, held))
-    first.start()
-    try:
-        assert inside.wait(10)
+    with _a_page_held_mid_decode():
         assert len(decode_run_checkpoints(RUN, _clean_page(3), _exact)) == 3
         after_other.append(gc.isenabled())  # the first thread's page is still decoding
-    finally:
-        release.set()
-        first.join()
     assert after_other == [False]
     assert gc.isenabled()
 
 
 @pytest.mark.usefixtures("collector_on")
 def test_decodes_that_keep_overlapping_still_let_the_collector_pass() -> None:
-    inside = threading.Event()
-    release = threading.Event()
-
-    def held(key: str, data: bytes) -> Checkpoint:
-        inside.set()
-        assert release.wait(10)
-        return _exact(key, data)
-
-    slow_page = [_stored(1, [1], "int over 64 bits")[:2]]
-    first = threading.Thread(target=decode_run_checkpoints, args=(RUN, slow_page, held))
-    first.start()
-    try:
-        assert inside.wait(10)
+    with _a_page_held_mid_decode():
         kept = [[] for _ in range(_OVERDUE + 1)]  # containers the collector has not seen
         assert gc.get_count()[0] > _OVERDUE
         assert len(decode_run_checkpoints(RUN, _clean_page(1), _exact)) == 1
         assert gc.get_count()[0] < _OVERDUE  # the decode that ended made the pass
         assert not gc.isenabled()  # and the first thread's page is still decoding
         del kept
-    finally:
-        release.set()
-        first.join()
     assert gc.isenabled()
 
 
 @pytest.mark.usefixtures("collector_on")
 def test_the_overdue_pass_is_the_young_one_the_collector_would_make() -> None:
-    inside = threading.Event()
-    release = threading.Event()
     passes: list[int] = []
-
-    def held(key: str, data: bytes) -> Checkpoint:
-        inside.set()
-        assert release.wait(10)
-        return _exact(key, data)
 
     def record(phase: str, info: dict[str, int]) -> None:
         if phase == "start":
             passes.append(info["generation"])
 
-    slow_page = [_stored(1, [1], "int over 64 bits")[:2]]
-    first = threading.Thread(target=decode_run_checkpoints, args=(RUN, slow_page, held))
     gc.collect()  # every generation's count at 0: only the young one is due
-    first.start()
-    try:
-        assert inside.wait(10)
+    with _a_page_held_mid_decode():
         kept = [[] for _ in range(_OVERDUE + 1)]
         gc.callbacks.append(record)
         try:
@@ -323,9 +305,6 @@ def test_the_overdue_pass_is_the_young_one_the_collector_would_make() -> None:
         finally:
             gc.callbacks.remove(record)
         del kept
-    finally:
-        release.set()
-        first.join()
     assert passes == [0]  # not a full pass over the whole heap
 
 
@@ -370,19 +349,7 @@ def test_a_decode_started_at_any_instruction_of_another_leaves_the_collector_on(
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 @pytest.mark.usefixtures("collector_on")
 def test_a_child_forked_while_another_thread_decodes_has_its_collector_back() -> None:
-    inside = threading.Event()
-    release = threading.Event()
-
-    def held(key: str, data: bytes) -> Checkpoint:
-        inside.set()
-        assert release.wait(10)
-        return _exact(key, data)
-
-    slow_page = [_stored(1, [1], "int over 64 bits")[:2]]
-    first = threading.Thread(target=decode_run_checkpoints, args=(RUN, slow_page, held))
-    first.start()
-    try:
-        assert inside.wait(10)
+    with _a_page_held_mid_decode():
         read_end, write_end = os.pipe()
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads running
@@ -398,9 +365,6 @@ def test_a_child_forked_while_another_thread_decodes_has_its_collector_back() ->
         with os.fdopen(read_end, "rb") as pipe:
             reported = orjson.loads(pipe.read())
         os.waitpid(child, 0)
-    finally:
-        release.set()
-        first.join()
     assert reported == [True, 2, True]
     assert gc.isenabled()
 

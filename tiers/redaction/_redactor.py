@@ -489,12 +489,12 @@ OFF: Final = Redactor("off")
 """A redactor that changes nothing (what the tiers use when given none)."""
 
 
-def redact_dumped_json(redactor: Redactor, value: J, json_text: bytes) -> J:
-    """``redactor.redact_json(value)`` for a caller that has ``value``'s JSON text already.
+def redact_dumped_json(redactor: Redactor, value: J, json_text: bytes | None) -> J:
+    """``redactor.redact_json(value)`` for a caller that may have ``value``'s JSON text already.
 
-    ``json_text`` must be orjson's ``dumps`` of this very value (keys in any
-    order; :func:`tiers.codec.to_json_text`'s pair): the rules are narrowed on
-    it instead of a new dump. It is trusted, not checked: another text (one of
+    ``json_text``, when not None, must be orjson's ``dumps`` of this very value
+    (keys in any order; :func:`tiers.codec.to_json_text`'s pair): the rules are
+    narrowed on it instead of a new dump. It is trusted, not checked: another text (one of
     the value before it changed, or ``json.dumps``'s, which escapes non-ASCII
     letters) can leave a secret of ``value`` unredacted. So this is not on
     :class:`Redactor`'s public face (``memory`` exports the class): the task

@@ -134,11 +134,16 @@ class _CollectorPause:
         # Reentrant: a signal handler that reads a history runs in the thread it interrupts,
         # maybe while that thread holds this lock.
         self._lock = threading.RLock()
-        self._decoding = 0
-        # Open decodes by thread id: a child of fork keeps only its forking thread's.
+        # Open decodes by thread id (a child of fork keeps only its forking thread's);
+        # none open: the collector is as the application set it.
         self._decoding_by_thread: dict[int, int] = {}
         self._was_enabled = False
         os.register_at_fork(after_in_child=self._after_fork_in_child)
+
+    @property
+    def _decoding(self) -> int:
+        """Decodes open in every thread."""
+        return sum(self._decoding_by_thread.values())
 
     def __enter__(self) -> None:
         thread = threading.get_ident()
@@ -146,9 +151,9 @@ class _CollectorPause:
         # signal handler's, in this thread under this lock) must not take "off" for the
         # application's setting and keep it.
         with self._lock:
-            self._decoding += 1
+            first = not self._decoding_by_thread
             self._decoding_by_thread[thread] = self._decoding_by_thread.get(thread, 0) + 1
-            if self._decoding == 1:
+            if first:
                 self._was_enabled = gc.isenabled()
                 gc.disable()
 
@@ -158,14 +163,13 @@ class _CollectorPause:
             # Read before the count drops: a decode starting and ending in between (a signal
             # handler's) would set it from the collector we turned off.
             was_enabled = self._was_enabled
-            self._decoding -= 1
             if self._decoding_by_thread[thread] == 1:
                 del self._decoding_by_thread[thread]
             else:
                 self._decoding_by_thread[thread] -= 1
             overdue = False
             if was_enabled:
-                if self._decoding == 0:
+                if not self._decoding_by_thread:
                     gc.enable()
                 else:
                     overdue = gc.get_count()[0] > _OVERDUE
@@ -183,7 +187,6 @@ class _CollectorPause:
         forking_thread = threading.get_ident()
         open_here = self._decoding_by_thread.get(forking_thread, 0)
         self._decoding_by_thread = {forking_thread: open_here} if open_here else {}
-        self._decoding = open_here
         if open_here == 0 and self._was_enabled:
             gc.enable()
 

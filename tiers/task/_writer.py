@@ -382,11 +382,7 @@ class RunWriter:
         # Redacted before it is stored, and what the step returns is what was stored, so
         # the first execution and every replay see the same output (digest: the original's).
         redact = store.redactor.redact_json
-        redacted = (
-            redact(output)
-            if output_text is None
-            else redact_dumped_json(store.redactor, output, output_text)
-        )
+        redacted = redact_dumped_json(store.redactor, output, output_text)
         if redacted is not output:
             output, output_text = redacted, None  # the text is the unredacted value's
         if scope is not None:

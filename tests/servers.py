@@ -118,9 +118,17 @@ class RedisClusterNodes:
             pytest.fail("redis-server is not installed: run the README's test command")
         self.workdir = workdir
         self.node_timeout_ms = node_timeout_ms
-        self.ports = [free_port() for _ in range(primaries * (1 + replicas))]
+        # Every client and bus port distinct, chosen before any node starts: a bus port drawn
+        # later could be a port chosen for a node not started yet, which then failed to bind.
+        count = primaries * (1 + replicas)
+        chosen: list[int] = []
+        while len(chosen) < 2 * count:
+            port = free_port()
+            if port not in chosen:
+                chosen.append(port)
+        self.ports = chosen[:count]
         self.processes: dict[int, subprocess.Popen[bytes]] = {}
-        self._bus_ports: dict[int, int] = {}
+        self._bus_ports = dict(zip(self.ports, chosen[count:], strict=True))
         for port in self.ports:
             self.start(port)
         created = subprocess.run(
@@ -148,7 +156,7 @@ class RedisClusterNodes:
         assert self.binary is not None
         folder = self.workdir / str(port)
         folder.mkdir(parents=True, exist_ok=True)
-        bus = self._bus_ports.setdefault(port, free_port())
+        bus = self._bus_ports[port]
         self.processes[port] = subprocess.Popen(
             [
                 self.binary,

@@ -13,11 +13,18 @@ from __future__ import annotations
 
 import string
 
+import pytest
 from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
-from tiers.redaction import Redactor
-from tiers.redaction._rules import _CARD_RUN, _DIGIT_RUN, _has_card_run, _has_digit_run
+from tiers.redaction import Redactor, _redactor, _rules
+from tiers.redaction._rules import (
+    _CARD_RUN,
+    _DIGIT_RUN,
+    _has_card_run,
+    _has_digit_run,
+    _other_digits,
+)
 
 _GLUE = frozenset(c for c in string.ascii_letters if c.lower() not in "abcdefnrtu") | frozenset(
     "_.+/"
@@ -126,3 +133,41 @@ def test_the_digit_gate_holds_wherever_a_phone_or_card_rule_finds_one(tail: str,
         assert _has_digit_run(text.encode(), text), hits
         assert _PII.redact(text) != text
         assert _PII.redact_json({"m": text}) == {"m": _PII.redact(text)}
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "café: card 4111 1111 1111 1111, call 212-456-7890",  # both gates, ASCII digits only
+        "café ٣ card 4111 1111 1111 1111, call 212-456-7890",  # an Arabic-Indic digit too
+    ],
+)
+def test_other_scripts_digits_are_looked_for_once_per_narrowing(
+    text: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # The card and the phone gates ask the same question of one non-ASCII text: once.
+    calls: list[bytes] = []
+
+    def counted(data: bytes) -> bool:
+        calls.append(data)
+        return _other_digits(data)
+
+    monkeypatch.setattr(_redactor, "_other_digits", counted)
+    monkeypatch.setattr(_rules, "_other_digits", counted)
+    value = {"note": text}
+    redacted = Redactor("secrets+pii").redact_json(value)
+    assert len(calls) == 1
+    assert redacted == {"note": Redactor("secrets+pii").redact(text)}
+    assert "4111" not in redacted["note"]
+    assert "456-7890" not in redacted["note"]
+
+
+def test_ascii_text_asks_nothing_of_other_scripts(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[bytes] = []
+    monkeypatch.setattr(_redactor, "_other_digits", calls.append)
+    monkeypatch.setattr(_rules, "_other_digits", calls.append)
+    text = "card 4111 1111 1111 1111, call 212-456-7890"
+    assert Redactor("secrets+pii").redact_json({"note": text}) == {
+        "note": "card [REDACTED:card_number], call [REDACTED:phone]"
+    }
+    assert calls == []

@@ -24,10 +24,12 @@ from tiers.redaction._json_text import placeable, word_places
 from tiers.redaction._rules import (
     _CARD_DIGITS,
     _DIGIT_RUN,
+    _GATE_MAP,
     _PII_RULES,
     _SECRET_RULES,
     _has_card_run,
     _has_digit_run,
+    _other_digits,
 )
 from tiers.redaction._scan import GateScan
 from tiers.redaction._values import (
@@ -367,11 +369,21 @@ class Redactor:
             except TypeError:  # not plain JSON (an int key, a huge int, deep nesting): test it all
                 return self._all, True
         text = data.decode()
-        lowered = text.lower()
-        # On ASCII text lowercasing keeps every position, so a key found in the lowered
-        # text is read from the text itself, as it is (its case tells what it names).
         ascii_text = data.isascii()
-        found_words, triggers = self._gate_scan.scan(text, lowered, data if ascii_text else None)
+        folded: bytes | None = None
+        if ascii_text:
+            # One map of the bytes serves the gate words (its letters are the lowercase's, in
+            # place) and the card gate (its zeros are the digits, spaces and dashes); the word
+            # places read only its letters, quotes, backslashes and colons, all as lowercased.
+            folded = data.translate(_GATE_MAP)
+            lowered = folded.decode()
+            found_words, triggers = self._gate_scan.scan_ascii(data, folded)
+            other_digits = False
+        else:
+            lowered = text.lower()
+            found_words, triggers = self._gate_scan.scan(text, lowered)
+            # Asked once: the card and the phone gates both need it.
+            other_digits = _other_digits(data)
         # Per word, the string values holding it (as spans of the text).
         words: dict[str, list[tuple[int, int]]] = {}
         by_key = key is not None
@@ -383,6 +395,7 @@ class Redactor:
                 by_key = keys is None or any(_key_class(k) is not None for k in keys)
         phone_digits: bool | None = None
         card_digits: bool | None = None
+        finder_text: str | None = None
         kept: list[int] = []
         # The rules without triggers, and those whose triggers the text holds (few, if any).
         candidates = self._untriggered.union(*(self._by_trigger[t] for t in triggers))
@@ -392,12 +405,12 @@ class Redactor:
                 continue
             if rule.digits == _CARD_DIGITS:
                 if card_digits is None:
-                    card_digits = _has_card_run(data, text)
+                    card_digits = _has_card_run(data, text, other_digits, folded)
                 if not card_digits:
                     continue
             elif rule.digits:
                 if phone_digits is None:
-                    phone_digits = _has_digit_run(data, text)
+                    phone_digits = _has_digit_run(data, text, other_digits)
                 if not phone_digits:
                     continue
             if rule.json_gate is not None and rule.json_gate.search(text) is None:
@@ -406,15 +419,15 @@ class Redactor:
             # an escape JSON writes starts with a backslash, no letter, so where a rule's
             # finder finds its word in a string it finds it in that string's part of the
             # lowered text too (a string without the rule's words is never searched).
-            if (
-                rule.finder is not None
-                and ascii_text
-                and not any(
-                    rule.finder.search(lowered, start, end) is not None
-                    for start, end in {span for w in rule.words for span in words.get(w, ())}
-                )
-            ):
-                continue
+            if rule.finder is not None and ascii_text:
+                spans = {span for w in rule.words for span in words.get(w, ())}
+                if not spans:
+                    continue
+                if finder_text is None:
+                    # The lowercase itself: ``lowered`` maps digits and spaces, which finders read.
+                    finder_text = text.lower()
+                if not any(rule.finder.search(finder_text, start, end) for start, end in spans):
+                    continue
             kept.append(n)
         chosen = tuple(kept)
         rule_set = self._narrowed.get(chosen)

@@ -332,9 +332,13 @@ def _other_digits(data: bytes) -> bool:
     return _ANY_DIGIT.search(data.translate(None, _ASCII).decode()) is not None
 
 
-def _has_digit_run(data: bytes, text: str) -> bool:
-    """Whether ``_DIGIT_RUN`` matches ``text`` (``data`` is its UTF-8), about six times faster."""
-    if not data.isascii() and _other_digits(data):
+def _has_digit_run(data: bytes, text: str, other_digits: bool | None = None) -> bool:
+    """Whether ``_DIGIT_RUN`` matches ``text`` (``data`` is its UTF-8), about six times faster.
+
+    ``other_digits`` is :func:`_other_digits` of ``data`` when the caller has it
+    (the card gate asks the same of the same text), else None.
+    """
+    if not data.isascii() and (_other_digits(data) if other_digits is None else other_digits):
         return _DIGIT_RUN.search(text) is not None
     # Every digit is ASCII: runs of them and their separators are the same in the bytes.
     return _MAPPED_DIGIT_RUN.search(data.translate(_DIGIT_MAP)) is not None
@@ -348,13 +352,20 @@ _CARD_RUN = re.compile(r"\d(?:[ \-]?\d){12}")
 _ASCII_CARD_RUN = re.compile(rb"(?<![0-9\-g-mo-qsv-zG-MO-QSV-Z_.+/])[0-9](?:[ \-]?[0-9]){12}")
 # _CARD_RUN in bytes, for UTF-8 text whose digits are all ASCII.
 _BYTES_CARD_RUN = re.compile(rb"[0-9](?:[ \-]?[0-9]){12}")
-# ASCII digits, spaces and dashes -> "0", every other byte -> "x": a card's 13 digits and the
-# separators between them are 13 zeros or more in a row, up to the next "x".
-_RUN_MAP: Final = bytes(ord("0") if chr(b) in "0123456789 -" else ord("x") for b in range(256))
+# ASCII letters -> lowercase; ASCII digits, spaces and dashes -> "0"; every other byte as it
+# is. A card's 13 digits and the separators between them are 13 zeros or more in a row, and
+# the gate words (letters only) are where the lowercase has them: one map serves both.
+_GATE_MAP: Final = bytes(
+    ord("0") if chr(b) in "0123456789 -" else ord(chr(b).lower()) if b < 128 else b
+    for b in range(256)
+)
 _RUN_ZEROS: Final = b"0" * 13
+_NOT_ZERO = re.compile(rb"[^0]")
 
 
-def _has_card_run(data: bytes, text: str) -> bool:
+def _has_card_run(
+    data: bytes, text: str, other_digits: bool | None = None, mapped: bytes | None = None
+) -> bool:
     """Whether a string of the JSON ``text`` (``data`` is its UTF-8) may hold a card number.
 
     Never False where the card rule matches a string of it. Most text has no
@@ -362,26 +373,39 @@ def _has_card_run(data: bytes, text: str) -> bool:
     test); each such run is searched for 13 digits, single separators between
     them, starting where a card may start, which hex ids glued to a word
     ("eff-3-1-4129...") and timestamps lack.
+
+    Args:
+        data: The text's UTF-8.
+        text: The text.
+        other_digits: :func:`_other_digits` of ``data``, if the caller has it
+            (the phone gates ask the same of the same text).
+        mapped: ``data.translate(_GATE_MAP)``, if the caller has it (the gate
+            words are found in it too).
     """
     if data.isascii():
-        return _runs_match(data, _ASCII_CARD_RUN)
-    if _other_digits(data):
+        return _runs_match(
+            data, data.translate(_GATE_MAP) if mapped is None else mapped, _ASCII_CARD_RUN
+        )
+    if _other_digits(data) if other_digits is None else other_digits:
         return _CARD_RUN.search(text) is not None
     # Every digit is ASCII: _CARD_RUN's matches are the same in the bytes (where a non-ASCII
     # character before a run is no ASCII letter, so the run is searched without a lookbehind).
-    return _runs_match(data, _BYTES_CARD_RUN)
+    return _runs_match(
+        data, data.translate(_GATE_MAP) if mapped is None else mapped, _BYTES_CARD_RUN
+    )
 
 
-def _runs_match(data: bytes, card_run: re.Pattern[bytes]) -> bool:
-    """Whether ``card_run`` matches inside a run of 13+ ASCII digits, spaces and dashes of ``data``."""
-    runs = data.translate(_RUN_MAP)
+def _runs_match(data: bytes, runs: bytes, card_run: re.Pattern[bytes]) -> bool:
+    """Whether ``card_run`` matches inside a run of 13+ ASCII digits, spaces and dashes of ``data``.
+
+    ``runs`` is ``data`` mapped by :data:`_GATE_MAP` (those characters are its zeros).
+    """
     start = runs.find(_RUN_ZEROS)
     while start >= 0:
         # The run of digits, spaces and dashes from here (it starts here: the search
         # begins after the last one).
-        end = runs.find(b"x", start)
-        if end < 0:
-            end = len(runs)
+        other = _NOT_ZERO.search(runs, start)
+        end = len(runs) if other is None else other.start()
         if card_run.search(data, start, end) is not None:
             return True
         start = runs.find(_RUN_ZEROS, end)

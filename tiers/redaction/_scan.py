@@ -75,13 +75,19 @@ class _Finder:
         ``data`` is ``text``'s UTF-8 when ``text`` is ASCII (bytes scan faster
         and their offsets are the string's), else None.
         """
-        if self._bytes is None or self._str is None:
-            return {}
         if data is not None:
-            matches = self._bytes.find_matches_as_indexes(data)
-            return _places(data, matches, self._encoded, self.patterns, self._hidden)
+            return self.find_bytes(data)
+        if self._str is None:
+            return {}
         matches = self._str.find_matches_as_indexes(text)
         return _places(text, matches, self.patterns, self.patterns, self._hidden)
+
+    def find_bytes(self, data: bytes) -> dict[str, list[int]]:
+        """:meth:`find` of an ASCII text given as its bytes alone."""
+        if self._bytes is None:
+            return {}
+        matches = self._bytes.find_matches_as_indexes(data)
+        return _places(data, matches, self._encoded, self.patterns, self._hidden)
 
 
 def _places(
@@ -140,3 +146,16 @@ class GateScan:
             data = None
             low = lowered.encode() if lowered.isascii() else None
         return self._words.find(lowered, low), set(self._triggers.find(text, data))
+
+    def scan_ascii(self, data: bytes, folded: bytes) -> tuple[dict[str, list[int]], set[str]]:
+        """:meth:`scan` of an ASCII text given as bytes, its words looked for in ``folded``.
+
+        Args:
+            data: The text's bytes (ASCII), where the triggers are looked for.
+            folded: ``data`` of the same length with every letter lowercased,
+                its other bytes free to differ but never letters (a word, made
+                of letters, is found where the lowercase has it). The
+                redactor's map also turns digits, spaces and dashes into
+                zeros for its card gate.
+        """
+        return self._words.find_bytes(folded), set(self._triggers.find_bytes(data))

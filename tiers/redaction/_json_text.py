@@ -84,7 +84,9 @@ def word_places(
 ) -> tuple[list[tuple[int, int]], set[str] | None]:
     """The string values of a JSON text that hold ``word``, and its keys that do.
 
-    ``lowered`` is ``text`` lowercased, ``word`` is :func:`placeable` and
+    ``lowered`` is ``text`` lowercased (or, of ASCII text, any map of it that
+    lowercases its letters and keeps its quotes, backslashes and colons: only
+    those are read in it), ``word`` is :func:`placeable` and
     ``at`` holds every place ``word`` starts in ``lowered``, in order
     (overlapping occurrences too). Each value is the span of its text between
     its quotes, ``lowered[start:end]``. The keys are read from ``text`` (their
@@ -106,10 +108,12 @@ def word_places(
     n = 0
     while n < len(at) and left:
         pos = at[n]
-        quote = _closing_quote(lowered, pos + len(word))
+        quote = lowered.find('"', pos + len(word))
+        if quote > 0 and lowered[quote - 1] == "\\":  # maybe escaped (rare): count backslashes
+            quote = _closing_quote(lowered, quote)
         if quote < 0:  # not JSON text as orjson writes it: a value of it all, the safe side
             return [(0, len(lowered))], keys
-        if lowered[quote + 1 : quote + 2] == ":":
+        if lowered.startswith(":", quote + 1):
             start = lowered.rfind('"', 0, pos) + 1
             if keys is None:
                 left -= 1

@@ -201,6 +201,8 @@ class Redactor:
         self._gate_scan = GateScan({*self._all.words, *_KEY_WORDS}, self._all.triggers)
         # Which rules a trigger gates, by trigger (by its rules' indexes, as _narrow keeps them).
         self._untriggered = frozenset(n for n, rule in enumerate(self._rules) if not rule.triggers)
+        # In order: the rules a text holding no trigger (most text) is tested against.
+        self._untriggered_order = tuple(sorted(self._untriggered))
         self._by_trigger = {
             t: frozenset(n for n, rule in enumerate(self._rules) if t in rule.triggers)
             for t in self._all.triggers
@@ -398,8 +400,12 @@ class Redactor:
         finder_text: str | None = None
         kept: list[int] = []
         # The rules without triggers, and those whose triggers the text holds (few, if any).
-        candidates = self._untriggered.union(*(self._by_trigger[t] for t in triggers))
-        for n in sorted(candidates):
+        candidates = (
+            sorted(self._untriggered.union(*(self._by_trigger[t] for t in triggers)))
+            if triggers
+            else self._untriggered_order
+        )
+        for n in candidates:
             rule = self._rules[n]
             if rule.words and words.keys().isdisjoint(rule.words):
                 continue
@@ -445,12 +451,13 @@ class Redactor:
                     return whole
             if not rule_set.rules or len(value) < 6:
                 return value  # what _find decides first, without two calls per string
-            clean_key = (rule_set.key, value)
-            if clean_key in self._clean:
+            # One digest of the string, to test and then to keep.
+            entry = self._clean.entry((rule_set.key, value))
+            if self._clean.holds(entry):
                 return value
             redacted = self._redact(value, rule_set)
             if redacted is value:
-                self._clean.add(clean_key)
+                self._clean.keep(entry)
             return redacted
         if isinstance(value, dict):
             changed: dict[object, object] | None = None

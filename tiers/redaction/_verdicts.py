@@ -31,9 +31,11 @@ GENERATION_ENTRIES: Final = 1 << 15
 
 # What a string was tested with: the indexes of the rules, and the string.
 CleanKey = tuple[tuple[int, ...], str]
+# What is kept of one: the indexes, and the string's digest.
+Entry = tuple[tuple[int, ...], bytes]
 
 
-def _entry(key: CleanKey) -> tuple[tuple[int, ...], bytes]:
+def _entry(key: CleanKey) -> Entry:
     rules, text = key
     # str.encode, not text.encode: a str subclass's own encode could give two texts one digest.
     return rules, blake2b(str.encode(text, "utf-8", "surrogatepass"), digest_size=16).digest()
@@ -45,23 +47,32 @@ class CleanStrings:
     __slots__ = ("_old", "_young")
 
     def __init__(self) -> None:
-        self._young: set[tuple[tuple[int, ...], bytes]] = set()
-        self._old: set[tuple[tuple[int, ...], bytes]] = set()
+        self._young: set[Entry] = set()
+        self._old: set[Entry] = set()
 
     def __contains__(self, key: CleanKey) -> bool:
-        entry = _entry(key)
-        if entry in self._young:
-            return True
-        if entry in self._old:
-            self._keep(entry)
-            return True
-        return False
+        return self.holds(_entry(key))
 
     def add(self, key: CleanKey) -> None:
         """Remember that ``key``'s rules find nothing in its string."""
-        self._keep(_entry(key))
+        self.keep(_entry(key))
 
-    def _keep(self, entry: tuple[tuple[int, ...], bytes]) -> None:
+    @staticmethod
+    def entry(key: CleanKey) -> Entry:
+        """What is kept of ``key``: for a caller that tests it and may then keep it (one digest)."""
+        return _entry(key)
+
+    def holds(self, entry: Entry) -> bool:
+        """Whether ``entry`` (of :meth:`entry`) is kept: ``key in self`` by its entry."""
+        if entry in self._young:
+            return True
+        if entry in self._old:
+            self.keep(entry)
+            return True
+        return False
+
+    def keep(self, entry: Entry) -> None:
+        """:meth:`add` by the entry (of :meth:`entry`)."""
         if len(self._young) >= GENERATION_ENTRIES:
             self._old = self._young
             self._young = set()

@@ -22,6 +22,7 @@ from tiers.redaction._base import (
 )
 from tiers.redaction._json_text import placeable, word_places
 from tiers.redaction._rules import (
+    _ASCII_CARD_RUN,
     _CARD_DIGITS,
     _DIGIT_RUN,
     _GATE_MAP,
@@ -30,6 +31,7 @@ from tiers.redaction._rules import (
     _has_card_run,
     _has_digit_run,
     _other_digits,
+    _runs_match,
 )
 from tiers.redaction._scan import GateScan
 from tiers.redaction._values import (
@@ -427,7 +429,11 @@ class Redactor:
                 continue
             if rule.digits == _CARD_DIGITS:
                 if card_digits is None:
-                    card_digits = _has_card_run(data, text, other_digits, folded)
+                    card_digits = (
+                        _has_card_run(data, text, other_digits)
+                        if folded is None
+                        else _runs_match(data, folded, _ASCII_CARD_RUN)
+                    )
                 if not card_digits:
                     continue
             elif rule.digits:

@@ -363,36 +363,25 @@ _RUN_ZEROS: Final = b"0" * 13
 _NOT_ZERO = re.compile(rb"[^0]")
 
 
-def _has_card_run(
-    data: bytes, text: str, other_digits: bool | None = None, mapped: bytes | None = None
-) -> bool:
+def _has_card_run(data: bytes, text: str, other_digits: bool | None = None) -> bool:
     """Whether a string of the JSON ``text`` (``data`` is its UTF-8) may hold a card number.
 
     Never False where the card rule matches a string of it. Most text has no
     13 digits, spaces or dashes in a row (one table map, then a C substring
     test); each such run is searched for 13 digits, single separators between
     them, starting where a card may start, which hex ids glued to a word
-    ("eff-3-1-4129...") and timestamps lack.
-
-    Args:
-        data: The text's UTF-8.
-        text: The text.
-        other_digits: :func:`_other_digits` of ``data``, if the caller has it
-            (the phone gates ask the same of the same text).
-        mapped: ``data.translate(_GATE_MAP)``, if the caller has it (the gate
-            words are found in it too).
+    ("eff-3-1-4129...") and timestamps lack. ``other_digits`` is
+    :func:`_other_digits` of ``data`` when the caller has it (the phone gates
+    ask the same of the same text), else None. A caller with ASCII ``data``
+    already mapped by :data:`_GATE_MAP` asks :func:`_runs_match` itself.
     """
     if data.isascii():
-        return _runs_match(
-            data, data.translate(_GATE_MAP) if mapped is None else mapped, _ASCII_CARD_RUN
-        )
+        return _runs_match(data, data.translate(_GATE_MAP), _ASCII_CARD_RUN)
     if _other_digits(data) if other_digits is None else other_digits:
         return _CARD_RUN.search(text) is not None
     # Every digit is ASCII: _CARD_RUN's matches are the same in the bytes (where a non-ASCII
     # character before a run is no ASCII letter, so the run is searched without a lookbehind).
-    return _runs_match(
-        data, data.translate(_GATE_MAP) if mapped is None else mapped, _BYTES_CARD_RUN
-    )
+    return _runs_match(data, data.translate(_GATE_MAP), _BYTES_CARD_RUN)
 
 
 def _runs_match(data: bytes, runs: bytes, card_run: re.Pattern[bytes]) -> bool:

@@ -140,22 +140,6 @@ class _RuleSet:
         )
 
 
-def _gated_out(text: str, rule_set: _RuleSet) -> bool:
-    """Whether ``text`` passes no gate of ``rule_set``'s rules, so none of them can match it.
-
-    What :meth:`Redactor._find` tests first (it keeps the lowercase and the
-    digit run for its rules); the walk asks it before a string's digest.
-    """
-    if rule_set.ungated:
-        return False
-    return not (
-        any(map(text.__contains__, rule_set.triggers))
-        # Lowercased only for rules with words (a narrowed set often has none).
-        or (rule_set.words and any(map(text.lower().__contains__, rule_set.words)))
-        or (rule_set.digits and _DIGIT_RUN.search(text) is not None)
-    )
-
-
 class Redactor:
     """Finds secrets (and optionally PII) in text and JSON and replaces them with placeholders.
 
@@ -264,7 +248,7 @@ class Redactor:
         lowered: str | None = None
         digits: bool | None = None
         if not rule_set.ungated:
-            # _gated_out's test, keeping the lowercase and the digit run for the rules below.
+            # Lowercased only for rules with words (a narrowed set often has none).
             if rule_set.words:
                 lowered = text.lower()
             if not (
@@ -473,8 +457,6 @@ class Redactor:
                     return whole
             if not rule_set.rules or len(value) < 6:
                 return value  # what _find decides first, without two calls per string
-            if _gated_out(value, rule_set):
-                return value  # what _find answers first: cheaper than the digest
             # One digest of the string, to test and then to keep.
             entry = self._clean.entry((rule_set.key, value))
             if self._clean.holds(entry):

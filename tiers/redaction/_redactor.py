@@ -203,8 +203,12 @@ class Redactor:
         self._gate_scan = GateScan({*self._all.words, *_KEY_WORDS}, self._all.triggers)
         # Which rules a trigger gates, by trigger (by its rules' indexes, as _narrow keeps them).
         self._untriggered = frozenset(n for n, rule in enumerate(self._rules) if not rule.triggers)
-        # In order: the rules a text holding no trigger (most text) is tested against.
+        # In order: the rules a text holding no trigger (most text) is tested against, and
+        # those of them left when no string value holds a gate word either.
         self._untriggered_order = tuple(sorted(self._untriggered))
+        self._untriggered_wordless = tuple(
+            n for n in self._untriggered_order if not self._rules[n].words
+        )
         self._by_trigger = {
             t: frozenset(n for n, rule in enumerate(self._rules) if t in rule.triggers)
             for t in self._all.triggers
@@ -402,11 +406,12 @@ class Redactor:
         finder_text: str | None = None
         kept: list[int] = []
         # The rules without triggers, and those whose triggers the text holds (few, if any).
-        candidates = (
-            sorted(self._untriggered.union(*(self._by_trigger[t] for t in triggers)))
-            if triggers
-            else self._untriggered_order
-        )
+        if triggers:
+            candidates: Iterable[int] = sorted(
+                self._untriggered.union(*(self._by_trigger[t] for t in triggers))
+            )
+        else:
+            candidates = self._untriggered_order if words else self._untriggered_wordless
         for n in candidates:
             rule = self._rules[n]
             if rule.words and words.keys().isdisjoint(rule.words):

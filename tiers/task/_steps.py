@@ -22,7 +22,7 @@ from tiers.task._fresh import AlreadyCommittedError
 from tiers.task._observer import NULL_OBSERVER
 from tiers.task._records import check_key, check_name, input_hash, to_json, to_json_dict
 from tiers.task._txn import Txn, unpack_step_output
-from tiers.task._writer import ActiveStep, RunWriter
+from tiers.task._writer import OPEN_STATUSES, ActiveStep, RunWriter
 
 __all__ = ["Steps"]
 
@@ -146,7 +146,7 @@ class Steps:
             self._writer.verify_replay(existing, step, digest, key)
             self._writer.occurrences[step] = occurrence + 1
             return existing.output
-        active = ActiveStep(step, key, self._store.now())
+        active = ActiveStep(step, key, self._store.clock())
         self._writer.active = active
         try:
             raw = fn()
@@ -162,7 +162,8 @@ class Steps:
             # written durably only with a step's first effect (one commit per step).
             made.clear()
             txn = self._writer.txn()
-            self._writer.add_debit(txn, tokens, cost, key)
+            if tokens or cost:
+                self._writer.add_debit(txn, tokens, cost, key)
             made.append(
                 self._writer.add_checkpoint(
                     txn,
@@ -245,12 +246,26 @@ class Steps:
             StaleWriterError, RunCancelledError, RunStateError, RunPausedError,
             ApprovalPendingError, BudgetExceededError: as :meth:`step` documents.
         """
+        writer = self._writer
+        known = writer.known_keys
+        if (
+            known is not None
+            and key not in known
+            and info.lease_epoch == writer.epoch
+            and info.status in OPEN_STATUSES
+            and not writer.compensation_only
+            and info.budget_tokens is None
+            and info.budget_cost is None
+        ):
+            # What the checks below decide for a new key on a running run of this lease
+            # without a budget (every step of a plain loop), without their five calls.
+            return None, None
         # Replaying a committed step writes nothing, so it is allowed while paused.
-        self._writer.check_writable(info, allow_paused=True)
-        existing, entry = self._writer.lookup(key, info)
+        writer.check_writable(info, allow_paused=True)
+        existing, entry = writer.lookup(key, info)
         if existing is None:
-            self._writer.check_writable(info)
-            self._writer.check_budget(info)
+            writer.check_writable(info)
+            writer.check_budget(info)
         return existing, entry
 
     def append_checkpoint(

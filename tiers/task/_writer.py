@@ -47,12 +47,12 @@ from tiers.task._records import (
 from tiers.task._store import RunStore
 from tiers.task._txn import Txn, check_fits
 
-__all__ = ["COMPENSATABLE", "ActiveStep", "RunWriter"]
+__all__ = ["COMPENSATABLE", "OPEN_STATUSES", "ActiveStep", "RunWriter"]
 
 # Finished statuses whose recorded effects may still be compensated (a completed run keeps them).
 COMPENSATABLE = (RunStatus.CANCELLED, RunStatus.FAILED)
 # Statuses every write is allowed in (check_writable refuses nothing else of them).
-_OPEN = frozenset((RunStatus.RUNNING, RunStatus.RESUMABLE))
+OPEN_STATUSES = frozenset((RunStatus.RUNNING, RunStatus.RESUMABLE))
 
 
 @dataclass
@@ -197,7 +197,7 @@ class RunWriter:
                 f"this handle on run {self.run_id!r} was acquired for compensation: it only "
                 "runs compensate() (and heartbeat/release); the run itself cannot go on"
             )
-        if info.status in _OPEN:
+        if info.status in OPEN_STATUSES:
             return  # the common case, decided by one lookup (once or twice a step)
         if compensating and info.status in COMPENSATABLE:
             return
@@ -293,7 +293,7 @@ class RunWriter:
     def txn(self) -> Txn:
         """A transaction on the head this handle holds; every commit renews the lease."""
         info = self.info
-        txn = Txn(self.run_id, self.epoch, info, self.store.now())
+        txn = Txn(self.run_id, self.epoch, info, self.store.clock())
         if self.lease_ttl is not None and info.lease_owner is not None:
             txn.update.lease_expires_at = txn.now + timedelta(seconds=self.lease_ttl)
         return txn

@@ -36,6 +36,7 @@ from tiers.backends.embedders import MiniLMEmbedder
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.errors import StoreClosedError
 from tiers.session import SessionSummary, SessionTier, _reads
+from tiers.session._lending import Lenders
 from tiers.session._reads import READ_WORKERS
 
 WORKER = "tiermem-recall-view"
@@ -306,9 +307,10 @@ def test_every_tenant_past_the_cap_has_its_cold_reads_done_by_a_lent_worker(
     embedder: MiniLMEmbedder,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    # The real cap, fresh: other tests' idle workers took places in the module's own.
+    # The real cap, fresh, and no lender yet: other tests' idle workers are in the module's own.
     cap = threading.BoundedSemaphore(_reads.MAX_PROCESS_READ_WORKERS)
     monkeypatch.setattr(_reads, "_process_workers", cap)
+    monkeypatch.setattr(_reads, "_lenders", Lenders())
     before = threading.enumerate()
     tenants = [f"t{n}" for n in range(_reads.MAX_PROCESS_READ_WORKERS + 4)]
     tiers = {tenant: tenant_tier(sqlite_kv, index, embedder, tenant) for tenant in tenants}
@@ -366,6 +368,7 @@ def lender_and_borrower(
 ) -> tuple[SessionTier, SessionTier, GatedJobs]:
     """Tenant a's tier with an idle worker holding the cap's only place; tenant b's without."""
     monkeypatch.setattr(_reads, "_process_workers", threading.BoundedSemaphore(1))
+    monkeypatch.setattr(_reads, "_lenders", Lenders())  # other tests' idle workers lend nothing
     lender = tenant_tier(sqlite_kv, index, embedder, "a")
     jobs = GatedJobs()
     monkeypatch.setattr(lender._reader._workers._crew, "_jobs", jobs)

@@ -315,7 +315,7 @@ def test_the_process_cap_bounds_workers_across_tenants_and_recalls_still_answer(
             view = memory.for_tenant(tenant)
             view.sessions.flush()
             hits = view.sessions.recall_relevant("u0", "ferry", top_k=5)
-            # Past the cap the recall reads its view itself: the same answer.
+            # Past the cap the recall borrows an idle worker, or reads itself: the same answer.
             assert [h.summary.session_id for h in hits] == [f"trip-{tenant}"]
         workers = [t for t in threading.enumerate() if t.name == WORKER and t not in before]
         assert 1 <= len(workers) <= 3

@@ -3,7 +3,8 @@
 :class:`SessionReader` reads the KV store (the truth) and, for listing and
 recall, the user's cached view (:mod:`tiers.session._view`). Recall checks
 its input, settles the user's queued index work, embeds the query (while a
-long-lived worker reads what a cold view still lacks, :class:`_ViewWorkers`), and
+long-lived worker reads what a cold view still lacks, :class:`_ViewWorkers`: the
+reader's own, or past the process's cap an idle one of another reader's), and
 hands the view's inputs to :func:`tiers.session._recall.rank`, which decides
 the order; it then reads the best records in small rounds. The contracts are
 documented on :class:`~tiers.session.SessionTier`.
@@ -28,6 +29,7 @@ from tiers.codec import decode
 from tiers.errors import InvalidInputError, SessionNotFoundError
 from tiers.ids import check_id
 from tiers.models import MAX_TEXT, Message, SessionSummary, utcnow
+from tiers.session._lending import Lenders, Loan, OnLoan
 from tiers.session._recall import FusionWeights, Ranked, rank
 from tiers.session._store import SessionStore
 from tiers.session._transcripts import (
@@ -94,8 +96,9 @@ READ_WORKERS = 2
 IDLE_S = 30.0
 # Every reader's workers together, in one process: a service keeps a tier per tenant, each
 # with its own crew, so without a cap thousands of tenants asked within IDLE_S would hold
-# thousands of threads (and SQLite readers). Past the cap a cold recall reads its view
-# itself, as when its own workers are busy.
+# thousands of threads (and SQLite readers). Past the cap a cold recall borrows an idle
+# worker of another reader's crew (tiers/session/_lending.py), so the cap's threads serve
+# every tenant, not only the first ones asked; it reads its view itself if none is idle.
 MAX_PROCESS_READ_WORKERS = 16
 _process_workers = threading.BoundedSemaphore(MAX_PROCESS_READ_WORKERS)
 _WORKER_NAME = "tiermem-recall-view"
@@ -156,12 +159,13 @@ class _Crew:
 
     Kept apart from :class:`_ViewWorkers` so an idle thread does not keep its
     owner alive: an owner dropped without ``close`` stops its crew when collected.
+    A free worker also serves other crews' jobs lent to it (:meth:`lend`).
     """
 
     def __init__(self, size: int) -> None:
         self._size = size
         # Only a job a free worker was counted for is queued: none waits behind another's.
-        self._jobs: queue.SimpleQueue[_ViewReads | None] = queue.SimpleQueue()
+        self._jobs: queue.SimpleQueue[_ViewReads | Loan | None] = queue.SimpleQueue()
         self._lock = threading.Lock()
         self._free = 0
         self._threads: list[threading.Thread] = []
@@ -169,6 +173,10 @@ class _Crew:
         # What the first worker runs before any job (start_warm); taken from here, not from
         # the thread's arguments, which would keep it (and the store it holds) to the end.
         self._warm: Callable[[], None] | None = None
+        # While the warm-up runs its worker counts free but is not lent: another tenant's
+        # recall would wait for the loading, which its own reads need not.
+        self._warming = False
+        self.on_loan = OnLoan()  # this crew's jobs run by other crews' workers
         _crews.add(self)
 
     def forget_threads(self) -> None:
@@ -184,20 +192,37 @@ class _Crew:
         self._free = 0
         self._threads = []
         self._warm = None
+        self._warming = False
+        self.on_loan = OnLoan()
 
     def hand_over(self, job: _ViewReads) -> bool:
         """Queue ``job`` for a free worker (starting one if fewer than ``size`` run); False if none.
 
-        Also False when no thread can be started: the caller reads, as when all are busy.
+        When no thread may start (the process cap, or none to be had), a free
+        worker of another crew takes it (:meth:`Lenders.borrow`); False if none
+        is free either: the caller reads, as when all its own workers are busy.
         """
         with self._lock:
             if self._closed:
                 return False
             if self._free > 0:
                 self._free -= 1
-            elif len(self._threads) >= self._size or not self._start_worker():
+                self._jobs.put(job)
+                return True
+            if len(self._threads) >= self._size:
                 return False
-            self._jobs.put(job)
+            if self._start_worker():
+                self._jobs.put(job)
+                return True
+        return _lenders.borrow(job, self, self.on_loan)  # outside _lock: it takes a lender's
+
+    def lend(self, loan: Loan) -> bool:
+        """Queue another crew's job for a free worker of this one; False if none is free."""
+        with self._lock:
+            if self._closed or self._warming or self._free == 0:
+                return False
+            self._free -= 1
+            self._jobs.put(loan)
         return True
 
     def start_warm(self, warm: Callable[[], None]) -> bool:
@@ -217,6 +242,7 @@ class _Crew:
                 self._warm = None
                 return False
             self._free += 1
+            self._warming = True
         return True
 
     def _start_worker(self) -> bool:
@@ -232,10 +258,12 @@ class _Crew:
             # interpreter shutting down): the caller reads its view itself.
             cap.release()
             return False
+        if not self._threads:
+            _lenders.add(self)
         self._threads.append(thread)
         return True
 
-    def _next_job(self) -> _ViewReads | None:
+    def _next_job(self) -> _ViewReads | Loan | None:
         """The next job, or ``None`` to end: stopped, or idle for :data:`IDLE_S`."""
         while True:
             try:
@@ -259,6 +287,8 @@ class _Crew:
             if warm is not None:
                 warm()
                 del warm  # an idle worker must not keep the store alive
+                with self._lock:
+                    self._warming = False
             while (job := self._next_job()) is not None:
                 try:
                     job.read()
@@ -272,13 +302,19 @@ class _Crew:
         finally:
             with self._lock:
                 self._threads.remove(threading.current_thread())
+                if not self._threads:
+                    _lenders.discard(self)
             cap.release()
 
     def stop(self) -> list[threading.Thread]:
-        """Refuse new jobs; each worker ends after the jobs queued before. Its threads."""
+        """Refuse new jobs; each worker ends after the jobs queued before. Its threads.
+
+        This crew's jobs lent to other crews' workers and not begun are not run.
+        """
         with self._lock:
             if not self._closed:
                 self._closed = True
+                self.on_loan.stop()
                 for _ in self._threads:
                     self._jobs.put(None)
             return list(self._threads)
@@ -286,12 +322,15 @@ class _Crew:
 
 # Every crew of the process, for a child of fork to forget the parent's threads in.
 _crews: weakref.WeakSet[_Crew] = weakref.WeakSet()
+# The crews with a worker running: where a recall that may start no thread borrows one.
+_lenders = Lenders()
 
 
 def _forget_threads_after_fork() -> None:
     """In a child of ``fork``: no worker of the parent's runs, so no place in the cap is taken."""
-    global _process_workers  # its places were taken by the parent's threads, gone here
+    global _process_workers, _lenders  # they count the parent's threads, gone here
     _process_workers = threading.BoundedSemaphore(MAX_PROCESS_READ_WORKERS)
+    _lenders = Lenders()
     for crew in list(_crews):
         crew.forget_threads()
 
@@ -306,8 +345,9 @@ class _ViewWorkers:
     :mod:`tiers.backends._sqlite_connections`) and Chroma's per-thread state
     for its lifetime, instead of each cold recall opening them in a new thread;
     it ends after :data:`IDLE_S` without work, or when the reader is closed.
-    A recall that finds no worker free reads its view itself: it never waits
-    for another user's reads.
+    Past the process's cap a cold recall borrows a free worker of another
+    reader's (:mod:`tiers.session._lending`). A recall that finds no worker
+    free reads its view itself: it never waits for another user's reads.
     """
 
     def __init__(self, size: int) -> None:
@@ -328,10 +368,18 @@ class _ViewWorkers:
         return self._crew.start_warm(lambda: _load_index(store))
 
     def close(self, timeout: float | None) -> None:
-        """Stop the workers after the reads handed to them; wait up to ``timeout`` in all."""
+        """Stop the workers after the reads handed to them; wait up to ``timeout`` in all.
+
+        Also for this reader's reads that other readers' workers have begun.
+        """
         deadline = None if timeout is None else time.monotonic() + timeout
+
+        def left() -> float | None:
+            return None if deadline is None else max(0.0, deadline - time.monotonic())
+
         for thread in self._crew.stop():
-            thread.join(None if deadline is None else max(0.0, deadline - time.monotonic()))
+            thread.join(left())
+        self._crew.on_loan.wait(left())
 
 
 def _load_index(store: SessionStore) -> None:

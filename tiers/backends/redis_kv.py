@@ -202,7 +202,9 @@ class RedisKVStore:
                 last = b"[" + bytes(listed[-1])
                 span = (last, span[1]) if reverse else (span[0], last)
             values, count = self._read_listed(hash_name, index_name, listed, span)
-            if int(count) == len(listed) and all(value is not None for value in values):
+            # `None not in` compares in C (a value is bytes: never equal to None); all() over a
+            # generator ran a Python frame per value.
+            if int(count) == len(listed) and None not in values:
                 return [(k.decode(), v) for k, v in zip(listed, values, strict=True)]
         args[-1] = b"-1"
         return scan_pairs(self._run_scan([hash_name, index_name], args))

@@ -22,6 +22,7 @@ __all__ = [
     "SCAN",
     "SCAN_INLINE_BYTES",
     "exec_replies",
+    "guessed_read",
     "resp_command",
     "scan_pairs",
     "write_groups",
@@ -181,6 +182,22 @@ def scan_pairs(flat: list[Any]) -> list[tuple[str, bytes]]:
     # Bulk strings arrive as bytes (the client does not decode responses).
     pairs = zip(flat[::2], flat[1::2], strict=True)
     return [(key.decode(), value) for key, value in pairs if value is not None]
+
+
+def guessed_read(
+    hash_name: str, index_name: str, args: list[bytes], guess: list[Any]
+) -> list[list[bytes]]:
+    """The commands of a scan in one ``MULTI``: the range of the scan script's ``args`` listed
+    as the script lists it, and ``HMGET`` of the ``guess``ed keys (see ``_redis_ranges``)."""
+    low, high, reverse, limit = args[:4]
+    listing = (
+        [b"ZREVRANGEBYLEX", index_name.encode(), high, low]
+        if reverse == b"1"
+        else [b"ZRANGEBYLEX", index_name.encode(), low, high]
+    )
+    if limit != b"-1":
+        listing += [b"LIMIT", b"0", limit]
+    return [[b"MULTI"], listing, [b"HMGET", hash_name.encode(), *guess], [b"EXEC"]]
 
 
 def exec_replies(replies: list[Any]) -> tuple[list[Any], Any]:

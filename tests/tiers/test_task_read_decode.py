@@ -11,7 +11,7 @@ the records the fast path must not take. The collector is off while a page decod
 when the decode raises or when pages decode in two threads at once, and
 decodes that keep overlapping still let it pass. Then the SQLite readers' memory map:
 reads through one reader see every later commit, after the file has grown and
-the WAL was checkpointed into it; and their page cache, large enough for ten histories.
+the WAL was checkpointed into it.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from hypothesis import strategies as st
 from pydantic import JsonValue
 
 from tiers import keys
-from tiers.backends._sqlite_connections import READ_CACHE_KIB, READ_MMAP_BYTES
+from tiers.backends._sqlite_connections import READ_MMAP_BYTES
 from tiers.backends.base import Put
 from tiers.backends.sqlite_kv import SqliteKVStore
 from tiers.codec import encode
@@ -418,22 +418,5 @@ def test_readers_see_every_later_commit_after_the_file_grew(tmp_path: Path) -> N
         other.start()
         other.join()
         assert seen == [expected]
-    finally:
-        store.close()
-
-
-def test_a_reader_caches_ten_histories_of_pages_and_the_writer_keeps_the_default(
-    tmp_path: Path,
-) -> None:
-    """Each reader thread's page cache holds ten 100-step histories of 5 KB checkpoints (540 KB each)."""
-    store = SqliteKVStore(tmp_path / "kv.sqlite3")
-    try:
-        store.commit([Put("s", "k", b"v")])
-        assert store.scan("s") == [("k", b"v")]
-        (cache,) = store._connections.local.reader.conn.execute("PRAGMA cache_size").fetchone()
-        assert cache == -READ_CACHE_KIB
-        assert READ_CACHE_KIB * 1024 >= 10 * 100 * 5400
-        (writer_cache,) = store._writer.execute("PRAGMA cache_size").fetchone()
-        assert writer_cache == -2000  # SQLite's default: only readers keep more
     finally:
         store.close()

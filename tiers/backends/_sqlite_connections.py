@@ -31,12 +31,6 @@ BUSY_TIMEOUT_S = 30.0
 # cannot give (an I/O error) is a SIGBUS that kills the whole process, where a read through
 # the page cache raises BackendUnavailableError. Set explicitly so no build default maps it.
 READ_MMAP_BYTES = 0
-# The page cache of each reader thread's connection, in KiB (SQLite's default is 2,000 KiB).
-# A 100-step history of 5 KB checkpoints is about 540 KB of pages: with 2 MB, a reader that
-# goes over ten runs' histories in turn found none of their pages still cached and read each
-# one from the file again (a pread per page, about half of the SQL's time). The cache fills
-# only as pages are read, so an idle reader holds no more than before.
-READ_CACHE_KIB = 8192
 
 
 class Reader:
@@ -106,7 +100,6 @@ class SqliteConnections:
             conn = self.connect()
             conn.execute("PRAGMA query_only=ON")
             conn.execute(f"PRAGMA mmap_size={READ_MMAP_BYTES}")
-            conn.execute(f"PRAGMA cache_size=-{READ_CACHE_KIB}")
             reader = Reader(conn, threading.current_thread())
             alive.append(reader)
             self._readers = alive

@@ -187,8 +187,11 @@ def scan_pairs(flat: list[Any]) -> list[tuple[str, bytes]]:
 def guessed_read(
     hash_name: str, index_name: str, args: list[bytes], guess: list[Any]
 ) -> list[list[bytes]]:
-    """The commands of a scan in one ``MULTI``: the range of the scan script's ``args`` listed
-    as the script lists it, and ``HMGET`` of the ``guess``ed keys (see ``_redis_ranges``)."""
+    """A scan's range listed and its ``guess``ed keys' values read, in one ``MULTI``.
+
+    The range is the scan script's ``args``', listed as the script lists it (its
+    ``LIMIT`` too); see ``_redis_ranges``.
+    """
     low, high, reverse, limit = args[:4]
     listing = (
         [b"ZREVRANGEBYLEX", index_name.encode(), high, low]
@@ -201,7 +204,7 @@ def guessed_read(
 
 
 def exec_replies(replies: list[Any]) -> tuple[list[Any], Any]:
-    """The ``HMGET`` and ``ZLEXCOUNT`` replies of an ``EXEC``.
+    """The two replies of an ``EXEC``: ``HMGET`` and ``ZLEXCOUNT``, or a listing and ``HMGET``.
 
     Raises:
         redis.ResponseError: One of them failed (a key of another type).

@@ -6,7 +6,10 @@ first one) reads them in the scan script; a larger one reads them in a
 that the listing still holds. These tests put a real commit between the two
 round trips (a store whose ``_read_listed`` commits first) and check that the
 scan still returns one snapshot: no key without its value, no deleted key, no
-key a commit added inside the range left out.
+key a commit added inside the range left out. A range read so before and
+unchanged since is read in one ``MULTI`` that guesses its keys: the same
+snapshot whatever a commit changed in between, and no guess while the range
+keeps changing.
 """
 
 from __future__ import annotations
@@ -37,6 +40,7 @@ class _Interposed(RedisKVStore):
 
     between: list[Callable[[], None]]
     reads = 0
+    guessed = 0
 
     def _read_listed(
         self, hash_name: str, index_name: str, listed: list[Any], span: tuple[bytes, bytes]
@@ -45,6 +49,12 @@ class _Interposed(RedisKVStore):
         if self.between:
             self.between.pop(0)()
         return super()._read_listed(hash_name, index_name, listed, span)
+
+    def _read_guessed(
+        self, hash_name: str, index_name: str, args: list[bytes], guess: list[Any]
+    ) -> tuple[list[Any], Any]:
+        self.guessed += 1
+        return super()._read_guessed(hash_name, index_name, args, guess)
 
 
 class _InterposedCluster(_Interposed, RedisClusterKVStore):
@@ -172,3 +182,70 @@ def test_a_scan_over_many_socket_reads_returns_every_value_whole(
     store.commit([Put("big", key, data) for key, data in stored.items()])
     assert store.scan("big") == sorted(stored.items())
     assert store.scan("big", reverse=True, limit=7) == sorted(stored.items())[::-1][:7]
+
+
+@pytest.mark.parametrize("limit", [None, INLINE + 2])
+@pytest.mark.parametrize("reverse", [False, True])
+def test_a_range_read_again_unchanged_is_one_round_trip(
+    pair: tuple[_Interposed, RedisKVStore], reverse: bool, limit: int | None
+) -> None:
+    reader, writer = pair
+    first = reader.scan("s", prefix="c/", reverse=reverse, limit=limit)
+    assert (reader.reads, reader.guessed) == (1, 0)
+    for _ in range(3):
+        assert reader.scan("s", prefix="c/", reverse=reverse, limit=limit) == first
+    assert (reader.reads, reader.guessed) == (1, 3)
+    assert first == writer.scan("s", prefix="c/", reverse=reverse, limit=limit)
+    # Another range (a page after a cursor) is listed on its own.
+    cursor = KEYS[-1] if reverse else KEYS[0]
+    assert reader.scan("s", prefix="c/", start_after=cursor, reverse=reverse, limit=limit)
+    assert (reader.reads, reader.guessed) == (2, 3)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize(
+    "change",
+    [
+        pytest.param([Delete("s", KEYS[5])], id="a-listed-key-deleted"),
+        pytest.param([Put("s", "c/0005x", b"new")], id="a-key-added-in-the-span"),
+        pytest.param([Put("s", KEYS[6], b"changed")], id="a-value-replaced"),
+        pytest.param(
+            [Delete("s", KEYS[2]), Put("s", "c/0003x", b"moved")], id="a-key-moved-atomically"
+        ),
+        pytest.param([Delete("s", key) for key in KEYS], id="every-key-deleted"),
+    ],
+)
+def test_a_guessed_range_a_commit_changed_gives_the_later_snapshot(
+    pair: tuple[_Interposed, RedisKVStore], change: list[Write], reverse: bool
+) -> None:
+    reader, writer = pair
+    reader.scan("s", prefix="c/", reverse=reverse)
+    writer.commit(change)
+    got = reader.scan("s", prefix="c/", reverse=reverse)
+    assert reader.guessed == 1
+    assert got == writer.scan("s", prefix="c/", reverse=reverse)
+    # And a commit between a missed guess's listing and its values' read.
+    for _ in range(2):  # the range read twice as it stands: guessed next
+        reader.scan("s", prefix="c/", reverse=reverse)
+    writer.commit([Put("s", "c/0001y", b"+")])
+    reader.between = [lambda: writer.commit([Delete("s", "c/0001y")])]
+    guessed = reader.guessed
+    got = reader.scan("s", prefix="c/", reverse=reverse)
+    assert reader.guessed == guessed + 1
+    assert not reader.between  # the commit came between
+    assert got == writer.scan("s", prefix="c/", reverse=reverse)
+
+
+def test_a_range_that_keeps_changing_is_not_guessed_until_it_stays(
+    pair: tuple[_Interposed, RedisKVStore],
+) -> None:
+    reader, writer = pair
+    reader.scan("s", prefix="c/")
+    for n in range(3):  # a run growing by a step between reads
+        writer.commit([Put("s", f"c/9{n}", b"+")])
+        assert reader.scan("s", prefix="c/") == writer.scan("s", prefix="c/")
+    # One guess missed (the first read after the growth began); none after it.
+    assert (reader.guessed, reader.reads) == (1, 4)
+    reader.scan("s", prefix="c/")  # the same listing as the last one: the range stays
+    assert reader.scan("s", prefix="c/") == writer.scan("s", prefix="c/")
+    assert (reader.guessed, reader.reads) == (2, 5)

@@ -22,6 +22,7 @@ __all__ = [
     "SCAN",
     "SCAN_INLINE_BYTES",
     "exec_replies",
+    "guessed_read",
     "resp_command",
     "scan_pairs",
     "write_groups",
@@ -183,8 +184,27 @@ def scan_pairs(flat: list[Any]) -> list[tuple[str, bytes]]:
     return [(key.decode(), value) for key, value in pairs if value is not None]
 
 
+def guessed_read(
+    hash_name: str, index_name: str, args: list[bytes], guess: list[Any]
+) -> list[list[bytes]]:
+    """A scan's range listed and its ``guess``ed keys' values read, in one ``MULTI``.
+
+    The range is the scan script's ``args``', listed as the script lists it (its
+    ``LIMIT`` too); see ``_redis_ranges``.
+    """
+    low, high, reverse, limit = args[:4]
+    listing = (
+        [b"ZREVRANGEBYLEX", index_name.encode(), high, low]
+        if reverse == b"1"
+        else [b"ZRANGEBYLEX", index_name.encode(), low, high]
+    )
+    if limit != b"-1":
+        listing += [b"LIMIT", b"0", limit]
+    return [[b"MULTI"], listing, [b"HMGET", hash_name.encode(), *guess], [b"EXEC"]]
+
+
 def exec_replies(replies: list[Any]) -> tuple[list[Any], Any]:
-    """The ``HMGET`` and ``ZLEXCOUNT`` replies of an ``EXEC``.
+    """The two replies of an ``EXEC``: ``HMGET`` and ``ZLEXCOUNT``, or a listing and ``HMGET``.
 
     Raises:
         redis.ResponseError: One of them failed (a key of another type).

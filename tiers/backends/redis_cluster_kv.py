@@ -51,7 +51,7 @@ from redis.exceptions import (
 from redis.retry import Retry
 
 from tiers.backends import redact_url
-from tiers.backends._redis_scripts import COMMIT
+from tiers.backends._redis_scripts import COMMIT, guessed_read
 from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES
 from tiers.backends.redis_kv import RedisKVStore
 from tiers.errors import BackendUnavailableError, InvalidInputError
@@ -162,6 +162,16 @@ class RedisClusterKVStore(RedisKVStore):
         pipe.zlexcount(index_name, span[0], span[1])
         values, count = pipe.execute()
         return values, count
+
+    def _read_guessed(
+        self, hash_name: str, index_name: str, args: list[bytes], guess: list[Any]
+    ) -> tuple[list[Any], Any]:
+        # The commands of guessed_read in one MULTI through the cluster client (as above).
+        pipe = self._cluster.pipeline(transaction=True)
+        for command, *words in guessed_read(hash_name, index_name, args, guess)[1:-1]:
+            pipe.execute_command(command.decode(), *words)  # the client looks names up as str
+        listed, values = pipe.execute()
+        return listed, values
 
     def _run_scan(self, keys: list[str], args: list[bytes]) -> list[Any]:
         flat: list[Any] = self._scan_script(keys=keys, args=args)

@@ -33,11 +33,13 @@ from redis.exceptions import NoScriptError, RedisClusterException
 from redis.retry import Retry
 
 from tiers.backends import redact_url
+from tiers.backends._redis_ranges import Listings, tighter_high, tighter_low
 from tiers.backends._redis_scripts import (
     COMMIT,
     SCAN,
     SCAN_INLINE_BYTES,
     exec_replies,
+    guessed_read,
     resp_command,
     scan_pairs,
     write_groups,
@@ -104,6 +106,7 @@ class RedisKVStore:
         # forked child must not share their sockets).
         self._connections: list[ConnectionInterface] = []
         self._connections_pid = os.getpid()
+        self._listings = Listings()
 
     def _connect(self, url: str) -> redis.Redis | RedisCluster:
         # No automatic retry (see the module docstring). A connection the
@@ -157,9 +160,9 @@ class RedisKVStore:
         high = f"({upper}" if upper is not None else "+"
         if start_after is not None:
             if reverse:
-                high = _tighter_high(high, start_after)
+                high = tighter_high(high, start_after)
             else:
-                low = _tighter_low(low, start_after)
+                low = tighter_low(low, start_after)
         if limit is not None and limit <= 0:
             self._ensure_open()
             return []
@@ -178,7 +181,8 @@ class RedisKVStore:
         span means the listing is the range's at ``EXEC`` too, so keys and
         values are one snapshot (``EXEC``'s). Otherwise (a commit came between)
         the range is listed again; after ``_RELISTS`` listings the script reads
-        the values itself, however many.
+        the values itself, however many. A range read so before and unchanged since
+        is one ``MULTI`` listing it and reading the keys listed last time (``Listings``).
 
         Raises:
             redis.RedisError: Redis failed.
@@ -191,19 +195,32 @@ class RedisKVStore:
             b"%d" % (-1 if limit is None else limit),
             b"%d" % SCAN_INLINE_BYTES,
         ]
+        asked = (hash_name, low, high, reverse, limit)
+        listed: list[Any] | None = None
+        guess = self._listings.guess(asked)
+        if guess is not None:
+            # One round trip: the range listed and the guessed keys' values, one snapshot.
+            listed, values = self._read_guessed(hash_name, index_name, args, guess)
+            if listed == guess and None not in values:
+                return [(k.decode(), v) for k, v in zip(listed, values, strict=True)]
+            if not listed:
+                return []  # the range is empty at EXEC
         for _ in range(_RELISTS):
-            flat = self._run_scan([hash_name, index_name], args)
-            if len(flat) != 1 or not isinstance(flat[0], list):
-                return scan_pairs(flat)
-            listed: list[Any] = flat[0]
+            if listed is None:
+                flat = self._run_scan([hash_name, index_name], args)
+                if len(flat) != 1 or not isinstance(flat[0], list):
+                    return scan_pairs(flat)
+                listed = flat[0]
             # The span the listing covers: the range, cut at its last key by the limit.
             span = (args[0], args[1])
             if limit is not None and len(listed) >= limit:
                 last = b"[" + bytes(listed[-1])
                 span = (last, span[1]) if reverse else (span[0], last)
             values, count = self._read_listed(hash_name, index_name, listed, span)
-            if int(count) == len(listed) and all(value is not None for value in values):
+            if int(count) == len(listed) and None not in values:
+                self._listings.note(asked, listed)
                 return [(k.decode(), v) for k, v in zip(listed, values, strict=True)]
+            listed = None
         args[-1] = b"-1"
         return scan_pairs(self._run_scan([hash_name, index_name], args))
 
@@ -272,6 +289,12 @@ class RedisKVStore:
             ]
         )
         return exec_replies(replies[-1])
+
+    def _read_guessed(
+        self, hash_name: str, index_name: str, args: list[bytes], guess: list[Any]
+    ) -> tuple[list[Any], Any]:
+        """The listing of the scan ``args``' range and the ``guess``ed keys' values, one ``MULTI``."""
+        return exec_replies(self._send_all(guessed_read(hash_name, index_name, args, guess))[-1])
 
     def _hmget(self, name: str, fields: Sequence[str]) -> list[Any]:
         """``HMGET`` of ``fields`` of the hash ``name`` (see :meth:`_send`)."""
@@ -502,21 +525,6 @@ def _disconnect(connection: ConnectionInterface) -> None:
     # redis-py leaves this method unannotated; this is the signature relied on.
     disconnect: Callable[[], None] = connection.disconnect
     disconnect()
-
-
-def _tighter_low(low: str, start_after: str) -> str:
-    candidate = f"({start_after}"
-    if low == "-":
-        return candidate
-    # "[x" includes x, "(x" excludes it; compare the bare values.
-    return candidate if start_after >= low[1:] else low
-
-
-def _tighter_high(high: str, start_after: str) -> str:
-    candidate = f"({start_after}"
-    if high == "+":
-        return candidate
-    return candidate if start_after < high[1:] else high
 
 
 def _node_name(server: redis.Redis) -> str:

@@ -265,9 +265,7 @@ def _decode_page(
             if type(fields) is dict:
                 epoch = fields.pop("commit_epoch", None)
                 if epoch is None or (type(epoch) is int and epoch >= 0):
-                    ckpt = trusted_checkpoint(fields, run_id=run_id)
-                    if ckpt is not None and key != _CHECKPOINT_KEY % ckpt.seq:
-                        ckpt = None
+                    ckpt = _trusted(fields, run_id, key)
         append(exact(key, data) if ckpt is None else ckpt)
     return page
 
@@ -282,6 +280,18 @@ def trusted_checkpoint(fields: dict[str, Any], *, run_id: str | None = None) -> 
     ``fields`` becomes the record's storage (the caller passes a dict it owns).
     ``run_id`` (a validated id): also ``None`` unless the record is that run's,
     whose id then needs no pattern match.
+    """
+    return _trusted(fields, run_id, None)
+
+
+def _trusted(
+    fields: dict[str, Any], run_id: str | None, stored_at: str | None
+) -> Checkpoint | None:
+    """:func:`trusted_checkpoint`; with ``stored_at`` (its key), ``None`` unless that names its seq.
+
+    Positional, and the seq compared where it is a local: per record of a page,
+    a keyword argument and reading the seq back off the record cost more than
+    the comparison.
     """
     if tuple(fields) != _FIELDS:
         return None
@@ -315,6 +325,7 @@ def trusted_checkpoint(fields: dict[str, Any], *, run_id: str | None = None) -> 
         )
         and type(seq) is int
         and seq >= 1
+        and (stored_at is None or stored_at == _CHECKPOINT_KEY % seq)
         and (parent_id is None or type(parent_id) is str)
         and type(step) is str
         and 1 <= len(step) <= 256
@@ -322,7 +333,7 @@ def trusted_checkpoint(fields: dict[str, Any], *, run_id: str | None = None) -> 
         and type(key) is str
         and 1 <= len(key) <= 512
         and type(status) is str
-        and status in _STATUS
+        and (member := _STATUS.get(status)) is not None
         and (scope is None or type(scope) is dict)
         and type(started) is str
         and type(created) is str
@@ -338,7 +349,7 @@ def trusted_checkpoint(fields: dict[str, Any], *, run_id: str | None = None) -> 
         and (delta is None or type(delta) is dict)
     ):
         return None
-    fields["status"] = _STATUS[status]
+    fields["status"] = member
     fields["started_at"] = datetime.fromisoformat(started)
     fields["created_at"] = datetime.fromisoformat(created)
     ckpt = _new(Checkpoint)

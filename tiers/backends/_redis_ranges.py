@@ -1,0 +1,72 @@
+"""Lex ranges a Redis scan reads: their bounds, and each one's last listing, the next scan's guess.
+
+A scan of large values (a run's history) is two round trips: the scan script
+lists the range's keys, then one ``MULTI`` reads their values and checks the
+listing still holds. A range read again unchanged (a finished run's history,
+read by a console or a harness many times) can be one: a ``MULTI`` that lists
+the range and reads the values of the keys it listed last time. When the
+listing is the one guessed, keys and values are ``EXEC``'s snapshot. When it is
+not, the values read were wasted, so a range is guessed only while it stays
+as it was: a listing that differs from the range's previous one (a run still
+growing) is remembered but not guessed until a later listing is the same again.
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any, Final
+
+# Ranges remembered per store (the oldest forgotten first): ten runs' histories and their
+# pages many times over, at about 50 bytes a listed key.
+LISTINGS_KEPT: Final = 256
+
+# A range as a scan asks for it: (hash name, low, high, reverse, limit).
+Range = tuple[str, str, str, bool, int | None]
+
+
+class Listings:
+    """Each range's last listing, and whether the next scan of it may guess it.
+
+    Thread-safe: a store's scans run in many threads.
+    """
+
+    def __init__(self, kept: int = LISTINGS_KEPT) -> None:
+        self._kept = kept
+        self._lock = threading.Lock()
+        # Range -> (its last listing, whether a scan may guess it).
+        self._by_range: dict[Range, tuple[list[Any], bool]] = {}
+
+    def guess(self, span: Range) -> list[Any] | None:
+        """The listing to guess for ``span``, or ``None`` (never listed, or it changed lately)."""
+        found = self._by_range.get(span)
+        if found is None or not found[1]:
+            return None
+        return found[0]
+
+    def note(self, span: Range, listing: list[Any]) -> None:
+        """Remember ``span``'s ``listing`` (non-empty), read and checked outside the script.
+
+        Guessed next time unless it differs from the one remembered before it.
+        """
+        with self._lock:
+            before = self._by_range.pop(span, None)
+            self._by_range[span] = (listing, before is None or before[0] == listing)
+            if len(self._by_range) > self._kept:
+                del self._by_range[next(iter(self._by_range))]
+
+
+def tighter_low(low: str, start_after: str) -> str:
+    """The lower lex bound of ``low`` and keys after ``start_after``, whichever is tighter."""
+    candidate = f"({start_after}"
+    if low == "-":
+        return candidate
+    # "[x" includes x, "(x" excludes it; compare the bare values.
+    return candidate if start_after >= low[1:] else low
+
+
+def tighter_high(high: str, start_after: str) -> str:
+    """The upper lex bound of ``high`` and keys before ``start_after``, whichever is tighter."""
+    candidate = f"({start_after}"
+    if high == "+":
+        return candidate
+    return candidate if start_after < high[1:] else high

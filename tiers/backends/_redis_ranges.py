@@ -79,9 +79,12 @@ class Listings:
         stay in memory (deleting means gone). ``names`` gives a space's Redis
         keys (its values hash first), as listings are remembered by hash.
         """
+        for write in writes:
+            if type(write) is not Put:
+                break
+        else:
+            return  # the common commit, puts only: one test a write
         deleted = {names(write.space)[0] for write in writes if type(write) is not Put}
-        if not deleted:
-            return  # the common commit: puts only
         with self._lock:
             for span in [span for span in self._by_range if span[0] in deleted]:
                 del self._by_range[span]

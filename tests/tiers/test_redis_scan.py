@@ -9,7 +9,7 @@ scan still returns one snapshot: no key without its value, no deleted key, no
 key a commit added inside the range left out. A range read so before and
 unchanged since is read in one ``MULTI`` that guesses its keys: the same
 snapshot whatever a commit changed in between, and no guess while the range
-keeps changing.
+keeps changing; a store's own commit that deletes forgets its space's listings.
 """
 
 from __future__ import annotations
@@ -20,8 +20,9 @@ from typing import Any
 
 import pytest
 
+from tiers.backends import _redis_ranges
 from tiers.backends._redis_scripts import SCAN_INLINE_BYTES
-from tiers.backends.base import Delete, Put, Write
+from tiers.backends.base import Delete, DeleteSpace, Put, Write
 from tiers.backends.redis_cluster_kv import RedisClusterKVStore
 from tiers.backends.redis_kv import RedisKVStore
 
@@ -249,3 +250,46 @@ def test_a_range_that_keeps_changing_is_not_guessed_until_it_stays(
     reader.scan("s", prefix="c/")  # the same listing as the last one: the range stays
     assert reader.scan("s", prefix="c/") == writer.scan("s", prefix="c/")
     assert (reader.guessed, reader.reads) == (2, 5)
+
+
+def remembered(store: RedisKVStore) -> set[str]:
+    """Every key name the store's remembered listings hold."""
+    by_range = store._listings._by_range
+    return {bytes(key).decode() for listing, _ in by_range.values() for key in listing}
+
+
+@pytest.mark.parametrize(
+    "delete",
+    [
+        pytest.param([Delete("s", KEYS[3])], id="a-key"),
+        pytest.param([DeleteSpace("s")], id="the-space"),
+    ],
+)
+def test_a_commit_that_deletes_forgets_the_listings_of_its_space(
+    pair: tuple[_Interposed, RedisKVStore], delete: list[Write]
+) -> None:
+    reader, writer = pair
+    writer.commit([Put("u", key, value(key)) for key in KEYS])
+    for space in ("s", "u"):
+        reader.scan(space)
+        reader.scan(space, reverse=True, limit=INLINE + 2)
+    assert remembered(reader) == set(KEYS)
+    reader.commit(delete)
+    # Deleting means gone: no listing of "s" is kept; "u"'s are untouched.
+    kept = reader._listings._by_range
+    assert [span[0] for span in kept] == [reader._keys("u")[0]] * 2
+    assert reader.scan("s") == writer.scan("s")
+    assert reader.scan("u") == writer.scan("u")
+
+
+def test_a_long_listing_is_not_remembered_and_close_forgets_all(
+    pair: tuple[_Interposed, RedisKVStore], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    reader, _ = pair
+    monkeypatch.setattr(_redis_ranges, "LISTED_KEYS_KEPT", INLINE + 2)
+    assert len(reader.scan("s")) == len(KEYS)
+    assert reader.scan("s", limit=INLINE + 2)
+    assert remembered(reader) == set(KEYS[: INLINE + 2])
+    assert reader.scan("s", limit=INLINE + 2) == reader.scan("s")[: INLINE + 2]
+    reader.close()
+    assert not reader._listings._by_range

@@ -9,16 +9,29 @@ listing is the one guessed, keys and values are ``EXEC``'s snapshot. When it is
 not, the values read were wasted, so a range is guessed only while it stays
 as it was: a listing that differs from the range's previous one (a run still
 growing) is remembered but not guessed until a later listing is the same again.
+
+A listing holds key names (run and session ids among them): the listings of a
+space a store's own commit deletes from are forgotten at once, so a run or
+session it deleted leaves no id in its memory (deleting means gone). One
+another client deleted stays until its range is listed again or forgotten
+as the oldest.
 """
 
 from __future__ import annotations
 
 import threading
+from collections.abc import Callable, Sequence
 from typing import Any, Final
+
+from tiers.backends.base import Put, Write
 
 # Ranges remembered per store (the oldest forgotten first): ten runs' histories and their
 # pages many times over, at about 50 bytes a listed key.
 LISTINGS_KEPT: Final = 256
+# The most keys of a listing remembered: a page of history is 100; a longer listing (a
+# whole large space) saves one round trip of many, and 256 of them would hold the names
+# of millions of keys.
+LISTED_KEYS_KEPT: Final = 1000
 
 # A range as a scan asks for it: (hash name, low, high, reverse, limit).
 Range = tuple[str, str, str, bool, int | None]
@@ -47,12 +60,39 @@ class Listings:
         """Remember ``span``'s ``listing`` (non-empty), read and checked outside the script.
 
         Guessed next time unless it differs from the one remembered before it.
+        One of more than :data:`LISTED_KEYS_KEPT` keys is not remembered.
         """
         with self._lock:
             before = self._by_range.pop(span, None)
+            if len(listing) > LISTED_KEYS_KEPT:
+                return
             self._by_range[span] = (listing, before is None or before[0] == listing)
             if len(self._by_range) > self._kept:
                 del self._by_range[next(iter(self._by_range))]
+
+    def forget_deleted(
+        self, writes: Sequence[Write], names: Callable[[str], tuple[str, str]]
+    ) -> None:
+        """Forget every listing of a space ``writes`` delete keys of (or delete).
+
+        Called after each commit, applied or maybe: a deleted key's name must not
+        stay in memory (deleting means gone). ``names`` gives a space's Redis
+        keys (its values hash first), as listings are remembered by hash.
+        """
+        for write in writes:
+            if type(write) is not Put:
+                break
+        else:
+            return  # the common commit, puts only: one test a write
+        deleted = {names(write.space)[0] for write in writes if type(write) is not Put}
+        with self._lock:
+            for span in [span for span in self._by_range if span[0] in deleted]:
+                del self._by_range[span]
+
+    def clear(self) -> None:
+        """Forget every listing (the store is closed)."""
+        with self._lock:
+            self._by_range.clear()
 
 
 def tighter_low(low: str, start_after: str) -> str:

@@ -188,13 +188,8 @@ class RedisKVStore:
             redis.RedisError: Redis failed.
         """
         hash_name, index_name = names
-        args = [
-            low.encode(),
-            high.encode(),
-            b"1" if reverse else b"0",
-            b"%d" % (-1 if limit is None else limit),
-            b"%d" % SCAN_INLINE_BYTES,
-        ]
+        args = [low.encode(), high.encode(), b"1" if reverse else b"0"]
+        args += [b"%d" % (-1 if limit is None else limit), b"%d" % SCAN_INLINE_BYTES]
         asked = (hash_name, low, high, reverse, limit)
         listed: list[Any] | None = None
         guess = self._listings.guess(asked)
@@ -248,8 +243,11 @@ class RedisKVStore:
                 expected or b"",
             )
         args += write_groups(writes, spaces)
-        with self._translate("commit"):
-            reply = self._run_commit(keys, args)
+        try:
+            with self._translate("commit"):
+                reply = self._run_commit(keys, args)
+        finally:  # applied, or maybe (an error can come after it was)
+            self._listings.forget_deleted(writes, self._keys)
         if reply != 1:
             space_no, key = reply
             space = list(spaces)[int(space_no) - 1]
@@ -487,6 +485,7 @@ class RedisKVStore:
         if self._closed:
             return
         self._closed = True
+        self._listings.clear()
         while self._connections:
             _disconnect(self._connections.pop())
         if self._owns_client:

@@ -225,6 +225,10 @@ def test_a_guessed_range_a_commit_changed_gives_the_later_snapshot(
     got = reader.scan("s", prefix="c/", reverse=reverse)
     assert reader.guessed == 1
     assert got == writer.scan("s", prefix="c/", reverse=reverse)
+    if not got:
+        # Another client deleted every key: the reader keeps none of their names.
+        assert not reader._listings._by_range
+        return
     # And a commit between a missed guess's listing and its values' read.
     for _ in range(2):  # the range read twice as it stands: guessed next
         reader.scan("s", prefix="c/", reverse=reverse)

@@ -13,8 +13,8 @@ growing) is remembered but not guessed until a later listing is the same again.
 A listing holds key names (run and session ids among them): the listings of a
 space a store's own commit deletes from are forgotten at once, so a run or
 session it deleted leaves no id in its memory (deleting means gone). One
-another client deleted stays until its range is listed again or forgotten
-as the oldest.
+another client deleted stays until its range is read again (a range found
+empty is forgotten) or forgotten as the oldest.
 """
 
 from __future__ import annotations
@@ -69,6 +69,11 @@ class Listings:
             self._by_range[span] = (listing, before is None or before[0] == listing)
             if len(self._by_range) > self._kept:
                 del self._by_range[next(iter(self._by_range))]
+
+    def forget(self, span: Range) -> None:
+        """Forget ``span``'s listing (the range was found empty: its keys were deleted)."""
+        with self._lock:
+            self._by_range.pop(span, None)
 
     def forget_deleted(
         self, writes: Sequence[Write], names: Callable[[str], tuple[str, str]]

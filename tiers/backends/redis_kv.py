@@ -198,8 +198,9 @@ class RedisKVStore:
             listed, values = self._read_guessed(hash_name, index_name, args, guess)
             if listed == guess and None not in values:
                 return [(k.decode(), v) for k, v in zip(listed, values, strict=True)]
-            if not listed:
-                return []  # the range is empty at EXEC
+            if not listed:  # the range is empty at EXEC: its old names must not stay
+                self._listings.forget(asked)
+                return []
         for _ in range(_RELISTS):
             if listed is None:
                 flat = self._run_scan([hash_name, index_name], args)

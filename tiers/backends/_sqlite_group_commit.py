@@ -30,11 +30,13 @@ import sqlite3
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import NamedTuple
+from typing import Concatenate, NamedTuple, ParamSpec
 
 from tiers.backends._sqlite_connections import SqliteConnections, WriteLock, end_transaction
 from tiers.backends.base import Check, Delete, DeleteSpace, Put, Write
 from tiers.errors import BackendUnavailableError, ConflictError
+
+_Args = ParamSpec("_Args")
 
 # The sizes of the last two batches when each had one caller: the next lone caller commits
 # without queueing (GroupCommitWriter._commit_alone).
@@ -165,9 +167,8 @@ class GroupCommitWriter:
         queued entry and its lock, the gathering, the batch's loops): callers
         that arrive meanwhile find a leader and queue, and the first of them is
         handed the lead once this commit is done, as after any batch. The
-        transaction is :meth:`_transact`'s, written out here: every step of a
-        lone writer commits this way, and the closure and the two calls it
-        took cost more than the checks around them.
+        commit is applied by :func:`_apply_alone` itself, without a closure:
+        every step of a lone writer commits this way.
 
         Raises:
             ConflictError: A check failed; nothing was written.
@@ -176,25 +177,8 @@ class GroupCommitWriter:
         try:
             with self.lock:
                 began = time.perf_counter()
-                if self._connections.closed:
-                    raise self._connections.closed_error()
-                cursor = self._cursor
-                self.write_lock.acquire()
-                try:
-                    cursor.execute("BEGIN IMMEDIATE")
-                    try:
-                        _apply_alone(cursor, writes, checks)
-                        cursor.execute("COMMIT")
-                    except BaseException:
-                        # A failed check rolls the whole transaction back (not counted).
-                        end_transaction(self.conn, "ROLLBACK")
-                        raise
-                except sqlite3.Error as exc:
-                    raise BackendUnavailableError(
-                        f"SQLite commit failed on {self._connections.path}: {exc}"
-                    ) from exc
-                finally:
-                    self.write_lock.release()
+                # A failed check raises ConflictError: _transact rolls back and re-raises it.
+                self._transact(_apply_alone, writes, checks)
                 self.acked += 1
                 self.batches += 1
                 self._commit_seconds = time.perf_counter() - began
@@ -202,8 +186,15 @@ class GroupCommitWriter:
             with self._queue_lock:
                 self._hand_over()
 
-    def _transact(self, apply: Callable[[sqlite3.Cursor], None]) -> bool:
-        """Run ``apply`` in one write transaction; whether it committed (not rolled back by ``apply``).
+    def _transact(
+        self,
+        apply: Callable[Concatenate[sqlite3.Cursor, _Args], None],
+        *args: _Args.args,
+        **kwargs: _Args.kwargs,
+    ) -> bool:
+        """Run ``apply(cursor, *args, **kwargs)`` in one write transaction; whether it committed.
+
+        False when ``apply`` rolled the transaction back itself.
 
         Under the OS write lock, ``BEGIN IMMEDIATE`` takes SQLite's write lock
         first, so checks and writes see the same state even with other processes
@@ -218,7 +209,7 @@ class GroupCommitWriter:
         try:
             cursor.execute("BEGIN IMMEDIATE")
             try:
-                apply(cursor)
+                apply(cursor, *args, **kwargs)
                 if not conn.in_transaction:
                     return False
                 cursor.execute("COMMIT")

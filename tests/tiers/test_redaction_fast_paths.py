@@ -149,3 +149,17 @@ def test_the_wordless_rules_are_each_redactors_own() -> None:
     assert "phone_nanp" not in {
         REDACTORS[0]._rules[n].name for n in REDACTORS[0]._untriggered_wordless
     }
+
+
+def test_a_tuple_is_walked_as_the_list_its_json_text_shows() -> None:
+    # The narrowing reads a tuple's strings in its JSON text (a list there): the walk must
+    # redact them too, not hand the tuple back with the secret the narrowing kept rules for.
+    secret = SECRETS[2][1]
+    for redactor in REDACTORS:
+        assert redactor.redact_json((secret, "ok")) == ("[REDACTED:api_key]", "ok")
+        assert redactor.redact_json({"a": [(secret,)]}) == {"a": [("[REDACTED:api_key]",)]}
+        assert redactor.redact_json({"password": ("hunter22",)}) == {
+            "password": ("[REDACTED:password]",)
+        }
+        unchanged = ("nothing here", 1)
+        assert redactor.redact_json(unchanged) is unchanged

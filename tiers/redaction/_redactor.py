@@ -339,7 +339,8 @@ class Redactor:
 
         A string under a key naming a credential (``password``, ``api_key``,
         ``clientSecret``, ``Authorization``...) is replaced whole when it looks
-        like one; ``key`` is the label of ``value`` itself (a fact's key).
+        like one; ``key`` is the label of ``value`` itself (a fact's key). A
+        tuple is walked as a list (JSON's form of it) and given back as a tuple.
         """
         return self._redact_json(value, key, None)
 
@@ -479,7 +480,8 @@ class Redactor:
                         changed = dict(value)
                     changed[k] = new
             return value if changed is None else changed
-        if isinstance(value, list):
+        # A tuple too: its JSON text (where the rules were narrowed) is a list's.
+        if isinstance(value, (list, tuple)):
             out: list[object] | None = None
             for n, v in enumerate(value):
                 new = self._walk(v, key, rule_set, by_key)
@@ -487,7 +489,9 @@ class Redactor:
                     if out is None:
                         out = list(value)
                     out[n] = new
-            return value if out is None else out
+            if out is None:
+                return value
+            return out if isinstance(value, list) else tuple(out)
         return value
 
     def _by_key(self, key: str, value: str) -> str | None:

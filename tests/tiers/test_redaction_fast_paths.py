@@ -163,3 +163,28 @@ def test_a_tuple_is_walked_as_the_list_its_json_text_shows() -> None:
         }
         unchanged = ("nothing here", 1)
         assert redactor.redact_json(unchanged) is unchanged
+
+
+class _OwnLowercase(str):
+    """A str subclass whose methods are not str's (its lowercase is its uppercase)."""
+
+    __slots__ = ()
+
+    def lower(self) -> str:
+        return str.upper(self)
+
+
+def test_a_str_subclass_is_judged_by_its_text_and_keeps_no_verdict_of_its_own() -> None:
+    # Its own lower() hid the gate word from the rules, and the verdict it got was kept
+    # for its text: the same text as a plain str then went unredacted, where a new
+    # redactor redacts it.
+    text = "my password is hunter22"
+    for redactor in REDACTORS:
+        redacted = {"n": "my password is [REDACTED:password]"}
+        assert redactor.redact_json({"n": _OwnLowercase(text)}) == redacted
+        assert redactor.redact_json({"n": text}) == redacted
+        assert redactor.redact(_OwnLowercase(text)) == redactor.redact(text) != text
+        assert redactor.findings(_OwnLowercase(text)) == redactor.findings(text) != []
+        clean = _OwnLowercase("nothing to hide here")
+        assert redactor.redact_json({"n": clean})["n"] is clean
+        assert redactor.redact(clean) is clean

@@ -242,7 +242,7 @@ class Redactor:
 
     def findings(self, text: str) -> list[Finding]:
         """What :meth:`redact` replaces in ``text``, in order, without overlaps."""
-        return self._find(text, self._all)
+        return self._find(_plain(text), self._all)
 
     def _find(self, text: str, rule_set: _RuleSet) -> list[Finding]:
         """:meth:`findings` by the rules of ``rule_set`` (all rules, or those a value can match)."""
@@ -311,7 +311,9 @@ class Redactor:
 
     def redact(self, text: str) -> str:
         """``text`` with every finding replaced by its placeholder."""
-        return self._redact(text, self._all)
+        plain = _plain(text)
+        redacted = self._redact(plain, self._all)
+        return text if redacted is plain else redacted
 
     def _redact(self, text: str, rule_set: _RuleSet) -> str:
         # A placeholder borders its neighbours differently from what it replaced: a number
@@ -457,6 +459,10 @@ class Redactor:
 
     def _walk(self, value: object, key: str | None, rule_set: _RuleSet, by_key: bool) -> object:
         if isinstance(value, str):
+            if type(value) is not str:
+                plain = _plain(value)
+                redacted = self._walk(plain, key, rule_set, by_key)
+                return value if redacted is plain else redacted
             if by_key and key is not None:
                 whole = self._by_key(key, value)
                 if whole is not None:
@@ -518,6 +524,16 @@ class Redactor:
     def __repr__(self) -> str:
         custom = f", patterns={sorted(self._custom)}" if self._custom else ""
         return f"Redactor({self.mode!r}{custom})"
+
+
+def _plain(text: str) -> str:
+    """``text`` as a str itself (the same object when it is one).
+
+    A subclass's own methods (``lower``, ``__contains__``, ``__len__``) may hide
+    what the rules look for, and a verdict kept of its text would then hide it
+    in every str with that text.
+    """
+    return text if type(text) is str else str.__str__(text)
 
 
 OFF: Final = Redactor("off")

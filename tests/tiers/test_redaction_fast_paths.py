@@ -188,3 +188,18 @@ def test_a_str_subclass_is_judged_by_its_text_and_keeps_no_verdict_of_its_own() 
         clean = _OwnLowercase("nothing to hide here")
         assert redactor.redact_json({"n": clean})["n"] is clean
         assert redactor.redact(clean) is clean
+
+
+def test_a_non_str_key_names_no_credential_and_its_value_is_still_redacted() -> None:
+    # orjson refuses an int key, so every rule is kept and every key tested: the key test
+    # read len() of the int and raised (json writes such a key as "1": it names nothing).
+    secret = SECRETS[2][1]
+    for redactor in REDACTORS:
+        assert redactor.redact_json({1: secret, "a": {2: "hunter22"}}) == {
+            1: "[REDACTED:api_key]",
+            "a": {2: "hunter22"},
+        }
+        assert redactor.redact_json({1: ["x"], None: "y"}, key="password") == {
+            1: ["x"],
+            None: "y",
+        }

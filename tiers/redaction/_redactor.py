@@ -457,13 +457,14 @@ class Redactor:
                 self._narrowed[chosen] = rule_set
         return rule_set, by_key
 
-    def _walk(self, value: object, key: str | None, rule_set: _RuleSet, by_key: bool) -> object:
+    def _walk(self, value: object, key: object, rule_set: _RuleSet, by_key: bool) -> object:
         if isinstance(value, str):
             if type(value) is not str:
                 plain = _plain(value)
                 redacted = self._walk(plain, key, rule_set, by_key)
                 return value if redacted is plain else redacted
-            if by_key and key is not None:
+            # A key that is no str (an int: JSON writes it as digits) names no credential.
+            if by_key and isinstance(key, str):
                 whole = self._by_key(key, value)
                 if whole is not None:
                     return whole

@@ -13,6 +13,7 @@ on every string of the value, with no narrowing and no kept verdicts.
 from __future__ import annotations
 
 import dataclasses
+from types import MappingProxyType
 
 import orjson
 from hypothesis import example, given, settings
@@ -203,3 +204,18 @@ def test_a_non_str_key_names_no_credential_and_its_value_is_still_redacted() -> 
             1: ["x"],
             None: "y",
         }
+
+
+def test_a_mapping_that_is_no_dict_is_walked_as_the_dict_it_stands_for() -> None:
+    # orjson refuses one, so every rule is kept: the walk then handed it back untested
+    # (the LangGraph store embeds what redact_json gives of a put's value).
+    secret = SECRETS[2][1]
+    for redactor in REDACTORS:
+        proxy = MappingProxyType({"a": secret, "password": "hunter22"})
+        assert redactor.redact_json(proxy) == {
+            "a": "[REDACTED:api_key]",
+            "password": "[REDACTED:password]",
+        }
+        assert redactor.redact_json([{"x": proxy}]) == [{"x": redactor.redact_json(proxy)}]
+        clean = MappingProxyType({"a": "nothing to hide here"})
+        assert redactor.redact_json(clean) is clean

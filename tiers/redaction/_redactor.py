@@ -342,7 +342,8 @@ class Redactor:
         A string under a key naming a credential (``password``, ``api_key``,
         ``clientSecret``, ``Authorization``...) is replaced whole when it looks
         like one; ``key`` is the label of ``value`` itself (a fact's key). A
-        tuple is walked as a list (JSON's form of it) and given back as a tuple.
+        tuple is walked as a list (JSON's form of it) and given back as a tuple;
+        a mapping that is no dict is walked, and given back when changed, as a dict.
         """
         return self._redact_json(value, key, None)
 
@@ -499,6 +500,12 @@ class Redactor:
             if out is None:
                 return value
             return out if isinstance(value, list) else tuple(out)
+        if isinstance(value, Mapping):
+            # Another mapping (a MappingProxyType): orjson refuses it, so every rule was
+            # kept; it is walked as the dict JSON makes of it.
+            as_dict = dict(value)
+            new = self._walk(as_dict, key, rule_set, by_key)
+            return value if new is as_dict else new
         return value
 
     def _by_key(self, key: str, value: str) -> str | None:

@@ -458,7 +458,7 @@ class Redactor:
                 self._narrowed[chosen] = rule_set
         return rule_set, by_key
 
-    def _walk(self, value: object, key: object, rule_set: _RuleSet, by_key: bool) -> object:
+    def _walk(self, value: object, key: str | None, rule_set: _RuleSet, by_key: bool) -> object:
         if isinstance(value, str):
             if type(value) is not str:
                 plain = _plain(value)

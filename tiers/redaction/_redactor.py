@@ -461,10 +461,12 @@ class Redactor:
     def _walk(self, value: object, key: str | None, rule_set: _RuleSet, by_key: bool) -> object:
         if isinstance(value, str):
             if type(value) is not str:
-                plain = _plain(value)
+                # A subclass's own methods (lower, __contains__) are not str's: its text is
+                # judged as a str, and the verdict kept is of that text.
+                plain = str.__str__(value)
                 redacted = self._walk(plain, key, rule_set, by_key)
                 return value if redacted is plain else redacted
-            # A key that is no str (an int: JSON writes it as digits) names no credential.
+            # A key that is no str (an int: then orjson refused the value) names no credential.
             if by_key and isinstance(key, str):
                 whole = self._by_key(key, value)
                 if whole is not None:
@@ -500,9 +502,9 @@ class Redactor:
             if out is None:
                 return value
             return out if isinstance(value, list) else tuple(out)
-        if isinstance(value, Mapping):
-            # Another mapping (a MappingProxyType): orjson refuses it, so every rule was
-            # kept; it is walked as the dict JSON makes of it.
+        # Another mapping (a MappingProxyType) is walked as the dict JSON makes of it. orjson
+        # refuses one, so a value holding it kept every rule: other rule sets need no test.
+        if rule_set is self._all and isinstance(value, Mapping):
             as_dict = dict(value)
             new = self._walk(as_dict, key, rule_set, by_key)
             return value if new is as_dict else new

@@ -219,3 +219,15 @@ def test_a_mapping_that_is_no_dict_is_walked_as_the_dict_it_stands_for() -> None
         assert redactor.redact_json([{"x": proxy}]) == [{"x": redactor.redact_json(proxy)}]
         clean = MappingProxyType({"a": "nothing to hide here"})
         assert redactor.redact_json(clean) is clean
+
+
+def test_a_phone_label_of_two_words_is_found_whatever_space_is_between_them() -> None:
+    # The rule's pattern reads "call\s+me"; its finder, where the pattern is matched, read
+    # "call me" with one space: two spaces, a newline or a tab hid the number.
+    redactor = REDACTORS[1]
+    for space in (" ", "  ", "\n", "\t", " \r\n ", "\x0b", "\x1f"):
+        for label in ("call", "Text", "reach"):
+            text = f"{label}{space}me 5551234 ok"
+            assert redactor.redact(text) == f"{label}{space}me [REDACTED:phone] ok", repr(text)
+            assert redactor.redact_json({"n": text}) == {"n": redactor.redact(text)}
+            assert redactor.redact_json([text, "x"]) == [redactor.redact(text), "x"]

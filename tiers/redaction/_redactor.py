@@ -242,7 +242,7 @@ class Redactor:
 
     def findings(self, text: str) -> list[Finding]:
         """What :meth:`redact` replaces in ``text``, in order, without overlaps."""
-        return self._find(text, self._all)
+        return self._find(_plain(text), self._all)
 
     def _find(self, text: str, rule_set: _RuleSet) -> list[Finding]:
         """:meth:`findings` by the rules of ``rule_set`` (all rules, or those a value can match)."""
@@ -311,7 +311,9 @@ class Redactor:
 
     def redact(self, text: str) -> str:
         """``text`` with every finding replaced by its placeholder."""
-        return self._redact(text, self._all)
+        plain = _plain(text)
+        redacted = self._redact(plain, self._all)
+        return text if redacted is plain else redacted
 
     def _redact(self, text: str, rule_set: _RuleSet) -> str:
         # A placeholder borders its neighbours differently from what it replaced: a number
@@ -339,7 +341,9 @@ class Redactor:
 
         A string under a key naming a credential (``password``, ``api_key``,
         ``clientSecret``, ``Authorization``...) is replaced whole when it looks
-        like one; ``key`` is the label of ``value`` itself (a fact's key).
+        like one; ``key`` is the label of ``value`` itself (a fact's key). A
+        tuple is walked as a list (JSON's form of it) and given back as a tuple;
+        a mapping that is no dict is walked, and given back when changed, as a dict.
         """
         return self._redact_json(value, key, None)
 
@@ -456,7 +460,14 @@ class Redactor:
 
     def _walk(self, value: object, key: str | None, rule_set: _RuleSet, by_key: bool) -> object:
         if isinstance(value, str):
-            if by_key and key is not None:
+            if type(value) is not str:
+                # A subclass's own methods (lower, __contains__) are not str's: its text is
+                # judged as a str, and the verdict kept is of that text.
+                plain = str.__str__(value)
+                redacted = self._walk(plain, key, rule_set, by_key)
+                return value if redacted is plain else redacted
+            # A key that is no str (an int: then orjson refused the value) names no credential.
+            if by_key and isinstance(key, str):
                 whole = self._by_key(key, value)
                 if whole is not None:
                     return whole
@@ -479,7 +490,8 @@ class Redactor:
                         changed = dict(value)
                     changed[k] = new
             return value if changed is None else changed
-        if isinstance(value, list):
+        # A tuple too: its JSON text (where the rules were narrowed) is a list's.
+        if isinstance(value, (list, tuple)):
             out: list[object] | None = None
             for n, v in enumerate(value):
                 new = self._walk(v, key, rule_set, by_key)
@@ -487,7 +499,15 @@ class Redactor:
                     if out is None:
                         out = list(value)
                     out[n] = new
-            return value if out is None else out
+            if out is None:
+                return value
+            return out if isinstance(value, list) else tuple(out)
+        # Another mapping (a MappingProxyType) is walked as the dict JSON makes of it. orjson
+        # refuses one, so a value holding it kept every rule: other rule sets need no test.
+        if rule_set is self._all and isinstance(value, Mapping):
+            as_dict = dict(value)
+            new = self._walk(as_dict, key, rule_set, by_key)
+            return value if new is as_dict else new
         return value
 
     def _by_key(self, key: str, value: str) -> str | None:
@@ -514,6 +534,16 @@ class Redactor:
     def __repr__(self) -> str:
         custom = f", patterns={sorted(self._custom)}" if self._custom else ""
         return f"Redactor({self.mode!r}{custom})"
+
+
+def _plain(text: str) -> str:
+    """``text`` as a str itself (the same object when it is one).
+
+    A subclass's own methods (``lower``, ``__contains__``, ``__len__``) may hide
+    what the rules look for, and a verdict kept of its text would then hide it
+    in every str with that text.
+    """
+    return text if type(text) is str else str.__str__(text)
 
 
 OFF: Final = Redactor("off")

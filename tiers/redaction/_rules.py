@@ -247,7 +247,10 @@ def _pii_rules() -> list[_Rule]:
             r"(?:\s*(?i:number|no\.?|#))?\s*(?:(?i:is|at|on)\s+|:\s*)?"
             r"(?P<v>\+?\(?\d[\d ().\-]{5,18}\d)(?![\w\-])",
             _word_start(_group("phone", "v", _digit_count(7, 15))),
-            finder="phone|tel|mobile|cell|whatsapp|sms|fax|call me|text me|reach me",
+            # The pattern's "\s+" between two words: as it is in a string, and as JSON writes
+            # it (\n, \t, \u001f...) in the value's text the narrowing searches.
+            finder=r"phone|tel|mobile|cell|whatsapp|sms|fax"
+            r"|(?:call|text|reach)(?:\s|\\(?:[tnrf]|u00[01][0-9a-f]))+me",
             words=("phone", "tel", "mobile", "cell", "whatsapp", "sms", "fax", "me"),
             digits=_PHONE_DIGITS,
         ),

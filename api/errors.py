@@ -178,7 +178,10 @@ _HTTP_ADVICE: tuple[tuple[re.Pattern[str], str], ...] = tuple(
             r"output=\.\.\. \(the effect happened\) or rerun=True \(it did not\)",
             '"output" (the effect happened) or "rerun": true (it did not)',
         ),
-        (r"TaskTier\.approve/reject", "POST /v1/runs/{run_id}:approve or :reject"),
+        (
+            r"Memory\.approve_run/reject_run \(TaskTier\.approve/reject\)",
+            "POST /v1/runs/{run_id}:approve or :reject",
+        ),
         (
             r"raise the budget with TaskTier\.set_budget, or finish the run",
             "finish the run (POST /v1/runs/{run_id}:complete) and start another with a larger "

@@ -329,8 +329,8 @@ def test_run_operations_through_the_facade(memory: Memory) -> None:
     plan = {"refund": 42.0, "to": "card"}
     run = memory.start_run("u1", "r-approve")
     run.step("prepare", lambda: {"ok": True})
-    with pytest.raises(ApprovalPendingError):
-        run.await_approval(plan)
+    with pytest.raises(ApprovalPendingError, match=r"Memory\.approve_run/reject_run"):
+        run.await_approval(plan)  # the error names the call a Memory user makes
     assert memory.get_run("r-approve").status.value == "paused"
     with pytest.raises(PlanMismatchError):
         memory.approve_run("r-approve", input_hash({"refund": 999}), by="ops")

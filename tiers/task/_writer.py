@@ -234,7 +234,7 @@ class RunWriter:
         return ApprovalPendingError(
             f"run {self.run_id!r} is paused awaiting approval of plan {plan_hash[:12]}... "
             f"(gate {gate!r}): stop this worker; approve or reject it with "
-            "TaskTier.approve/reject, then resume the run",
+            "Memory.approve_run/reject_run (TaskTier.approve/reject), then resume the run",
             run_id=self.run_id,
             plan_hash=plan_hash,
             approval_key=gate,

@@ -15,15 +15,14 @@ descriptors at close. No timing is asserted.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import threading
-import warnings
 from pathlib import Path
 
 import pytest
 
 from memory import Memory
+from tests.forking import in_forked_child
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.backends.sqlite_kv import SqliteKVStore
@@ -162,22 +161,14 @@ def test_a_base_exception_in_a_read_ends_its_worker_and_the_next_job_gets_anothe
 def test_a_child_forked_while_a_worker_is_counted_free_serves_its_recall() -> None:
     crew = _reads._Crew(1)
     assert crew.start_warm(lambda: None)  # then idle for IDLE_S, counted free
-    read_end, write_end = os.pipe()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads running
-        child = os.fork()
-    if child == 0:  # pragma: no cover - the child reports through the pipe
-        try:
-            job = Job()
-            handed = crew.hand_over(job)
-            served = job._done.wait(10)  # the parent's worker is not in the child
-            os.write(write_end, json.dumps([handed, served, job.ran_in]).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        reported = json.loads(pipe.read())
-    os.waitpid(child, 0)
+
+    def check() -> list[object]:
+        job = Job()
+        handed = crew.hand_over(job)
+        served = job._done.wait(10)  # the parent's worker is not in the child
+        return [handed, served, job.ran_in]
+
+    reported = in_forked_child(check)
     _stop_and_join(crew)
     assert reported == [True, True, WORKER]
 

@@ -15,12 +15,10 @@ the index is only wrapped to observe and hold reads.
 from __future__ import annotations
 
 import gc
-import json
 import os
 import queue
 import sqlite3
 import threading
-import warnings
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -30,6 +28,7 @@ import numpy.typing as npt
 import pytest
 
 from memory import Memory
+from tests.forking import in_forked_child
 from tests.waiting import wait_until
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
@@ -464,31 +463,23 @@ def test_a_child_forked_after_lending_borrows_only_its_own_workers() -> None:
     lender = _reads._Crew(1)
     assert lender.hand_over(done := Job())  # a worker of the parent's, then idle and lendable
     assert done._done.wait(60)
-    read_end, write_end = os.pipe()
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads running
-        child = os.fork()
-    if child == 0:  # pragma: no cover - the child reports through the pipe
-        try:
-            cap = _reads._process_workers  # the child's own, every place free
-            for _ in range(_reads.MAX_PROCESS_READ_WORKERS):
-                assert cap.acquire(blocking=False)
-            # Past the cap, the only free worker being the parent's (not here): none to borrow.
-            alone = _reads._Crew(1).hand_over(Job())
-            cap.release()
-            own = _reads._Crew(1)
-            assert own.hand_over(first := Job())  # the child's own worker takes the last place
-            assert first._done.wait(10)
-            job = Job()
-            lent = _reads._Crew(1).hand_over(job)  # past the cap: the child's worker is lent
-            served = job._done.wait(10)
-            os.write(write_end, json.dumps([alone, lent, served, job.ran_in]).encode())
-        finally:
-            os._exit(0)
-    os.close(write_end)
-    with os.fdopen(read_end, "rb") as pipe:
-        reported = json.loads(pipe.read())
-    os.waitpid(child, 0)
+
+    def check() -> list[object]:
+        cap = _reads._process_workers  # the child's own, every place free
+        for _ in range(_reads.MAX_PROCESS_READ_WORKERS):
+            assert cap.acquire(blocking=False)
+        # Past the cap, the only free worker being the parent's (not here): none to borrow.
+        alone = _reads._Crew(1).hand_over(Job())
+        cap.release()
+        own = _reads._Crew(1)
+        assert own.hand_over(first := Job())  # the child's own worker takes the last place
+        assert first._done.wait(10)
+        job = Job()
+        lent = _reads._Crew(1).hand_over(job)  # past the cap: the child's worker is lent
+        served = job._done.wait(10)
+        return [alone, lent, served, job.ran_in]
+
+    reported = in_forked_child(check)
     for thread in lender.stop():
         thread.join(60)
     assert reported == [False, True, True, WORKER]

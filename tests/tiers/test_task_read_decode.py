@@ -20,7 +20,6 @@ import gc
 import os
 import sys
 import threading
-import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from datetime import UTC, datetime
@@ -34,6 +33,7 @@ from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from pydantic import JsonValue
 
+from tests.forking import in_forked_child
 from tiers import keys
 from tiers.backends._sqlite_connections import READ_MMAP_BYTES
 from tiers.backends.base import Put
@@ -349,22 +349,13 @@ def test_a_decode_started_at_any_instruction_of_another_leaves_the_collector_on(
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="needs fork")
 @pytest.mark.usefixtures("collector_on")
 def test_a_child_forked_while_another_thread_decodes_has_its_collector_back() -> None:
+    def check() -> list[object]:
+        after_fork = gc.isenabled()
+        decoded = len(decode_run_checkpoints(RUN, _clean_page(2), _exact))
+        return [after_fork, decoded, gc.isenabled()]
+
     with _a_page_held_mid_decode():
-        read_end, write_end = os.pipe()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", DeprecationWarning)  # fork with threads running
-            child = os.fork()
-        if child == 0:  # pragma: no cover - the child reports through the pipe
-            try:
-                after_fork = gc.isenabled()
-                decoded = len(decode_run_checkpoints(RUN, _clean_page(2), _exact))
-                os.write(write_end, orjson.dumps([after_fork, decoded, gc.isenabled()]))
-            finally:
-                os._exit(0)
-        os.close(write_end)
-        with os.fdopen(read_end, "rb") as pipe:
-            reported = orjson.loads(pipe.read())
-        os.waitpid(child, 0)
+        reported = in_forked_child(check)
     assert reported == [True, 2, True]
     assert gc.isenabled()
 

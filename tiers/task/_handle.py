@@ -283,7 +283,7 @@ class RunHandle:
                     self._writer.check_writable(info, compensating=self._writer.compensation_only)
                 if self._writer.lease_ttl is None:
                     return None
-                now = self._store.now()
+                now = self._store.clock()
                 expires = now + timedelta(seconds=self._writer.lease_ttl)
                 new = info.model_copy(update={"lease_expires_at": expires, "updated_at": now})
                 data = encode(new)

@@ -342,7 +342,7 @@ class Queries:
         Raises:
             InvalidInputError: Bad ``after`` or ``limit``.
         """
-        at = self.store.now() if now is None else now
+        at = self.store.clock() if now is None else now
 
         def resumable(run: RunInfo) -> bool:
             return (

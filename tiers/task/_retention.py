@@ -79,7 +79,7 @@ class Retention:
         Returns:
             The ids of the deleted runs.
         """
-        at = self.store.now() if now is None else now
+        at = self.store.clock() if now is None else now
         cutoff = at - self.store.retention
 
         def expired(info: RunInfo) -> bool:
@@ -111,7 +111,7 @@ class Retention:
         """
         if not isinstance(idle, timedelta) or idle <= timedelta(0):
             raise InvalidInputError("idle must be a timedelta > 0", field="idle")
-        at = self.store.now() if now is None else now
+        at = self.store.clock() if now is None else now
         cutoff = at - idle
 
         def expired(info: RunInfo) -> bool:

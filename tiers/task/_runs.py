@@ -87,7 +87,7 @@ class Runs:
         started = time.perf_counter()
         for attempt in range(cas.ATTEMPTS):
             data = self.store.read_head(run_id)
-            now = self.store.now()
+            now = self.store.clock()
             expires = None if ttl is None else now + timedelta(seconds=ttl)
             if data is None:
                 if user_id is None:

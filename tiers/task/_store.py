@@ -170,7 +170,7 @@ class RunStore:
         """
         if self._layout is None:
             self._layout, self.layout_stamp = task_format.resolve_layout(
-                self.kv, self.tenant, self.now(), may_stamp=taking
+                self.kv, self.tenant, self.clock(), may_stamp=taking
             )
         return self._layout
 
@@ -188,10 +188,6 @@ class RunStore:
             self.layout_stamp = None
         else:
             self._layout, self.layout_stamp = None, None
-
-    def now(self) -> datetime:
-        """The current UTC time, by the configured clock."""
-        return self.clock()
 
     def force_flush(self) -> None:
         """Block until every checkpoint and event acknowledged so far is durable.
@@ -278,7 +274,7 @@ class RunStore:
             if data is None:
                 raise RunNotFoundError(f"no run {run_id!r} in tenant {self.tenant!r}")
             info = self.decode_head(run_id, data)
-            txn = build(info, self.now())
+            txn = build(info, self.clock())
             if isinstance(txn, RunInfo):
                 return txn
             try:

@@ -128,7 +128,7 @@ class TaskTier:
 
     def _now(self) -> datetime:
         """The current UTC time, by the tier's clock."""
-        return self._store.now()
+        return self._store.clock()
 
     def start_run(
         self,

@@ -91,7 +91,7 @@ class TimeTravel:
             cursor = by_id.get(cursor.parent_id) if cursor.parent_id else None
         path.reverse()
         values = self.store.values_at(run_id, target.seq)
-        now = self.store.now()
+        now = self.store.clock()
         new_space = keys.run_space(self.store.tenant, new_id)
         prefix = f"{run_id}/"
         base = RunInfo(

@@ -29,7 +29,7 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import Response
+from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from api.schemas.problems import FieldError, Problem
@@ -50,6 +50,7 @@ logger = logging.getLogger("tiermem.api")
 __all__ = [
     "ERROR_MAP",
     "INTERNAL",
+    "JSONRPC_REFUSED",
     "PROBLEM_MEDIA_TYPE",
     "PROBLEM_TYPE_PREFIX",
     "ApiError",
@@ -63,6 +64,7 @@ __all__ = [
     "field_errors",
     "http_detail",
     "install_error_handlers",
+    "jsonrpc_problem_response",
     "problem_for",
     "problem_response",
     "problem_responses",
@@ -71,6 +73,8 @@ __all__ = [
 ]
 
 PROBLEM_MEDIA_TYPE = "application/problem+json"
+JSONRPC_REFUSED = -32001
+"""JSON-RPC error code of a request the server refused before reading it (a server-defined code)."""
 
 
 class ApiError(Exception):
@@ -260,6 +264,30 @@ def problem_response(problem: Problem, *, headers: Mapping[str, str] | None = No
         media_type=PROBLEM_MEDIA_TYPE,
         headers=dict(headers or {}),
     )
+
+
+def jsonrpc_problem_response(request: Request, exc: ApiError | ApiKeyError) -> Response:
+    """A refusal of an MCP request, made before the MCP SDK read it, as problem and JSON-RPC error.
+
+    MCP clients show a non-2xx answer's text only when its ``application/json``
+    body is a JSON-RPC error (the MCP SDK's client reports any other body as
+    "Server returned an error response"), so the body holds the problem's
+    members and ``jsonrpc``, ``id`` (``null``: the request was not read) and an
+    ``error`` whose message is the problem's status, title and detail.
+    """
+    spec = spec_for(exc)
+    problem = problem_for(exc, instance=request.url.path, request_id=request_id_of(request))
+    body: dict[str, Any] = problem.model_dump(mode="json", exclude_none=True)
+    body.update(
+        jsonrpc="2.0",
+        id=None,
+        error={
+            "code": JSONRPC_REFUSED,
+            "message": f"{problem.status} {problem.title}: {problem.detail}",
+            "data": {"type": problem.type, "status": problem.status},
+        },
+    )
+    return JSONResponse(body, status_code=problem.status, headers=_headers_for(spec.status, None))
 
 
 def request_id_of(request: Request) -> str | None:

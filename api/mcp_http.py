@@ -37,9 +37,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from api.app import create_app
 from api.deps import authenticate
+from api.errors import ApiError, jsonrpc_problem_response
 from api.logs import logging_config
 from api.server import open_memory, uvicorn_options
 from api.state import Principal, ServiceState
+from memory.apikeys import ApiKeyError
 from memory.facade import Memory
 from memory.integrations import require
 from memory.integrations.mcp import CallerResolver, McpCaller, build_server
@@ -61,9 +63,11 @@ _CALLER = "tiermem.mcp.principal"
 class _McpAuth:
     """ASGI gate in front of the MCP session manager: authenticate, then hand the request on.
 
-    Errors of :func:`authenticate` propagate to the app's error handlers (a
-    401 problem+json). The principal is kept in the request's scope, where
-    the tools' :func:`_caller` reads it back for each tool call.
+    A refusal of :func:`authenticate` is answered here, as a problem that is
+    also a JSON-RPC error (:func:`api.errors.jsonrpc_problem_response`); its
+    other errors (a store that is down) propagate to the app's error handlers.
+    The principal is kept in the request's scope, where the tools'
+    :func:`_caller` reads it back for each tool call.
     """
 
     def __init__(self, app: ASGIApp) -> None:
@@ -73,7 +77,12 @@ class _McpAuth:
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         # FastAPI's router records only its own routes; metrics and the access log need this one.
         scope["route"] = self.route
-        principal = await authenticate(Request(scope, receive))
+        request = Request(scope, receive)
+        try:
+            principal = await authenticate(request)
+        except (ApiError, ApiKeyError) as exc:
+            await jsonrpc_problem_response(request, exc)(scope, receive, send)
+            return
         scope.setdefault("state", {})[_CALLER] = principal
         if principal.key_id is not None:
             # The SDK binds a new MCP session to this user and refuses it to any other.

@@ -22,6 +22,7 @@ import pytest
 from mcp import Client, ClientSession, StdioServerParameters, stdio_client
 from mcp.client.streamable_http import streamable_http_client
 from mcp.shared._httpx_utils import create_mcp_http_client
+from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, Implementation, TextContent
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
@@ -394,6 +395,26 @@ def http_server(
         server.stop()
 
 
+def test_http_refusals_name_their_fix_in_the_mcp_client(http_server: HttpServer) -> None:
+    # The MCP SDK's client shows a refusal's text only when it is a JSON-RPC error; any
+    # other body becomes "Server returned an error response", whatever the problem was.
+    async def refusal(headers: dict[str, str]) -> str:
+        async with (
+            create_mcp_http_client(headers=headers) as http,
+            streamable_http_client(http_server.url, http_client=http) as (read, write),
+            ClientSession(read, write, client_info=CLIENT) as session,
+        ):
+            with pytest.raises(MCPError) as refused:
+                await session.initialize()
+        return refused.value.error.message
+
+    no_key = anyio.run(refusal, {})
+    assert no_key.startswith("401 Unauthorized: no API key: send 'Authorization: Bearer <key>'")
+    assert "tiermem keys create" in no_key
+    bad_key = anyio.run(refusal, {"Authorization": "Bearer tmk_000000000000_" + "x" * 43})
+    assert bad_key == "401 Unauthorized: unknown API key: ask the operator for a valid key"
+
+
 async def with_key(url: str, key: str, work: Any) -> None:
     """Run ``work(session)`` in an MCP session opened with ``key``."""
     async with (
@@ -499,8 +520,10 @@ def test_http_refuses_missing_bad_and_foreign_keys_and_read_only_writes(
         for key in (None, "tmk_000000000000_" + "x" * 43, "not-a-key"):
             refused = http.post(http_server.url, **_initialize(key))
             assert refused.status_code == 401, refused.text
-            assert refused.headers["content-type"] == "application/problem+json"
-            assert refused.json()["type"] == "urn:tiermem:problem:unauthorized"
+            assert refused.headers["content-type"] == "application/json"
+            body = refused.json()
+            assert body["type"] == "urn:tiermem:problem:unauthorized"
+            assert body["error"]["message"] == f"401 Unauthorized: {body['detail']}"
         # An MCP session belongs to the key that opened it: any other key gets 404.
         opened = http.post(http_server.url, **_initialize(keys.a))
         assert opened.status_code == 200, opened.text

@@ -494,11 +494,11 @@ class _Tools:
             runs = c.memory.list_runs(
                 user_id=user_filter(c.user_id, user_id), status=RunStatus.PAUSED
             )
+            waiting = [(run.pending_approval, run) for run in runs if run.pending_approval]
+            # Oldest request first, by the time itself (its text does not sort).
+            waiting.sort(key=lambda gate: (gate[0].requested_at, gate[1].run_id))
             gates = []
-            for run in runs:
-                pending = run.pending_approval
-                if pending is None:
-                    continue
+            for pending, run in waiting:
                 record = c.memory.tasks.approval(run.run_id, pending.key)
                 gates.append(
                     {
@@ -507,13 +507,13 @@ class _Tools:
                         "approval_key": pending.key,
                         "plan_hash": pending.plan_hash,
                         "plan": record.plan if record is not None else None,
-                        "requested_at": pending.requested_at.isoformat(),
+                        # Written as get_run writes it (``...Z``), like every time the tools return.
+                        "requested_at": pending.model_dump(mode="json")["requested_at"],
                     }
                 )
             return gates
 
         gates = self._call(ctx, read, writes=False, user_id=user_id)
-        gates.sort(key=lambda gate: (gate["requested_at"], gate["run_id"]))
         return {"approvals": gates}
 
     def approve_run(

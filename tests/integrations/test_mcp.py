@@ -230,6 +230,8 @@ async def exercise_every_tool(
         ("deploy-1", "deploy", hashes["deploy-1"]),
         ("deploy-2", "refund", hashes["deploy-2"]),
     ]
+    # A gate's time is written as get_run (and every other tool) writes times.
+    assert pending["approvals"][0]["requested_at"] == run["pending_approval"]["requested_at"]
     # The approver sees what it approves: the frozen plan, not only its hash.
     assert [g["plan"] for g in pending["approvals"]] == [
         plans(tenant)["deploy-1"][1],

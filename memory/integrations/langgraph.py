@@ -10,7 +10,7 @@ Install with ``pip install 'tiermem[langgraph]'``::
     graph.invoke({"messages": [...]}, {"configurable": {"thread_id": "user:42/chat"}})
 
 **Storage.** :class:`TiermemSaver` stores threads in the memory's
-:class:`~tiers.threads.ThreadTier` (any KV backend: SQLite, Redis): any string
+:class:`~tiers.threads.ThreadTier` (any KV backend: SQLite, Redis, PostgreSQL): any string
 is a thread id or namespace; a channel's value is stored once per version,
 never again while it is unchanged; ``get_tuple`` (latest or by id) reads one
 checkpoint, its values and writes, never the whole thread; ``list`` pages newest

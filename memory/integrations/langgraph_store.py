@@ -13,7 +13,7 @@ Install with ``pip install 'tiermem[langgraph]'``::
     store.search(("memories", "alice"), query="favourite food")  # pizza first
 
 Items live in the memory's :class:`~tiers.items.ItemStore` (any KV backend:
-SQLite, Redis; vectors in the memory's vector index), under the memory's
+SQLite, Redis, PostgreSQL; vectors in the memory's vector index), under the memory's
 tenant: ``TiermemStore(memory.for_tenant("acme"))`` never sees another
 tenant's items.
 

@@ -36,9 +36,10 @@ ROOT = Path(__file__).resolve().parents[2]
 REPORTS: list[CapabilityReport] = []
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis_url", "postgres_url"])
 def settings(request: pytest.FixtureRequest, tmp_path: Path) -> Settings:
-    kv_url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    # The embedded default, or the URL fixture of a KV server.
+    kv_url = None if request.param == "sqlite" else request.getfixturevalue(request.param)
     return Settings(data_dir=tmp_path / "data", kv_url=kv_url)
 
 
@@ -96,7 +97,7 @@ def stored_rows(kv: KVStore, memory: Memory, thread_id: str) -> list[tuple[str, 
 
 
 def test_conformance_suite_passes_every_capability(memory: Memory, settings: Settings) -> None:
-    backend = "redis" if settings.kv_url else "sqlite"
+    backend = settings.kv_url.split(":", 1)[0] if settings.kv_url else "sqlite"
 
     @checkpointer_test(name=f"TiermemSaver on {backend}")
     async def factory() -> Any:
@@ -377,13 +378,13 @@ WORKER = textwrap.dedent(
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("backend", ["sqlite", "redis"])
+@pytest.mark.parametrize("backend", ["sqlite", "redis_url", "postgres_url"])
 def test_two_processes_on_one_thread_never_fork_it(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
     # Two processes share the KV store; each has its own embedded Chroma folder (one
     # process per Chroma folder; the checkpointer does not use it).
-    kv_url = request.getfixturevalue("redis_url") if backend == "redis" else str(tmp_path / "kv.db")
+    kv_url = str(tmp_path / "kv.db") if backend == "sqlite" else request.getfixturevalue(backend)
     shared = Settings(data_dir=tmp_path / "unused", kv_url=kv_url)
     script = tmp_path / "worker.py"
     script.write_text(WORKER)

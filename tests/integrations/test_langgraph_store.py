@@ -61,9 +61,10 @@ class Clock:
         self.now += timedelta(**delta)
 
 
-@pytest.fixture(params=["sqlite", "redis"])
+@pytest.fixture(params=["sqlite", "redis_url", "postgres_url"])
 def memory(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Memory]:
-    kv_url = request.getfixturevalue("redis_url") if request.param == "redis" else None
+    # The embedded default, or the URL fixture of a KV server.
+    kv_url = None if request.param == "sqlite" else request.getfixturevalue(request.param)
     mem = Memory.from_settings(
         Settings(data_dir=tmp_path / "data", kv_url=kv_url, max_value_bytes=64 * 1024)
     )

@@ -26,7 +26,7 @@ from langgraph.checkpoint.conformance.report import CapabilityReport
 from langgraph.graph import END, START, StateGraph
 from langgraph.graph.message import add_messages
 
-from memory import Memory, Settings
+from memory import Memory, Settings, StoreClosedError
 from memory.integrations.langgraph import NOT_DONE, TiermemSaver, effect
 from tests.waiting import wait_until
 from tiers.backends.base import KVStore
@@ -121,6 +121,17 @@ def test_conformance_suite_passes_every_capability(memory: Memory, settings: Set
 
 
 # -- real graphs -------------------------------------------------------------------------
+
+
+def test_a_graph_used_after_its_memory_closed_says_how_to_reopen_it(settings: Settings) -> None:
+    # As after `with Memory.open(...) as memory:` ends while the compiled graph lives on.
+    memory = Memory.from_settings(settings)
+    graph = chat_graph(TiermemSaver(memory))
+    memory.close()
+    with pytest.raises(
+        StoreClosedError, match=r"open it again \(Memory\.open, or a new \w+KVStore"
+    ):
+        graph.invoke({"messages": [HumanMessage("hi")]}, {"configurable": {"thread_id": "t"}})
 
 
 def test_a_chat_thread_grows_and_reads_back(memory: Memory) -> None:

@@ -77,7 +77,8 @@ class SqliteConnections:
     def closed_error(self) -> StoreClosedError:
         """The error every method raises once the store is closed."""
         return StoreClosedError(
-            f"the SQLite store at {self.path} is closed; open a new SqliteKVStore"
+            f"the SQLite store at {self.path} is closed; open it again (Memory.open, or a new "
+            "SqliteKVStore)"
         )
 
     def thread_reader(self) -> Reader:

@@ -276,7 +276,8 @@ class PostgresKVStore:
     def _closed_error(self, during: str | None = None) -> StoreClosedError:
         when = f" during a {during}" if during else ""
         return StoreClosedError(
-            f"the PostgreSQL store was closed{when}; open a new PostgresKVStore"
+            f"the PostgreSQL store was closed{when}; open it again (Memory.open, or a new "
+            "PostgresKVStore)"
         )
 
     @contextmanager

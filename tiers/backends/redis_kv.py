@@ -127,7 +127,9 @@ class RedisKVStore:
 
     def _ensure_open(self) -> None:
         if self._closed:
-            raise StoreClosedError("the Redis store is closed; open a new RedisKVStore")
+            raise StoreClosedError(
+                "the Redis store is closed; open it again (Memory.open, or a new RedisKVStore)"
+            )
 
     def _translate(self, what: str) -> _Translating:
         """``with`` it around a ``what`` (a read, a commit...): Redis's errors as this store's."""
@@ -515,7 +517,8 @@ class _Translating:
         if isinstance(exc, (redis.RedisError, RedisClusterException)):
             if self._store._closed:
                 raise StoreClosedError(
-                    f"the Redis store was closed during a {self._what}; open a new RedisKVStore"
+                    f"the Redis store was closed during a {self._what}; open it again "
+                    "(Memory.open, or a new RedisKVStore)"
                 ) from exc
             raise BackendUnavailableError(f"Redis {self._what} failed: {exc}") from exc
 

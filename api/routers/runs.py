@@ -250,7 +250,7 @@ def delete_run(run_id: RunIdPath, memory: WriteMemory) -> None:
     /v1/runs`` with the same id later starts a new run.
     """
     if not memory.delete_run(run_id):
-        raise RunNotFoundError(f"no run {run_id!r}")
+        raise RunNotFoundError.absent(run_id, memory.tenant)
 
 
 @router.post(

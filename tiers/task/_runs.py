@@ -91,7 +91,7 @@ class Runs:
             expires = None if ttl is None else now + timedelta(seconds=ttl)
             if data is None:
                 if user_id is None:
-                    raise RunNotFoundError(f"no run {run_id!r} in tenant {self.store.tenant!r}")
+                    raise RunNotFoundError.absent(run_id, self.store.tenant)
                 base = RunInfo(
                     run_id=run_id,
                     user_id=user_id,
@@ -216,7 +216,7 @@ class Runs:
         check_id(run_id, "run_id")
         data = self.store.read_head(run_id)
         if data is None:
-            raise RunNotFoundError(f"no run {run_id!r}")
+            raise RunNotFoundError.absent(run_id, self.store.tenant)
         info = self.store.decode_head(run_id, data)
         if incarnation is not None and info.incarnation != incarnation:
             raise RunNotFoundError(

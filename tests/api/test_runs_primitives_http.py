@@ -133,6 +133,7 @@ _BODIES: dict[str, dict[str, Any]] = {
     "update_run_state": {"checkpoint_id": "c1", "values": {}},
     "resolve_effect": {"idempotency_key": "k", "rerun": True},
     "cancel_run": {},
+    "set_budget": {"budget_tokens": 5},
     "approve_run": {"plan_hash": "a" * 64},
     "reject_run": {"plan_hash": "a" * 64},
     "fork_run": {"checkpoint_id": "c1"},

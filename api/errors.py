@@ -187,9 +187,12 @@ _HTTP_ADVICE: tuple[tuple[re.Pattern[str], str], ...] = tuple(
             "POST /v1/runs/{run_id}:approve or :reject",
         ),
         (
-            r"raise the budget with TaskTier\.set_budget, or finish the run",
-            "finish the run (POST /v1/runs/{run_id}:complete) and start another with a larger "
-            "budget",
+            r"Memory\.set_budget \(TaskTier\.set_budget\)",
+            "POST /v1/runs/{run_id}:set-budget",
+        ),
+        (
+            r"tokens=, cost= or both \(None: unlimited\)",
+            '"budget_tokens", "budget_cost" or both (null: unlimited)',
         ),
         (
             r", or acquire it with for_compensation=True to undo its effects",

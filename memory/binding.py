@@ -72,6 +72,5 @@ def owned_run(memory: Memory, run_id: str, user_id: str) -> RunInfo:
     """
     info = memory.get_run(run_id)
     if info.user_id != user_id:
-        # Word for word what TaskTier.get_run says of an absent run.
-        raise RunNotFoundError(f"no run {run_id!r} in tenant {memory.tenant!r}")
+        raise RunNotFoundError.absent(run_id, memory.tenant)
     return info

@@ -486,6 +486,22 @@ class MemoryClient:
         """Cancel a run: every worker's next write is refused."""
         return _run(self._json("POST", f"/v1/runs/{_id(run_id, 'run_id')}:cancel"))
 
+    def set_budget(
+        self,
+        run_id: str,
+        *,
+        tokens: int | None = UNSET,
+        cost: float | None = UNSET,
+        by: str = "operator",
+    ) -> RunInfo:
+        """See :meth:`memory.Memory.set_budget`."""
+        body: dict[str, Any] = {"by": by}
+        if tokens is not UNSET:
+            body["budget_tokens"] = tokens
+        if cost is not UNSET:
+            body["budget_cost"] = cost
+        return _run(self._json("POST", f"/v1/runs/{_id(run_id, 'run_id')}:set-budget", json=body))
+
     def approve_run(
         self, run_id: str, plan_hash: str, *, by: str, note: str | None = None
     ) -> Approval:

@@ -51,6 +51,18 @@ class RunMethods:
         """Cancel a run; its worker stops at its next step boundary."""
         return self._runs.cancel_run(run_id)
 
+    def set_budget(
+        self,
+        run_id: str,
+        *,
+        tokens: int | None = UNSET,
+        cost: float | None = UNSET,
+        by: str = "operator",
+        by_key: str | None = None,
+    ) -> RunInfo:
+        """Change a run's token and/or cost budget (a limit not given stays; ``None``: unlimited)."""
+        return self._runs.set_budget(run_id, tokens=tokens, cost=cost, by=by, by_key=by_key)
+
     def approve_run(
         self,
         run_id: str,

@@ -237,6 +237,20 @@ class AsyncMemory:
         """See :meth:`Memory.cancel_run`."""
         return await self._call(self.sync.cancel_run, run_id)
 
+    async def set_budget(
+        self,
+        run_id: str,
+        *,
+        tokens: int | None = UNSET,
+        cost: float | None = UNSET,
+        by: str = "operator",
+        by_key: str | None = None,
+    ) -> RunInfo:
+        """See :meth:`Memory.set_budget`."""
+        return await self._call(
+            self.sync.set_budget, run_id, tokens=tokens, cost=cost, by=by, by_key=by_key
+        )
+
     async def approve_run(
         self,
         run_id: str,

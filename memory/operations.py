@@ -132,6 +132,7 @@ OPERATIONS: tuple[Operation, ...] = (
         local_params=_BY_KEY,
     ),
     Operation("cancel_run", remote=True, route=_post(f"{_RUN}:cancel")),
+    Operation("set_budget", remote=True, route=_post(f"{_RUN}:set-budget"), local_params=_BY_KEY),
     Operation("approve_run", remote=True, route=_post(f"{_RUN}:approve"), local_params=_BY_KEY),
     Operation("reject_run", remote=True, route=_post(f"{_RUN}:reject"), local_params=_BY_KEY),
     Operation("fork_run", remote=True, route=_post(f"{_RUN}:fork")),

@@ -68,6 +68,33 @@ class RunOperations:
         """Cancel a run; its worker stops at its next step boundary."""
         return self._tasks.cancel(run_id)
 
+    def set_budget(
+        self,
+        run_id: str,
+        *,
+        tokens: int | None = UNSET,
+        cost: float | None = UNSET,
+        by: str = "operator",
+        by_key: str | None = None,
+    ) -> RunInfo:
+        """Change a run's token and/or cost budget: how a run that spent its budget goes on.
+
+        A limit not given stays as it is; ``None`` removes it (unlimited). The
+        run's worker sees the new budget at its next step (a step refused with
+        ``BudgetExceededError`` may be retried). A ``BudgetSet`` event records
+        the new limits with ``by`` and ``by_key`` (as for :meth:`approve_run`).
+
+        Returns:
+            The run's head with the new budget.
+
+        Raises:
+            InvalidInputError: Neither ``tokens`` nor ``cost`` given; a negative,
+                NaN or infinite budget, or a non-integer token budget; a bad ``by``
+                or ``by_key``.
+            RunNotFoundError: No such run.
+        """
+        return self._tasks.set_budget(run_id, tokens=tokens, cost=cost, by=by, by_key=by_key)
+
     def approve_run(
         self,
         run_id: str,

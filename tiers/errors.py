@@ -86,6 +86,15 @@ class NotFoundError(TierError):
 class RunNotFoundError(NotFoundError):
     """No run with that id exists (for this tenant)."""
 
+    @classmethod
+    def absent(cls, run_id: str, tenant: str) -> RunNotFoundError:
+        """The error for a run id that names no run: one wording wherever a run is looked up.
+
+        Every route under ``/v1/runs/{run_id}`` answers an absent run (and a
+        user-bound key another user's run) with this message word for word.
+        """
+        return cls(f"no run {run_id!r} in tenant {tenant!r}")
+
 
 class CheckpointNotFoundError(NotFoundError):
     """No checkpoint with that id exists in the run."""

@@ -29,6 +29,7 @@ from api.schemas.runs import (
     ApprovalOut,
     ApprovalPendingOut,
     ApprovalRequest,
+    BudgetUpdate,
     CheckpointCreate,
     CheckpointList,
     CheckpointOut,
@@ -52,7 +53,7 @@ from api.state import Principal
 from memory.binding import user_filter
 from tiers.errors import ApprovalPendingError, CheckpointNotFoundError, RunNotFoundError
 from tiers.models import Checkpoint, RunInfo, RunStatus
-from tiers.task import EffectRecord
+from tiers.task import UNSET, EffectRecord
 
 router = APIRouter(
     prefix="/v1/runs",
@@ -250,7 +251,7 @@ def delete_run(run_id: RunIdPath, memory: WriteMemory) -> None:
     /v1/runs`` with the same id later starts a new run.
     """
     if not memory.delete_run(run_id):
-        raise RunNotFoundError(f"no run {run_id!r}")
+        raise RunNotFoundError.absent(run_id, memory.tenant)
 
 
 @router.post(
@@ -502,6 +503,31 @@ def decided_by(by: str | None, caller: Principal) -> str:
     if by is not None:
         return by
     return f"api-key:{caller.key_id}" if caller.key_id else "api"
+
+
+@router.post(
+    "/{run_id}:set-budget", name="set_budget", response_model=RunOut, responses=_WRITE_ERRORS
+)
+def set_budget(
+    run_id: RunIdPath, body: BudgetUpdate, memory: WriteMemory, caller: Caller
+) -> Response:
+    """Change the run's token and/or cost budget: how a run that spent its budget goes on.
+
+    A member left out keeps its limit; null removes it. The run's worker may
+    step again at once (its refused step is retried as usual). 422 for a body
+    with neither member or a bad value (negative, not finite, not a number, a
+    fractional or boolean token budget). The ``BudgetSet`` event records the
+    new limits with ``by`` and ``by_key``.
+    """
+    given = body.model_fields_set
+    info = memory.set_budget(
+        run_id,
+        tokens=body.budget_tokens if "budget_tokens" in given else UNSET,
+        cost=body.budget_cost if "budget_cost" in given else UNSET,
+        by=decided_by(body.by, caller),
+        by_key=caller.key_id,
+    )
+    return json_response(run_out(info))
 
 
 @router.post(

@@ -5,7 +5,7 @@ from __future__ import annotations
 from datetime import datetime
 from typing import Annotated, Any
 
-from pydantic import Field, JsonValue
+from pydantic import Field, JsonValue, StrictInt
 
 from api.schemas.common import NO_CONTROL_NON_BLANK, NON_BLANK, Id, RequestModel, ResponseModel
 from memory.resume_plan import ResumePlan
@@ -16,6 +16,10 @@ from tiers.task import MAX_NOTE, EffectStatus, EventKind
 StepName = Annotated[str, Field(min_length=1, max_length=256, pattern=NO_CONTROL_NON_BLANK)]
 IdempotencyKey = Annotated[str, Field(min_length=1, max_length=512, pattern=NO_CONTROL_NON_BLANK)]
 Decider = Annotated[str, Field(min_length=1, max_length=256, pattern=NON_BLANK)]
+
+# Strict: a budget of `true` or "5" is a mistake to refuse, not a value to coerce.
+BudgetTokens = Annotated[StrictInt, Field(ge=0, le=2**62)]
+BudgetCost = Annotated[float, Field(strict=True, ge=0, le=1e12, allow_inf_nan=False)]
 
 LeaseEpoch = Annotated[
     int,
@@ -59,8 +63,8 @@ class RunCreate(RequestModel):
     steal: bool = Field(
         default=False, description="Take a live lease from another worker (fencing it out)."
     )
-    budget_tokens: Annotated[int, Field(ge=0, le=2**62)] | None = None
-    budget_cost: Annotated[float, Field(ge=0, le=1e12)] | None = None
+    budget_tokens: BudgetTokens | None = None
+    budget_cost: BudgetCost | None = None
     external_id: Annotated[str, Field(min_length=1, max_length=MAX_EXTERNAL_ID)] | None = Field(
         default=None,
         description="The run's id in another system (a framework's session or thread id, any "
@@ -109,6 +113,14 @@ class RunOut(ResponseModel):
     external_id: str | None = Field(
         default=None, description="The run's id in another system, as given when it was started."
     )
+    budget_tokens: int | None = Field(
+        default=None,
+        description="Token budget (null: unlimited); once spent_tokens reaches it no new effect "
+        "or step starts (409 budget-exceeded) until POST /v1/runs/{run_id}:set-budget raises it.",
+    )
+    budget_cost: float | None = Field(default=None, description="Cost budget (null: unlimited).")
+    spent_tokens: int = Field(default=0, description="Tokens debited so far.")
+    spent_cost: float = Field(default=0.0, description="Cost debited so far.")
     incarnation: str | None = Field(
         default=None,
         description="Random token of this run's creation; send it with the lease epoch on writes "
@@ -212,6 +224,25 @@ class ApprovalDecision(RequestModel):
         "by_key); default: the API key's id.",
     )
     note: Annotated[str, Field(max_length=MAX_NOTE)] | None = None
+
+
+class BudgetUpdate(RequestModel):
+    """A run's new token and/or cost budget: a member left out keeps its limit, null removes it."""
+
+    budget_tokens: BudgetTokens | None = Field(
+        default=None,
+        description="The run's token budget (tokens spent so far count against it); null: "
+        "unlimited. Left out: unchanged.",
+    )
+    budget_cost: BudgetCost | None = Field(
+        default=None,
+        description="The run's cost budget; null: unlimited. Left out: unchanged.",
+    )
+    by: Decider | None = Field(
+        default=None,
+        description="Who changes it (a claim; the BudgetSet event also records the API key's id "
+        "as by_key); default: the API key's id.",
+    )
 
 
 class ApprovalOut(ResponseModel):

@@ -20,6 +20,7 @@ tool                           writes  what it does
 ``pending_approvals``                  runs paused at an approval gate: gate key, plan hash
 ``approve_run``                yes     approve the plan a paused run waits on
 ``reject_run``                 yes     reject it
+``set_budget``                 yes     raise (or lift) the token/cost budget of a run
 =============================  ======  ==================================================
 
 Every tool acts in one tenant, decided per call by a :data:`CallerResolver`
@@ -43,7 +44,7 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import Field, JsonValue
+from pydantic import Field, JsonValue, StrictInt
 
 from memory.binding import allowed, owned_run, refusal, user_filter
 from memory.errors import ScopeError
@@ -65,7 +66,7 @@ from summarizer.errors import SummarizerError
 from tiers.errors import InvalidInputError, TierError
 from tiers.ids import ID_RULE
 from tiers.models import RunStatus
-from tiers.task import MAX_NOTE
+from tiers.task import MAX_NOTE, UNSET
 
 require("mcp", "mcp")
 
@@ -109,7 +110,8 @@ build_continuation_context (user_id, and what the task is about) and put its tex
 your context. When a session ends, call end_session with its transcript (or
 save_session with your own summary). Keep standing preferences with set_fact.
 Runs paused for a human decision are listed by pending_approvals; approve_run or
-reject_run decides one, only when the user told you to."""
+reject_run decides one, only when the user told you to. set_budget raises the budget
+of a run that spent it, also only when the user told you to."""
 
 # Argument types: each carries the description a client shows the model. Ids are not
 # constrained in the schema on purpose: the facade checks them and its error names the field.
@@ -135,6 +137,15 @@ CreatedAt = Annotated[
     Field(description="When the session ended (ISO 8601; no offset means UTC). Default: now."),
 ]
 Items = Annotated[list[str] | None, Field(description="Short items, one sentence each.")]
+# Strict: a budget of true or "5" is refused, not coerced. None leaves the limit as it is.
+TokenBudget = Annotated[
+    StrictInt | Literal["unlimited"] | None,
+    Field(description="The run's new token budget; 'unlimited' removes it. Default: unchanged."),
+]
+CostBudget = Annotated[
+    Annotated[float, Field(strict=True, allow_inf_nan=False)] | Literal["unlimited"] | None,
+    Field(description="The run's new cost budget; 'unlimited' removes it. Default: unchanged."),
+]
 
 _READ = ToolAnnotations(read_only_hint=True, open_world_hint=False)
 _WRITE = ToolAnnotations(
@@ -160,6 +171,7 @@ _TOOLS: dict[str, ToolAnnotations] = {
     "pending_approvals": _READ,
     "approve_run": _WRITE,
     "reject_run": _WRITE,
+    "set_budget": _WRITE,
 }
 
 TOOL_NAMES: tuple[str, ...] = tuple(_TOOLS)
@@ -541,3 +553,30 @@ class _Tools:
             run_id=run_id,
         )
         return approval_result(run_id, decided)
+
+    def set_budget(
+        self,
+        run_id: RunId,
+        ctx: Context[Any, Any],
+        tokens: TokenBudget = None,
+        cost: CostBudget = None,
+    ) -> dict[str, Any]:
+        """Raise (or lower, or lift) the token and/or cost budget of a run: a run that spent its
+        budget starts no new step until then. The change is recorded as made by this MCP client.
+        Only on the user's instruction."""
+        info = self._call(
+            ctx,
+            lambda c: c.memory.set_budget(
+                run_id, tokens=_limit(tokens), cost=_limit(cost), by=self._by(ctx, c)
+            ),
+            writes=True,
+            run_id=run_id,
+        )
+        return run_result(info)
+
+
+def _limit(value: float | str | None) -> Any:
+    """A tool's budget argument as ``Memory.set_budget`` takes it (``None``: leave it as it is)."""
+    if value is None:
+        return UNSET
+    return None if value == "unlimited" else value

@@ -18,6 +18,8 @@ import pytest
 from memory import (
     ApprovalPendingError,
     BackendUnavailableError,
+    BudgetExceededError,
+    Charged,
     EffectOutcomeUnknownError,
     FactNotFoundError,
     InputMismatchError,
@@ -326,6 +328,34 @@ def test_typed_errors(served: Served, client: MemoryClient) -> None:
     with pytest.raises(BackendUnavailableError, match="cannot reach"):
         MemoryClient(f"http://127.0.0.1:{free_port()}", served.key, timeout=2).get_facts("dave")
     client.ping()
+
+
+def test_a_spent_budget_is_raised_through_the_client(served: Served, client: MemoryClient) -> None:
+    run = client.start_run("bea", "bea-run", budget_tokens=10, budget_cost=2.0)
+    run.effect("llm", lambda key: Charged("a", tokens=10), idempotency_key="e1")
+    with pytest.raises(BudgetExceededError, match=r"POST /v1/runs/bea-run:set-budget"):
+        run.effect("llm", lambda key: "b", idempotency_key="e2")
+    info = client.set_budget("bea-run", tokens=20, by="ops")
+    assert (info.budget_tokens, info.budget_cost, info.spent_tokens) == (20, 2.0, 10)
+    assert run.effect("llm", lambda key: "b", idempotency_key="e2") == "b"
+    assert client.set_budget("bea-run", cost=None).budget_cost is None
+    assert client.get_run("bea-run").budget_tokens == 20
+    (change, _) = [e for e in client.run_events("bea-run") if e.kind is EventKind.BUDGET_SET]
+    assert (change.data["budget_tokens"], change.data["by"]) == (20, "ops")
+    with pytest.raises(InvalidInputError) as negative:
+        client.set_budget("bea-run", tokens=-1)
+    assert negative.value.field == "budget_tokens"
+    with pytest.raises(InvalidInputError):
+        client.set_budget("bea-run")
+    with pytest.raises(RunNotFoundError):
+        client.set_budget("no-such-run", tokens=1)
+    reader = MemoryClient(served.base_url, served.read_only_key)
+    with reader, pytest.raises(PermissionDeniedError):
+        reader.set_budget("bea-run", tokens=100)
+    yara = MemoryClient(served.base_url, served.yara_key)
+    with yara, pytest.raises(RunNotFoundError):
+        yara.set_budget("bea-run", tokens=100)
+    assert client.get_run("bea-run").budget_tokens == 20
 
 
 def test_a_user_bound_key_through_the_client(served: Served, client: MemoryClient) -> None:

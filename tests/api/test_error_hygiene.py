@@ -139,6 +139,16 @@ def test_http_errors_give_the_routes_advice_not_the_librarys(api: Api) -> None:
     step = c.post("/v1/runs/r3/checkpoints", json={"lease_epoch": epoch, "step": "x"}, headers=h)
     assert "POST /v1/runs/r3:approve or :reject" in _problem(step, 409)["detail"]
 
+    # A spent budget: raised over HTTP, not with the library's Memory.set_budget.
+    spent = c.post(
+        "/v1/runs", json={"user_id": "u1", "run_id": "r5", "budget_tokens": 0}, headers=h
+    ).json()
+    begin = {"lease_epoch": spent["lease_epoch"], **effect}
+    over = c.post("/v1/runs/r5/effects:begin", json=begin, headers=h)
+    assert "POST /v1/runs/r5:set-budget" in _problem(over, 409)["detail"]
+    nothing = c.post("/v1/runs/r5:set-budget", json={}, headers=h)
+    assert '"budget_tokens", "budget_cost" or both' in _problem(nothing, 422)["detail"]
+
     failed = c.post("/v1/runs", json={"user_id": "u1", "run_id": "r4"}, headers=h).json()
     fail = {"lease_epoch": failed["lease_epoch"], "error": "boom"}
     assert c.post("/v1/runs/r4:fail", json=fail, headers=h).status_code == 200

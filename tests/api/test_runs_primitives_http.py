@@ -1,9 +1,12 @@
-"""Run primitives over HTTP: deleting a run, checkpoint lookups, history pages, external ids."""
+"""Run primitives over HTTP: deleting a run, checkpoint lookups, history pages, external ids,
+and the one answer every run route gives for a run that does not exist."""
 
 from __future__ import annotations
 
+from typing import Any
 from urllib.parse import quote
 
+from memory.operations import OPERATIONS, RUN_OPERATIONS
 from tests.api.conftest import Api, new_tenant
 from tiers.ids import run_id_for
 
@@ -122,3 +125,46 @@ def test_runs_named_by_external_ids_over_http(api: Api) -> None:
         "/v1/runs", json={"user_id": "u1", "external_id": "x" * 1025}, headers=headers
     )
     assert r.status_code == 422
+
+
+# A valid body of each route under /v1/runs/{run_id} that takes one: the route must find the
+# run before anything else can refuse the request. A new route needs an entry (KeyError).
+_BODIES: dict[str, dict[str, Any]] = {
+    "update_run_state": {"checkpoint_id": "c1", "values": {}},
+    "resolve_effect": {"idempotency_key": "k", "rerun": True},
+    "cancel_run": {},
+    "set_budget": {"budget_tokens": 5},
+    "approve_run": {"plan_hash": "a" * 64},
+    "reject_run": {"plan_hash": "a" * 64},
+    "fork_run": {"checkpoint_id": "c1"},
+    "append_checkpoint": {"lease_epoch": 1, "step": "s"},
+    "begin_effect": {"lease_epoch": 1, "name": "pay", "idempotency_key": "k"},
+    "record_effect": {"lease_epoch": 1, "idempotency_key": "k"},
+    "await_approval": {"lease_epoch": 1, "plan": {}, "key": "g"},
+    "heartbeat": {"lease_epoch": 1},
+    "complete": {"lease_epoch": 1},
+    "fail": {"lease_epoch": 1, "error": "x"},
+}
+_QUERIES = {"checkpoint_for_key": {"idempotency_key": "k"}}
+
+
+def test_every_run_route_answers_an_absent_run_with_the_same_problem(api: Api) -> None:
+    tenant = new_tenant()
+    headers = api.key(tenant)
+    answers: dict[str, tuple[str, str]] = {}
+    for op in (*OPERATIONS, *RUN_OPERATIONS):
+        if op.route is None or "{run_id}" not in op.route.path:
+            continue
+        path = op.route.path.format(run_id="absent-1", checkpoint_id="c1")
+        r = api.client.request(
+            op.route.method,
+            path,
+            json=_BODIES[op.name] if op.route.method == "POST" else None,
+            params=_QUERIES.get(op.name),
+            headers=headers,
+        )
+        assert r.status_code == 404, (op.name, r.text)
+        answers[op.name] = (r.json()["type"], r.json()["detail"])
+    assert len(answers) > 20
+    expected = (PROBLEM + "run-not-found", f"no run 'absent-1' in tenant {tenant!r}")
+    assert set(answers.values()) == {expected}, answers

@@ -134,6 +134,7 @@ def test_tenant_a_cannot_touch_tenant_b_through_any_route(api: Api) -> None:
         == 404
     )
     assert probe("POST", "/v1/runs/run-b:cancel").status_code == 404
+    assert probe("POST", "/v1/runs/run-b:set-budget", {"budget_tokens": 1}).status_code == 404
     decision = {"plan_hash": "0" * 64}
     assert probe("POST", "/v1/runs/run-b:approve", decision).status_code == 404
     assert probe("POST", "/v1/runs/run-b:reject", decision).status_code == 404

@@ -192,6 +192,9 @@ def decisions(ids: dict[str, str], epoch: int) -> dict[tuple[str, str], Probe]:
             NOT_FOUND, f"/v1/runs/{run}:fail", {**lease, "error": "x"}
         ),
         ("POST", "/v1/runs/{run_id}:cancel"): Probe(NOT_FOUND, f"/v1/runs/{run}:cancel"),
+        ("POST", "/v1/runs/{run_id}:set-budget"): Probe(
+            NOT_FOUND, f"/v1/runs/{run}:set-budget", {"budget_tokens": 1}
+        ),
         ("POST", "/v1/runs/{run_id}:approve"): Probe(
             NOT_FOUND, f"/v1/runs/{gate}:approve", {"plan_hash": ids["plan_hash"]}
         ),

@@ -26,7 +26,7 @@ from mcp.shared.exceptions import MCPError
 from mcp_types import CallToolResult, Implementation, TextContent
 from mcp_types.version import LATEST_HANDSHAKE_VERSION
 
-from memory import ApprovalPendingError, Memory, SessionSummary
+from memory import ApprovalPendingError, BudgetExceededError, Charged, Memory, SessionSummary
 from memory.apikeys import ApiKeyRegistry
 from memory.integrations.mcp import TOOL_NAMES, McpCaller, build_server
 from tests.conftest import free_port
@@ -52,6 +52,7 @@ EXPECTED_TOOLS = {
     "pending_approvals",
     "approve_run",
     "reject_run",
+    "set_budget",
 }
 
 TRANSCRIPT = [
@@ -553,6 +554,7 @@ def test_http_refuses_missing_bad_and_foreign_keys_and_read_only_writes(
             ("delete_fact", {"user_id": "alice", "key": "team"}),
             ("end_session", {"user_id": "alice", "session_id": "s-x", "transcript": TRANSCRIPT}),
             ("approve_run", {"run_id": "deploy-1", "plan_hash": "a" * 64}),
+            ("set_budget", {"run_id": "deploy-1", "tokens": 5}),
         ):
             assert "may only read" in await fails(session, tool, **args), tool
         assert (await call(session, "get_fact", user_id="alice", key="team"))["value"] == (
@@ -600,6 +602,41 @@ def test_tool_errors_name_the_field_and_the_caller_decides(tmp_path: Path) -> No
         anyio.run(main)
         assert acme.get_run("deploy-1").status == "resumable"
         assert memory.get_run("deploy-1").pending_approval is not None  # default tenant untouched
+
+
+def test_set_budget_raises_a_spent_budget_and_refuses_bad_ones(tmp_path: Path) -> None:
+    with Memory.open(tmp_path / "data", durable=False, allow_volatile=True) as memory:
+        run = memory.start_run("alice", "r1", budget_tokens=5, budget_cost=1.0)
+        run.step("llm", lambda: Charged("a", tokens=5))
+        with pytest.raises(BudgetExceededError):
+            run.step("more", lambda: 1)
+
+        async def main() -> None:
+            async with Client(build_server(memory)) as client:
+                for bad, field in (
+                    ({}, "budget_tokens"),
+                    ({"tokens": -1}, "budget_tokens"),
+                    ({"tokens": True}, "tokens"),
+                    ({"tokens": "5"}, "tokens"),
+                    ({"tokens": 2.5}, "tokens"),
+                    ({"cost": "lots"}, "cost"),
+                ):
+                    assert field in await fails(client, "set_budget", run_id="r1", **bad), bad
+                assert "RunNotFoundError" in await fails(
+                    client, "set_budget", run_id="nope", tokens=5
+                )
+                raised = await call(client, "set_budget", run_id="r1", tokens=50)
+                assert (raised["budget_tokens"], raised["budget_cost"]) == (50, 1.0)
+                lifted = await call(client, "set_budget", run_id="r1", cost="unlimited")
+                assert (lifted["budget_tokens"], lifted["budget_cost"]) == (50, None)
+
+        anyio.run(main)
+        assert run.step("more", lambda: 1) == 1
+        changes = [e.data for e in memory.run_events("r1") if e.kind is EventKind.BUDGET_SET]
+        assert changes == [
+            {"budget_tokens": 50, "by": "mcp:mcp", "by_key": None},
+            {"budget_cost": None, "by": "mcp:mcp", "by_key": None},
+        ]
 
 
 def test_build_server_needs_exactly_one_source_of_callers(tmp_path: Path) -> None:

@@ -58,6 +58,7 @@ def decisions(plan_hash: str) -> dict[str, tuple[str, dict[str, Any]]]:
         "get_run": (NOT_FOUND, {"run_id": "deploy-1"}),
         "approve_run": (NOT_FOUND, {"run_id": "deploy-1", "plan_hash": plan_hash}),
         "reject_run": (NOT_FOUND, {"run_id": "deploy-1", "plan_hash": plan_hash}),
+        "set_budget": (NOT_FOUND, {"run_id": "deploy-1", "tokens": 5}),
     }
 
 

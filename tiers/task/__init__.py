@@ -112,6 +112,7 @@ event, by the status before (``=`` unchanged, ``-`` refused with
     EffectOutcomeUnknown*   =          =          =          =          =          running
     BudgetDebited*          =          =          =          =          =          running
     Compensated*            =          =          =          =          =          running
+    BudgetSet               =          =          =          =          =          =
     ApprovalRequested       =          =          -          -          -          =
     RunPaused               paused     =          -          -          -          paused
     ApprovalGranted         resumable  resumable  -          -          -          =

@@ -60,6 +60,8 @@ TRANSITIONS: Final[Mapping[EventKind, Mapping[RunStatus, RunStatus]]] = {
     EventKind.RUN_RESUMED: {RUNNING: RUNNING, RESUMABLE: RUNNING, PAUSED: PAUSED},
     EventKind.COMPENSATION_STARTED: _unchanged((CANCELLED, FAILED)),
     **dict.fromkeys(WORKER_KINDS, _BY_WORKER),
+    # An operator's set_budget, whatever the status: the worker sees it at its next step.
+    EventKind.BUDGET_SET: _unchanged(RunStatus),
     EventKind.APPROVAL_REQUESTED: _unchanged((RUNNING, RESUMABLE, PAUSED)),
     EventKind.RUN_PAUSED: {RUNNING: PAUSED, RESUMABLE: PAUSED, PAUSED: PAUSED},
     EventKind.APPROVAL_GRANTED: {RUNNING: RESUMABLE, RESUMABLE: RESUMABLE, PAUSED: RESUMABLE},

@@ -90,6 +90,7 @@ class EventKind(StrEnum):
     EFFECT_OUTCOME_UNKNOWN = "EffectOutcomeUnknown"
     EFFECT_NOT_DONE = "EffectNotDone"
     BUDGET_DEBITED = "BudgetDebited"
+    BUDGET_SET = "BudgetSet"
     APPROVAL_REQUESTED = "ApprovalRequested"
     APPROVAL_GRANTED = "ApprovalGranted"
     APPROVAL_REJECTED = "ApprovalRejected"

@@ -21,7 +21,7 @@ from tiers.errors import (
 from tiers.ids import check_id
 from tiers.models import RunInfo, RunStatus
 from tiers.task._handle import RunHandle
-from tiers.task._records import EventKind, new_incarnation
+from tiers.task._records import EventKind, check_decider, new_incarnation
 from tiers.task._store import RunStore, check_budget, check_ttl
 from tiers.task._txn import UNSET, HeadUpdate, Txn
 from tiers.task._writer import COMPENSATABLE
@@ -91,7 +91,7 @@ class Runs:
             expires = None if ttl is None else now + timedelta(seconds=ttl)
             if data is None:
                 if user_id is None:
-                    raise RunNotFoundError(f"no run {run_id!r} in tenant {self.store.tenant!r}")
+                    raise RunNotFoundError.absent(run_id, self.store.tenant)
                 base = RunInfo(
                     run_id=run_id,
                     user_id=user_id,
@@ -216,7 +216,7 @@ class Runs:
         check_id(run_id, "run_id")
         data = self.store.read_head(run_id)
         if data is None:
-            raise RunNotFoundError(f"no run {run_id!r}")
+            raise RunNotFoundError.absent(run_id, self.store.tenant)
         info = self.store.decode_head(run_id, data)
         if incarnation is not None and info.incarnation != incarnation:
             raise RunNotFoundError(
@@ -264,23 +264,52 @@ class Runs:
         return self.store.operate(run_id, build, "cancel")
 
     def set_budget(
-        self, run_id: str, *, tokens: int | None = UNSET, cost: float | None = UNSET
+        self,
+        run_id: str,
+        *,
+        tokens: int | None = UNSET,
+        cost: float | None = UNSET,
+        by: str = "operator",
+        by_key: str | None = None,
     ) -> RunInfo:
-        """Change a run's token and/or cost budget (``None``: unlimited).
+        """Change a run's token and/or cost budget: how a run that spent its budget goes on.
+
+        A limit not given stays as it is; ``None`` removes it (unlimited). A
+        ``BudgetSet`` event records the new limits with ``by`` (who changes
+        them, as the caller names them) and ``by_key`` (the id of the
+        credential a service authenticated the caller with; ``None`` from the
+        library). Takes no lease: the run's worker sees the new budget at its
+        next step.
+
+        Returns:
+            The run's head with the new budget.
 
         Raises:
-            InvalidInputError: A negative, NaN or infinite budget, or a non-integer token budget.
+            InvalidInputError: Neither ``tokens`` nor ``cost`` given; a negative,
+                NaN or infinite budget, or a non-integer token budget; a bad
+                ``by`` or ``by_key``.
             RunNotFoundError: No such run.
         """
         check_id(run_id, "run_id")
+        by, by_key = check_decider(by, by_key)
+        if tokens is UNSET and cost is UNSET:
+            raise InvalidInputError(
+                "give the new budget: tokens=, cost= or both (None: unlimited)",
+                field="budget_tokens",
+            )
         update = HeadUpdate()
+        limits: dict[str, int | float | None] = {}
         if tokens is not UNSET:
             limit = check_budget(tokens, "budget_tokens", integer=True)
-            update.budget_tokens = None if limit is None else int(limit)
+            update.budget_tokens = limits["budget_tokens"] = None if limit is None else int(limit)
         if cost is not UNSET:
-            update.budget_cost = check_budget(cost, "budget_cost", integer=False)
+            update.budget_cost = limits["budget_cost"] = check_budget(
+                cost, "budget_cost", integer=False
+            )
 
         def build(info: RunInfo, now: datetime) -> Txn | RunInfo:
-            return Txn(run_id, info.lease_epoch, info, now, update=update)
+            txn = Txn(run_id, info.lease_epoch, info, now, update=update)
+            txn.add_event(EventKind.BUDGET_SET, **limits, by=by, by_key=by_key)
+            return txn
 
         return self.store.operate(run_id, build, "set the budget of")

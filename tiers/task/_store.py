@@ -220,7 +220,7 @@ class RunStore:
         check_id(run_id, "run_id")
         data = self.read_head(run_id)
         if data is None:
-            raise RunNotFoundError(f"no run {run_id!r} in tenant {self.tenant!r}")
+            raise RunNotFoundError.absent(run_id, self.tenant)
         return self.decode_head(run_id, data)
 
     def get_checkpoint(self, run_id: str, checkpoint_id: str) -> Checkpoint:
@@ -272,7 +272,7 @@ class RunStore:
         for attempt in range(cas.ATTEMPTS):
             data = self.read_head(run_id)
             if data is None:
-                raise RunNotFoundError(f"no run {run_id!r} in tenant {self.tenant!r}")
+                raise RunNotFoundError.absent(run_id, self.tenant)
             info = self.decode_head(run_id, data)
             txn = build(info, self.clock())
             if isinstance(txn, RunInfo):

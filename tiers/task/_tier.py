@@ -257,9 +257,15 @@ class TaskTier:
 
     @doc_from(Runs.set_budget)
     def set_budget(
-        self, run_id: str, *, tokens: int | None = UNSET, cost: float | None = UNSET
+        self,
+        run_id: str,
+        *,
+        tokens: int | None = UNSET,
+        cost: float | None = UNSET,
+        by: str = "operator",
+        by_key: str | None = None,
     ) -> RunInfo:
-        return self._runs.set_budget(run_id, tokens=tokens, cost=cost)
+        return self._runs.set_budget(run_id, tokens=tokens, cost=cost, by=by, by_key=by_key)
 
     @doc_from(RunStore.force_flush)
     def force_flush(self) -> None:

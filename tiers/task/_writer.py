@@ -226,7 +226,8 @@ class RunWriter:
         if over:
             raise BudgetExceededError(
                 f"run {self.run_id!r} has spent its budget ({', '.join(over)}): no new step "
-                "may start; raise the budget with TaskTier.set_budget, or finish the run"
+                "may start; raise the budget with Memory.set_budget (TaskTier.set_budget), or "
+                "finish the run"
             )
 
     def pending(self, plan_hash: str, gate: str) -> ApprovalPendingError:

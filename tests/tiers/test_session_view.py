@@ -51,12 +51,18 @@ def test_a_save_reuses_unchanged_term_counts_and_a_delete_is_never_recalled(
         assert after._terms["s2"] is before._terms["s2"]
 
         assert tier.delete_session("ann", "s1")
+        # What the cache keeps of the user at once holds nothing of the deleted session.
+        kept = store.views.basis("ann")
+        assert kept is not None
+        assert "s1" not in kept.session_ids
+        assert "s1" not in kept._terms
+        assert not any("zucchini" in text for text in kept.texts)
         hits = tier.recall_relevant("ann", "zucchini harvest garden", top_k=5)
         assert "s1" not in {hit.summary.session_id for hit in hits}
         rebuilt = store.views.basis("ann")
         assert rebuilt is not None
         assert "s1" not in rebuilt._terms
-        assert rebuilt._terms["s2"] is not before._terms["s2"]  # after a delete: from scratch
+        assert rebuilt._terms["s2"] is before._terms["s2"]  # after a delete: incremental too
     finally:
         tier.close()
         index.close()

@@ -140,7 +140,9 @@ class SessionStore:
         self.indexer.submit(refs)
 
     def transcript_removed(self, user_id: str, session_id: str) -> None:
-        """After a commit that removed a session's transcript: tell ``on_transcript_removed``."""
+        """After a commit that removed a session's transcript: drop the vectors kept of embedded
+        texts (the transcript's windows among them), tell ``on_transcript_removed``."""
+        self.indexer.forget_embedded()
         if self._on_transcript_removed is not None:
             self._on_transcript_removed(user_id, session_id)
 

@@ -96,6 +96,8 @@ class ServiceState:
         self._views_lock = threading.Lock()
         self._key_cache: dict[str, tuple[float, Principal]] = {}
         self._key_cache_lock = threading.Lock()
+        # Bumped by each revocation: a verification that read the registry before it is not kept.
+        self._key_generation = 0
         self._verifying: dict[str, asyncio.Future[Principal]] = {}
         self._embedder_ok_at: float | None = None
         self._stop_sweeping = threading.Event()
@@ -158,6 +160,7 @@ class ServiceState:
         Raises:
             InvalidApiKeyError: The key is malformed, unknown or revoked.
         """
+        generation = self._key_generation
         info = self.keys.verify(key)
         principal = Principal(
             tenant=info.tenant,
@@ -169,6 +172,8 @@ class ServiceState:
         if ttl > 0:
             digest = hashlib.sha256(key.encode()).hexdigest()
             with self._key_cache_lock:
+                if generation != self._key_generation:
+                    return principal  # revoked meanwhile, maybe this key: not trusted for ttl
                 if len(self._key_cache) >= _KEY_CACHE_MAX:
                     self._key_cache.clear()
                 self._key_cache[digest] = (time.monotonic() + ttl, principal)
@@ -211,6 +216,7 @@ class ServiceState:
         """Revoke a key and forget every cached verification at once (in this process)."""
         self.keys.revoke(key_id)
         with self._key_cache_lock:
+            self._key_generation += 1
             self._key_cache.clear()
 
     # -- work ----------------------------------------------------------------------------------

@@ -8,7 +8,6 @@ never by cutting one in half.
 
 from __future__ import annotations
 
-import functools
 import json
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from summarizer.tokens import count_tokens
 from tiers.errors import InvalidInputError
+from tiers.memo import TextMemo
 from tiers.models import SessionSummary, UserFact
 
 FACTS_HEADER = "## What I know about this user"
@@ -55,26 +55,19 @@ class ContinuationContext(BaseModel):
         return self.text
 
 
-# Texts up to this many characters have their token counts memoised (about 32 MB at most).
-_MEMO_CHARS = 16_384
-_MEMO_ENTRIES = 2048
-
-
-@functools.lru_cache(maxsize=_MEMO_ENTRIES)
-def _memo_count(text: str, encoding: str) -> int:
-    return count_tokens(text, encoding)
+# Each text's count is kept by the text's digest, never the text (tiers.memo): a forgotten
+# user's words do not stay in the process.
+_COUNTS: TextMemo[int] = TextMemo(count_tokens, entries=2048)
 
 
 def _count(text: str, encoding: str) -> int:
-    """Tokens of ``text``; memoised by the exact text for texts of moderate size.
+    """Tokens of ``text``; memoised by the text's digest.
 
     A user's facts and summaries are counted again on every context of that
-    user, and counting costs about 0.1 us per character. The count is a pure
-    function of the text, so the memo can never be stale.
+    user, and counting costs about 0.1 us per character (a digest about 1 ns).
+    The count is a pure function of the text, so the memo can never be stale.
     """
-    if len(text) > _MEMO_CHARS:
-        return count_tokens(text, encoding)
-    return _memo_count(text, encoding)
+    return _COUNTS(text, encoding)
 
 
 def render_fact(fact: UserFact) -> str:

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import functools
 import re
+
+from tiers.memo import TextMemo
 
 _CODE_FENCE = re.compile(r"```.*?(?:```|\Z)", re.DOTALL)
 _BULLET = re.compile(r"^\s*(?:[-*•]|\d{1,3}[.)]|#{1,6})\s+")
@@ -218,9 +219,12 @@ def _content_stems(text: str) -> set[str]:
     return {word[:5] for word in _words(text) if word not in _STOPWORDS and len(word) > 2}
 
 
-@functools.lru_cache(maxsize=8192)
 def is_filler(sentence: str) -> bool:
     """True for phatic sentences that carry no content ("Hi Sam!", "Thanks so much!")."""
+    return _FILLER(sentence)
+
+
+def _is_filler(sentence: str) -> bool:
     norm = _normal(sentence)
     words = norm.split()
     if len(words) <= 1 or _PHATIC.fullmatch(norm):
@@ -232,6 +236,11 @@ def is_filler(sentence: str) -> bool:
         return False
     rest = norm[match.end() :].split()
     return len(rest) <= 1 or bool(_PHATIC.fullmatch(" ".join(rest)))
+
+
+# Kept by each sentence's digest, never its text (tiers.memo): a forgotten user's words do not
+# stay in the process.
+_FILLER: TextMemo[bool] = TextMemo(_is_filler, entries=8192)
 
 
 def _is_question(sentence: str) -> bool:

@@ -63,6 +63,27 @@ def test_verified_keys_are_cached_until_revoked_here(memory: Memory, tmp_path: P
         assert_unauthorized(api.client.get(FACTS, headers=headers))
 
 
+def test_a_key_revoked_while_it_is_verified_is_not_cached(
+    memory: Memory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with start_app(Settings(data_dir=tmp_path, auth_cache_seconds=300), memory) as api:
+        headers = api.key(new_tenant())
+        key = headers["Authorization"].removeprefix("Bearer ")
+        verify = api.service.keys.verify
+
+        def revoked_once_read(raw: str) -> object:
+            # The revocation lands between the registry read and the cache store.
+            info = verify(raw)
+            monkeypatch.setattr(api.service.keys, "verify", verify)
+            api.service.revoke_key(key.split("_")[1])
+            return info
+
+        monkeypatch.setattr(api.service.keys, "verify", revoked_once_read)
+        assert api.client.get(FACTS, headers=headers).status_code == 200  # verified before
+        assert api.service.cached_principal(key) is None
+        assert_unauthorized(api.client.get(FACTS, headers=headers))
+
+
 def test_read_only_key_reads_but_cannot_write(api: Api) -> None:
     tenant = new_tenant()
     writer = api.key(tenant)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -11,6 +12,7 @@ from typing import Any
 import orjson
 import pytest
 
+from tests.live_objects import holders
 from tests.waiting import wait_until
 from tiers import keys
 from tiers.backends.base import Delete, Put
@@ -21,6 +23,7 @@ from tiers.models import Message
 from tiers.session import SessionSummary, SessionTier
 from tiers.session import _index as index_module
 from tiers.session import _plans as plans_module
+from tiers.session._keyword import term_counts, tokenize
 from tiers.session._plans import Plan
 from tiers.session._terms import TERMS_SCHEMA_VERSION, count_terms, read_terms, summary_fields
 from tiers.session._transcripts import page_key
@@ -244,3 +247,17 @@ def test_an_index_pass_in_flight_gives_a_deleted_session_no_record_back(
         other.close()
     assert kv.scan(TERMS) == []
     assert kv.scan(sessions) == []
+
+
+def test_the_stemmer_keeps_no_number_or_code_it_saw() -> None:
+    # Deleting means gone from memory too: a code in a deleted transcript must not stay memoised.
+    token = uuid.uuid4().hex[:12]
+    letters = "".join(chr(ord("a") + int(c, 16)) for c in token)
+    assert term_counts(f"my code zz{token}9 and the {letters}s") == {
+        f"zz{token}9": 1,
+        "code": 1,
+        letters: 1,
+    }
+    assert tokenize(f"code zz{token}9, {letters}'s") == ["code", f"zz{token}9", letters]
+    assert holders(f"zz{token}9") == []
+    assert holders(f"{letters}s"), "a word of letters is memoised: the search works"

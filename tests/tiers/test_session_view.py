@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -51,12 +52,65 @@ def test_a_save_reuses_unchanged_term_counts_and_a_delete_is_never_recalled(
         assert after._terms["s2"] is before._terms["s2"]
 
         assert tier.delete_session("ann", "s1")
+        # What the cache keeps of the user at once holds nothing of the deleted session.
+        kept = store.views.basis("ann")
+        assert kept is not None
+        assert "s1" not in kept.session_ids
+        assert "s1" not in kept._terms
+        assert not any("zucchini" in text for text in kept.texts)
         hits = tier.recall_relevant("ann", "zucchini harvest garden", top_k=5)
         assert "s1" not in {hit.summary.session_id for hit in hits}
         rebuilt = store.views.basis("ann")
         assert rebuilt is not None
         assert "s1" not in rebuilt._terms
-        assert rebuilt._terms["s2"] is not before._terms["s2"]  # after a delete: from scratch
+        assert rebuilt._terms["s2"] is before._terms["s2"]  # after a delete: incremental too
+    finally:
+        tier.close()
+        index.close()
+        kv.close()
+
+
+class CountingEmbedder:
+    """The real model, recording every text that reaches it (a spy that calls through)."""
+
+    def __init__(self, inner: MiniLMEmbedder) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.dimension = inner.dimension
+        self.texts: list[str] = []
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.texts.extend(texts)
+        return self.inner.embed(texts)
+
+
+def test_a_deleted_session_leaves_no_vectors_of_its_texts_in_the_embedding_cache(
+    tmp_path: Path, no_network: None
+) -> None:
+    embedder = MiniLMEmbedder()
+    embedder.load()
+    counting = CountingEmbedder(embedder)
+    index = ChromaVectorIndex(tmp_path / "chroma", embedder=embedder)
+    kv = SqliteKVStore(tmp_path / "kv.sqlite3")
+    try:
+        tier = SessionTier(kv, index, counting)
+        _save(tier, "s1", "the okapi seen at dawn by the river", 0)
+        assert tier.flush(60)
+        assert any("okapi" in text for text in counting.texts)
+        seen = len(counting.texts)
+        # The same transcript again: re-indexed from the cache, not the model.
+        tier.save_transcript(
+            "ann", "s1", [Message(role="user", content="the okapi seen at dawn by the river")]
+        )
+        assert tier.flush(60)
+        assert not any("okapi seen at dawn" in text for text in counting.texts[seen:])
+        before = len(counting.texts)
+        assert tier.delete_session("ann", "s1")
+        _save(tier, "s2", "the okapi seen at dawn by the river", 0)
+        assert tier.flush(60)
+        # The deleted session's vectors were not kept: the same texts reach the model again.
+        again = counting.texts[before:]
+        assert any("okapi seen at dawn" in text for text in again), again
     finally:
         tier.close()
         index.close()

@@ -15,9 +15,11 @@ moves its refusal from a read before the commit to the commit.
 from __future__ import annotations
 
 import time
+import uuid
 
 import pytest
 
+from tests.live_objects import holders
 from tiers import keys
 from tiers.backends.base import KVStore
 from tiers.errors import (
@@ -412,3 +414,16 @@ def test_the_window_is_the_tiers_unless_the_handle_sets_its_own(kv: KVStore) -> 
     run.head_fresh_ms = 0
     assert (run.head_fresh_ms, tasks.start_run("u", "r2").head_fresh_ms) == (0, 20)
     assert TaskTier(kv).head_fresh_ms == 50
+
+
+def test_a_run_deleted_by_another_writer_leaves_nothing_of_its_head_in_the_workers_tier(
+    worker: TaskTier, other: TaskTier
+) -> None:
+    # Deleting means gone from memory too: the head table keeps no run result past its delete.
+    token = uuid.uuid4().hex[:12]
+    run = worker.start_run("u1", "r-erased")
+    run.step("one", lambda: 1)
+    run.complete({"answer": f"okapi{token} was the answer"})
+    del run  # the handle is the caller's: what the tier keeps must not hold the head
+    assert other.delete_run("r-erased")
+    assert holders(f"okapi{token} was") == []

@@ -41,6 +41,35 @@ def test_a_change_through_another_store_handle_is_read_at_once(db: Path) -> None
         writer_kv.close()
 
 
+def test_a_deleted_fact_leaves_the_memo_here_at_once_and_elsewhere_at_the_next_listing(
+    db: Path,
+) -> None:
+    # Deleting means gone from memory too: the memo holds whole fact records (their values).
+    reader_kv, writer_kv = SqliteKVStore(db, durable=False), SqliteKVStore(db, durable=False)
+    try:
+        memo = DecodedFacts()
+        reader = UserTier(reader_kv, decoded=memo)
+        writer = UserTier(writer_kv, decoded=DecodedFacts())
+        reader.set_facts("u1", {"tone": "short", "pet": "okapi"})
+        reader.set_facts("u2", {"tone": "long"})
+        reader.get_facts("u1")
+        reader.get_facts("u2")
+        assert len(memo) == 3
+        assert reader.delete_fact("u1", "pet")
+        assert len(memo) == 1  # u1's kept facts went with the delete; u2's stays
+        assert [f.key for f in reader.get_facts("u1")] == ["tone"]
+        assert len(memo) == 2
+        writer.delete_user("u1")  # another process: this one learns of it by listing u1's facts
+        assert reader.get_facts("u1") == []
+        assert len(memo) == 1
+        writer.set_fact("u2", "tone", "terse")  # a replaced value, alike
+        assert [f.value for f in reader.get_facts("u2")] == ["terse"]
+        assert len(memo) == 1
+    finally:
+        reader_kv.close()
+        writer_kv.close()
+
+
 def test_a_caller_mutating_a_container_value_changes_nothing_later(db: Path) -> None:
     kv = SqliteKVStore(db, durable=False)
     try:
@@ -77,12 +106,12 @@ def test_the_memo_stays_within_its_bounds() -> None:
     facts = [UserFact(user_id="u1", key=f"k{n}", value=n) for n in range(20)]
     for fact in facts:
         data = fact.model_dump_json().encode()
-        assert memo.decode(data, where="test") == fact
+        assert memo.decode("test", fact.key, data) == fact
         assert len(memo) <= 5
     by_bytes = DecodedFacts(max_entries=100, max_bytes=400)
     for fact in facts:
-        by_bytes.decode(fact.model_dump_json().encode(), where="test")
+        by_bytes.decode("test", fact.key, fact.model_dump_json().encode())
     assert 0 < len(by_bytes) <= 400 // len(facts[0].model_dump_json())
     # Least recently used goes first: the newest facts are still there.
     last = facts[-1].model_dump_json().encode()
-    assert by_bytes.decode(last, where="test") == facts[-1]
+    assert by_bytes.decode("test", facts[-1].key, last) == facts[-1]

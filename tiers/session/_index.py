@@ -245,6 +245,10 @@ class SessionIndexer:
             logger.info("session index repair processed %d queued session(s)", len(refs))
         return len(refs)
 
+    def forget_embedded(self) -> None:
+        """Drop the vectors kept of embedded texts (after a commit deleting sessions)."""
+        self._embed.forget()
+
     def queued(self, user_id: str) -> list[Ref]:
         """The user's sessions with an outbox entry (not yet searchable by their base vector)."""
         prefix = keys.session_outbox_key(user_id, "")

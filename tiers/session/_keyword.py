@@ -40,6 +40,9 @@ def _stem(word: str) -> str:
 
     Deliberately conservative: heavier stemmers conflate unrelated words in
     short chat text more often than they help. Cached: vocabularies are small.
+    Called only for words it may change (letters, or a possessive): a number
+    or code ("4111...", "ab12cd") is its own stem, and memoised it would
+    outlive its deletion in memory.
     """
     if word.endswith("'s"):
         word = word[:-2]
@@ -57,7 +60,11 @@ def _stem(word: str) -> str:
 def tokenize(text: str) -> list[str]:
     """Lower-cased, stemmed content words of ``text``, in order (stopwords dropped)."""
     words = _WORD.findall(text.lower().replace("’", "'"))
-    return [_stem(word) for word in words if word not in STOPWORDS]
+    return [
+        _stem(word) if word.isalpha() or "'" in word else word
+        for word in words
+        if word not in STOPWORDS
+    ]
 
 
 def term_counts(text: str) -> Counter[str]:
@@ -70,5 +77,5 @@ def term_counts(text: str) -> Counter[str]:
     counts: Counter[str] = Counter()
     for word, n in Counter(_WORD.findall(text.lower().replace("’", "'"))).items():
         if word not in STOPWORDS:
-            counts[_stem(word)] += n
+            counts[_stem(word) if word.isalpha() or "'" in word else word] += n
     return counts

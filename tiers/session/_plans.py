@@ -276,6 +276,9 @@ def _read_transcripts(
 class CachedEmbedder:
     """An embedder with a small cache: re-indexing an unchanged transcript costs nothing.
 
+    Kept by each text's digest; the vectors are derived from the text, so
+    :meth:`forget` drops them all when a session is deleted through this
+    process (a delete by another process: they go as the least recently used).
     Thread-safe (the embedder is called outside the cache's lock).
 
     Args:
@@ -286,6 +289,8 @@ class CachedEmbedder:
         self._embedder = embedder
         self._lock = threading.Lock()
         self._embedded: OrderedDict[str, list[float]] = OrderedDict()
+        # Bumped by forget: vectors of an embedding begun before it are not kept.
+        self._generation = 0
 
     def embed(self, texts: list[str], *, using: Embedder | None = None) -> list[list[float]]:
         """The vectors of ``texts``, in order; only texts not cached reach the embedder.
@@ -298,6 +303,7 @@ class CachedEmbedder:
         digests = [hashlib.blake2b(text.encode(), digest_size=16).hexdigest() for text in texts]
         found: dict[str, list[float]] = {}
         with self._lock:
+            generation = self._generation
             for digest in digests:
                 cached = self._embedded.get(digest)
                 if cached is not None:
@@ -309,10 +315,17 @@ class CachedEmbedder:
             with self._lock:
                 for digest, vector in zip(missing, fresh, strict=True):
                     found[digest] = vector
-                    self._embedded[digest] = vector
+                    if generation == self._generation:
+                        self._embedded[digest] = vector
                 while len(self._embedded) > _EMBED_CACHE:
                     self._embedded.popitem(last=False)
         return [found[digest] for digest in digests]
+
+    def forget(self) -> None:
+        """Drop every kept vector (a session was deleted: vectors of its texts must not stay)."""
+        with self._lock:
+            self._embedded.clear()
+            self._generation += 1
 
 
 def enqueue(queue: OrderedDict[str, dict[str, None]], refs: Iterable[Ref]) -> None:

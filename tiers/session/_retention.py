@@ -163,5 +163,6 @@ class SessionExpiry:
             self._store.kv.commit(writes, checks)
         except ConflictError:
             return False
+        self._store.indexer.forget_embedded()  # vectors of the transcript's windows among them
         self._store.index_later([(user_id, session_id)])
         return True

@@ -21,7 +21,6 @@ from tiers.errors import InvalidInputError
 from tiers.ids import check_id
 from tiers.redaction import OFF, Redactor
 from tiers.session._index import Ref, SessionIndexer
-from tiers.session._plans import users_of
 from tiers.session._view import UserView, ViewCache, build_view
 
 __all__ = ["SessionStore"]
@@ -136,12 +135,14 @@ class SessionStore:
         return writes
 
     def index_later(self, refs: list[Ref]) -> None:
-        """After a commit: outdate the users' views and bring the sessions' vectors in line."""
-        self.views.outdate(users_of(refs))
+        """After a commit: outdate the sessions' views and bring the sessions' vectors in line."""
+        self.views.changed(refs)
         self.indexer.submit(refs)
 
     def transcript_removed(self, user_id: str, session_id: str) -> None:
-        """After a commit that removed a session's transcript: tell ``on_transcript_removed``."""
+        """After a commit that removed a session's transcript: drop the vectors kept of embedded
+        texts (the transcript's windows among them), tell ``on_transcript_removed``."""
+        self.indexer.forget_embedded()
         if self._on_transcript_removed is not None:
             self._on_transcript_removed(user_id, session_id)
 

@@ -21,9 +21,14 @@ term-count record (:mod:`tiers.session._terms`, written by the index pass;
 all of the user's in one batched read) when its fingerprint matches those
 bytes. Only sessions with neither (stored by an older release, or not
 indexed yet) are read and tokenised. Vectors are always fetched again (one call by
-id), so vectors that arrived since, in one pass or two, are never missed. A
-deleted session is never taken over: the new view lists only sessions the KV
-store holds now, and a user with a session gone is rebuilt from scratch.
+id), so vectors that arrived since, in one pass or two, are never missed.
+
+Deleting means gone, from memory too: the new view lists only sessions the KV
+store holds now, and what it keeps of the previous one (its basis) is the term
+counts of sessions unchanged since, nothing else (:meth:`UserView.without`). A
+change made through this process strips the changed sessions from the kept view
+at once (:meth:`ViewCache.changed`); one made by another process, at this
+process's next view of that user (or when the view is evicted).
 """
 
 from __future__ import annotations
@@ -160,6 +165,31 @@ class UserView:
         )
         return [self.session_ids[i] for i in order]
 
+    def without(self, session_ids: set[str]) -> UserView:
+        """A basis for the user's next view: the term counts of every session but these.
+
+        Nothing else is kept (no text, vectors or keyword index), and nothing
+        of ``session_ids`` (changed or gone), so a deleted or replaced session
+        leaves nothing of itself in memory. Never served, only taken over from.
+        """
+        # The counts of a view that never built its keywords are its own basis's.
+        terms = self._terms or (self.basis._terms if self.basis is not None else {})
+        kept = [
+            (sid, digest)
+            for sid, digest in zip(self.session_ids, self.digests, strict=False)
+            if sid not in session_ids and sid in terms
+        ]
+        counts = {sid: terms[sid] for sid, _ in kept}
+        return UserView(
+            revision=self.revision,
+            session_ids=[sid for sid, _ in kept],
+            created_at=np.zeros(len(kept), dtype=np.float64),
+            texts=[""] * len(kept),
+            nbytes=sum(_ENTRY_BYTES * (len(t.counts) + 1) for t in counts.values()),
+            digests=[digest for _, digest in kept],
+            _terms=counts,
+        )
+
     def needs_reads(self) -> bool:
         """Whether its vectors or keywords are still to be read (a cold or rebuilt view)."""
         return self._bm25 is None or self._vectors is None
@@ -278,10 +308,17 @@ def build_view(
         texts.append(fields[0] if fields else "")
         created.append(fields[1] if fields else 0.0)
         digests.append(summary_digest(data))
-    while basis is not None and not basis._terms:
-        basis = basis.basis  # it never counted terms: take its own basis (no chains are kept)
-    if basis is not None and not set(basis.session_ids) <= set(ids):
-        basis = None  # a session was deleted: rebuild from scratch, nothing of it is kept
+    if basis is not None:
+        # Only counts of sessions stored now with the same summary record are kept: nothing
+        # of a deleted or replaced session stays in memory (no chains are kept either).
+        now = dict(zip(ids, digests, strict=True))
+        basis = basis.without(
+            {
+                sid
+                for sid, digest in zip(basis.session_ids, basis.digests, strict=False)
+                if now.get(sid) != digest
+            }
+        )
     return UserView(
         revision=revision,
         session_ids=ids,
@@ -296,10 +333,11 @@ def build_view(
 class ViewCache:
     """Least-recently-used views of at most ``max_users`` users and about ``max_bytes``. Thread-safe.
 
-    ``invalidate`` and ``outdate`` bump a per-user generation, so a view built
-    while the index was changing underneath it is never stored. An outdated
-    view is no longer served but kept as the basis of the user's next view
-    (see the module docstring); an invalidated one is forgotten. Views grow
+    ``invalidate``, ``changed`` and ``outdate`` bump a per-user generation, so
+    a view built while the index was changing underneath it is never stored.
+    An outdated view is no longer served but kept as the basis of the user's
+    next view (see the module docstring); a changed one is kept only as the
+    term counts of its unchanged sessions; an invalidated one is forgotten. Views grow
     as their lazy parts are built: call :meth:`trim` afterwards to keep the bound.
     """
 
@@ -356,6 +394,21 @@ class ViewCache:
         with self._lock:
             for user_id in user_ids:
                 if user_id in self._views:
+                    self._outdated.add(user_id)
+                self._generations[user_id] = self._generations.get(user_id, 0) + 1
+
+    def changed(self, refs: Sequence[tuple[str, str]]) -> None:
+        """These ``(user, session)`` changed or went: stop serving the users' views, and keep
+        as each one's basis only the term counts of its other sessions (see
+        :meth:`UserView.without`)."""
+        by_user: dict[str, set[str]] = {}
+        for user_id, session_id in refs:
+            by_user.setdefault(user_id, set()).add(session_id)
+        with self._lock:
+            for user_id, session_ids in by_user.items():
+                view = self._views.get(user_id)
+                if view is not None:
+                    self._views[user_id] = view.without(session_ids)
                     self._outdated.add(user_id)
                 self._generations[user_id] = self._generations.get(user_id, 0) + 1
 

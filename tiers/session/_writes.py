@@ -397,6 +397,7 @@ class SessionWriter:
         writes.extend(self._store.mark_stale(user_id, sid, token) for sid in sorted(session_ids))
         self._store.kv.commit(writes)
         self._store.views.invalidate([user_id])
+        self._store.indexer.forget_embedded()
         try:
             self._store.indexer.sync([(user_id, sid) for sid in sorted(session_ids)])
             self._store.indexer.drop_strays(user_id)

@@ -31,19 +31,30 @@ class RecentHeads:
     Every write of a run's head through the store (a commit, a heartbeat, a
     delete) records it here. A lost entry (two runs sharing a slot) only makes
     a step read the head, as with ``head_fresh_ms=0``.
+
+    A head is kept as its ``hash()``, never its bytes: a head holds the run's
+    result and error, which must not outlive the run's deletion by another
+    process in this one (invariant 8). A bytes object caches its hash, so the
+    handle's test of the head it wrote costs nothing; two heads of one run
+    with one hash would only trust a head the commit's check of the exact
+    bytes still fences. A deleted run's slot is emptied, its id too.
     """
 
     def __init__(self) -> None:
-        self._slots: list[tuple[str, bytes | None] | None] = [None] * _SLOTS
+        self._slots: list[tuple[str, int] | None] = [None] * _SLOTS
 
     def wrote(self, run_id: str, head: bytes | None) -> None:
         """Record that ``run_id``'s head is now ``head`` (``None``: the run was deleted)."""
-        self._slots[hash(run_id) & (_SLOTS - 1)] = (run_id, head)
+        at = hash(run_id) & (_SLOTS - 1)
+        if head is not None:
+            self._slots[at] = (run_id, hash(head))
+        elif (slot := self._slots[at]) is not None and slot[0] == run_id:
+            self._slots[at] = None
 
     def holds(self, run_id: str, head: bytes) -> bool:
         """Whether ``head`` is the last head written for ``run_id`` through this store."""
         slot = self._slots[hash(run_id) & (_SLOTS - 1)]
-        return slot is not None and slot[0] == run_id and slot[1] == head
+        return slot is not None and slot[0] == run_id and slot[1] == hash(head)
 
 
 def check_head_fresh_ms(value: object) -> float:

@@ -20,6 +20,13 @@ class DecodedFacts:
     change made by any process has other bytes and simply misses. Nothing
     here can be stale; it only skips re-validating identical bytes.
 
+    Deleting means gone (invariant 8): a fact is kept by its space too, and
+    :meth:`forget` drops every fact of a space, which the user tier calls
+    after each commit deleting from it. A delete made by another process is
+    forgotten here at this process's next listing of that user's facts
+    (:meth:`decode_all` of a whole space drops what it no longer holds), or
+    when the fact is evicted as the least recently used.
+
     Records are immutable, but a container ``value`` (a JSON object or array)
     is not: a fact holding one is always returned as a copy with its own
     value, so a caller mutating it never changes what later callers get.
@@ -33,59 +40,90 @@ class DecodedFacts:
     def __init__(self, max_entries: int = 16_384, max_bytes: int = 16 * 1024 * 1024) -> None:
         self._max_entries = max_entries
         self._max_bytes = max_bytes
-        self._facts: OrderedDict[bytes, UserFact] = OrderedDict()
+        self._facts: OrderedDict[tuple[str, bytes], UserFact] = OrderedDict()
+        # Each space's kept facts, so a delete forgets them without a pass over all.
+        self._spaces: dict[str, dict[bytes, None]] = {}
         self._bytes = 0
         self._lock = threading.Lock()
 
-    def decode(self, data: bytes, *, where: str) -> UserFact:
-        """The fact stored as ``data``.
+    def decode(self, space: str, name: str, data: bytes) -> UserFact:
+        """The fact stored as ``data`` at ``name`` of ``space``.
 
         Raises:
             CorruptRecordError: ``data`` is not a valid fact (never cached).
         """
-        space, _, key = where.rpartition("/")
-        (fact,) = self.decode_all(space, [(key, data)])
+        (fact,) = self.decode_all(space, [(name, data)])
         return fact
 
-    def decode_all(self, space: str, stored: Sequence[tuple[str, bytes]]) -> list[UserFact]:
+    def decode_all(
+        self, space: str, stored: Sequence[tuple[str, bytes]], *, whole: bool = False
+    ) -> list[UserFact]:
         """The facts stored as these ``(key, data)`` pairs of ``space``, in order (one lock).
+
+        Args:
+            space: The space they were read from.
+            stored: Its ``(key, data)`` pairs.
+            whole: ``stored`` is all the space holds now: kept facts of the
+                space it does not list are forgotten (deleted or replaced
+                meanwhile, maybe by another process).
 
         Raises:
             CorruptRecordError: A value is not a valid fact (never cached); names its key.
         """
         with self._lock:
-            found = [self._facts.get(data) for _, data in stored]
+            if whole:
+                listed = {data for _, data in stored}
+                for data in [d for d in self._spaces.get(space, ()) if d not in listed]:
+                    self._drop(space, data)
+            found = [self._facts.get((space, data)) for _, data in stored]
             for (_, data), fact in zip(stored, found, strict=True):
                 if fact is not None:
-                    self._facts.move_to_end(data)
+                    self._facts.move_to_end((space, data))
         out: list[UserFact] = []
         for (key, data), hit in zip(stored, found, strict=True):
             fact = hit
             if fact is None:
                 fact = decode(UserFact, data, where=f"{space}/{key}")
-                self._put(data, fact)
+                self._put(space, data, fact)
             if isinstance(fact.value, (dict, list)):
                 # The kept instance never leaves: a caller gets a value of its own to mutate.
                 fact = fact.model_copy(update={"value": copy.deepcopy(fact.value)})
             out.append(fact)
         return out
 
+    def forget(self, space: str) -> None:
+        """Drop every fact kept of ``space`` (after a commit that deleted from it)."""
+        with self._lock:
+            for data in list(self._spaces.get(space, ())):
+                self._drop(space, data)
+
     def __len__(self) -> int:
         return len(self._facts)
 
-    def _put(self, data: bytes, fact: UserFact) -> None:
+    def _put(self, space: str, data: bytes, fact: UserFact) -> None:
         if len(data) > self._max_bytes:
             return
         with self._lock:
-            if data in self._facts:
+            if (space, data) in self._facts:
                 return
-            self._facts[data] = fact
+            self._facts[(space, data)] = fact
+            self._spaces.setdefault(space, {})[data] = None
             self._bytes += len(data)
             while len(self._facts) > self._max_entries or self._bytes > self._max_bytes:
-                old, _ = self._facts.popitem(last=False)
-                self._bytes -= len(old)
+                old_space, old = next(iter(self._facts))
+                self._drop(old_space, old)
+
+    def _drop(self, space: str, data: bytes) -> None:
+        """Forget one kept fact (the caller holds the lock)."""
+        if self._facts.pop((space, data), None) is None:
+            return
+        self._bytes -= len(data)
+        kept = self._spaces[space]
+        del kept[data]
+        if not kept:
+            del self._spaces[space]
 
 
-# One per process, shared by every tenant's tier: equal bytes decode to an equal fact,
-# whoever reads them (the bytes hold the user id and key), so sharing leaks nothing.
+# One per process, shared by every tenant's tier: facts are kept by space (tenant and user) and
+# bytes, so a tier finds only what it read from its own spaces.
 SHARED = DecodedFacts()

@@ -280,13 +280,13 @@ class UserTier:
         (data,) = self._kv.get_many(space, [name])
         if data is None:
             raise FactNotFoundError(f"user {user_id!r} has no fact {key!r}")
-        return self._decoded.decode(data, where=f"{space}/{name}")
+        return self._decoded.decode(space, name, data)
 
     def get_facts(self, user_id: str) -> list[UserFact]:
         """Every current fact of the user, sorted by key (empty for an unknown user)."""
         check_id(user_id, "user_id")
         space = keys.facts_space(self._tenant, user_id)
-        facts = self._decoded.decode_all(space, self._kv.scan(space))
+        facts = self._decoded.decode_all(space, self._kv.scan(space), whole=True)
         if self._key_token is not None:
             facts.sort(key=lambda fact: fact.key)  # tokens are in no order of their keys
         return facts
@@ -334,7 +334,8 @@ class UserTier:
                 }
             )
             try:
-                self._kv.commit(
+                self._commit_deleting(
+                    space,
                     [
                         self._history_put(current, name),
                         self._history_put(tombstone, name),
@@ -397,7 +398,7 @@ class UserTier:
         past.sort(key=lambda entry: entry[2])
         dates = [when for _, _, when in past]
         if current is not None:
-            dates.append(self._decoded.decode(current, where=f"{facts}/{name}").updated_at)
+            dates.append(self._decoded.decode(facts, name, current).updated_at)
         if not dates:
             return 0
         writes: list[Write] = []
@@ -419,7 +420,7 @@ class UserTier:
         if not writes:
             return 0
         try:
-            self._kv.commit(writes, checks)
+            self._commit_deleting(facts, writes, checks)
         except ConflictError:
             return 0  # written meanwhile: the next sweep decides again
         return len(writes)
@@ -427,11 +428,9 @@ class UserTier:
     def delete_user(self, user_id: str) -> None:
         """Forget every fact of the user, history included."""
         check_id(user_id, "user_id")
-        self._kv.commit(
-            [
-                DeleteSpace(keys.facts_space(self._tenant, user_id)),
-                DeleteSpace(keys.fact_history_space(self._tenant, user_id)),
-            ]
+        facts = keys.facts_space(self._tenant, user_id)
+        self._commit_deleting(
+            facts, [DeleteSpace(facts), DeleteSpace(keys.fact_history_space(self._tenant, user_id))]
         )
 
     def unlist_user(self, user_id: str) -> None:
@@ -474,7 +473,7 @@ class UserTier:
                     checks.append(Check(history, key, data))
                     removed += 1
             for name, data in current:
-                fact = self._decoded.decode(data, where=f"{facts}/{name}")
+                fact = self._decoded.decode(facts, name, data)
                 if fact.source != source:
                     continue
                 removed += 1
@@ -498,12 +497,25 @@ class UserTier:
             if not writes:
                 return 0
             try:
-                self._kv.commit(writes, checks)
+                self._commit_deleting(facts, writes, checks)
             except ConflictError:
                 cas.backoff(attempt)
                 continue
             return removed
         raise ConflictError(f"the facts of user {user_id!r} are changing too fast; retry")
+
+    def _commit_deleting(
+        self, facts: str, writes: Sequence[Write], checks: Sequence[Check] = ()
+    ) -> None:
+        """Commit writes deleting from the facts space ``facts``, then drop its decoded facts.
+
+        Also when the commit raised: it may have applied, and a deleted fact
+        must not stay in this process's memory (invariant 8).
+        """
+        try:
+            self._kv.commit(writes, checks)
+        finally:
+            self._decoded.forget(facts)
 
     def _name(self, space: str, key: str) -> str:
         """The name fact ``key`` is stored under in ``space`` (a facts space; module docstring)."""

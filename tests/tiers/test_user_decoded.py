@@ -2,10 +2,14 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.kv_spies import PassThroughKV
+from tests.live_objects import holders
 from tiers import keys
 from tiers.backends.base import Put
 from tiers.backends.sqlite_kv import SqliteKVStore
@@ -106,12 +110,58 @@ def test_the_memo_stays_within_its_bounds() -> None:
     facts = [UserFact(user_id="u1", key=f"k{n}", value=n) for n in range(20)]
     for fact in facts:
         data = fact.model_dump_json().encode()
-        assert memo.decode("test", fact.key, data) == fact
+        assert memo.decode("test", fact.key, data, read_at=memo.mark()) == fact
         assert len(memo) <= 5
     by_bytes = DecodedFacts(max_entries=100, max_bytes=400)
     for fact in facts:
-        by_bytes.decode("test", fact.key, fact.model_dump_json().encode())
+        by_bytes.decode("test", fact.key, fact.model_dump_json().encode(), read_at=0)
     assert 0 < len(by_bytes) <= 400 // len(facts[0].model_dump_json())
     # Least recently used goes first: the newest facts are still there.
     last = facts[-1].model_dump_json().encode()
-    assert by_bytes.decode("test", facts[-1].key, last) == facts[-1]
+    assert by_bytes.decode("test", facts[-1].key, last, read_at=0) == facts[-1]
+
+
+class _DeletesAfterReading(PassThroughKV):
+    """A real store, passed through, that runs ``then`` once right after a read of a facts space
+    returns: a delete committed while a read of the same facts is in flight (another thread)."""
+
+    def __init__(self, inner: SqliteKVStore) -> None:
+        super().__init__(inner)
+        self.then: Callable[[], None] | None = None
+
+    def _after_read(self) -> None:
+        then, self.then = self.then, None
+        if then is not None:
+            then()
+
+    def get_many(self, space: str, keys: Sequence[str]) -> list[bytes | None]:
+        found = super().get_many(space, keys)
+        self._after_read()
+        return found
+
+    def scan(self, space: str, **options: Any) -> list[tuple[str, bytes]]:
+        found = super().scan(space, **options)
+        self._after_read()
+        return found
+
+
+@pytest.mark.parametrize("read", ["get_facts", "get_fact"])
+def test_a_read_in_flight_when_its_facts_are_deleted_does_not_keep_them(
+    db: Path, read: str
+) -> None:
+    # The delete forgets the space before the read decodes what it read: that must not be kept.
+    kv = _DeletesAfterReading(SqliteKVStore(db, durable=False))
+    try:
+        memo = DecodedFacts()
+        tier = UserTier(kv, decoded=memo)
+        tier.set_facts("u1", {"pet": "okapi-in-flight"})
+        kv.then = lambda: tier.delete_user("u1")
+        if read == "get_facts":
+            assert [f.value for f in tier.get_facts("u1")] == ["okapi-in-flight"]
+        else:
+            assert tier.get_fact("u1", "pet").value == "okapi-in-flight"
+        assert kv.then is None  # the delete ran between the read and the decode
+        assert len(memo) == 0
+        assert holders("okapi-in-flight") == []
+    finally:
+        kv.close()

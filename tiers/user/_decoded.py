@@ -25,7 +25,10 @@ class DecodedFacts:
     after each commit deleting from it. A delete made by another process is
     forgotten here at this process's next listing of that user's facts
     (:meth:`decode_all` of a whole space drops what it no longer holds), or
-    when the fact is evicted as the least recently used.
+    when the fact is evicted as the least recently used. A read in flight
+    when the delete forgets the space must not keep what it read: each read
+    takes :meth:`mark` before it reads the store, and a fact read before any
+    later :meth:`forget` is decoded but not kept.
 
     Records are immutable, but a container ``value`` (a JSON object or array)
     is not: a fact holding one is always returned as a copy with its own
@@ -44,25 +47,38 @@ class DecodedFacts:
         # Each space's kept facts, so a delete forgets them without a pass over all.
         self._spaces: dict[str, dict[bytes, None]] = {}
         self._bytes = 0
+        # Bumped by each forget: facts read before it are not kept (see mark).
+        self._forgets = 0
         self._lock = threading.Lock()
 
-    def decode(self, space: str, name: str, data: bytes) -> UserFact:
-        """The fact stored as ``data`` at ``name`` of ``space``.
+    def mark(self) -> int:
+        """Take it before reading facts from the store, and pass it to the decode as ``read_at``."""
+        return self._forgets
+
+    def decode(self, space: str, name: str, data: bytes, *, read_at: int) -> UserFact:
+        """The fact stored as ``data`` at ``name`` of ``space``, read after :meth:`mark` gave ``read_at``.
 
         Raises:
             CorruptRecordError: ``data`` is not a valid fact (never cached).
         """
-        (fact,) = self.decode_all(space, [(name, data)])
+        (fact,) = self.decode_all(space, [(name, data)], read_at=read_at)
         return fact
 
     def decode_all(
-        self, space: str, stored: Sequence[tuple[str, bytes]], *, whole: bool = False
+        self,
+        space: str,
+        stored: Sequence[tuple[str, bytes]],
+        *,
+        read_at: int,
+        whole: bool = False,
     ) -> list[UserFact]:
         """The facts stored as these ``(key, data)`` pairs of ``space``, in order (one lock).
 
         Args:
             space: The space they were read from.
             stored: Its ``(key, data)`` pairs.
+            read_at: What :meth:`mark` gave before they were read: if a
+                forget came since, they may be deleted already and are not kept.
             whole: ``stored`` is all the space holds now: kept facts of the
                 space it does not list are forgotten (deleted or replaced
                 meanwhile, maybe by another process).
@@ -84,7 +100,7 @@ class DecodedFacts:
             fact = hit
             if fact is None:
                 fact = decode(UserFact, data, where=f"{space}/{key}")
-                self._put(space, data, fact)
+                self._put(space, data, fact, read_at)
             if isinstance(fact.value, (dict, list)):
                 # The kept instance never leaves: a caller gets a value of its own to mutate.
                 fact = fact.model_copy(update={"value": copy.deepcopy(fact.value)})
@@ -94,17 +110,18 @@ class DecodedFacts:
     def forget(self, space: str) -> None:
         """Drop every fact kept of ``space`` (after a commit that deleted from it)."""
         with self._lock:
+            self._forgets += 1
             for data in list(self._spaces.get(space, ())):
                 self._drop(space, data)
 
     def __len__(self) -> int:
         return len(self._facts)
 
-    def _put(self, space: str, data: bytes, fact: UserFact) -> None:
+    def _put(self, space: str, data: bytes, fact: UserFact, read_at: int) -> None:
         if len(data) > self._max_bytes:
             return
         with self._lock:
-            if (space, data) in self._facts:
+            if read_at != self._forgets or (space, data) in self._facts:
                 return
             self._facts[(space, data)] = fact
             self._spaces.setdefault(space, {})[data] = None

@@ -277,16 +277,18 @@ class UserTier:
         check_id(key, "key")
         space = keys.facts_space(self._tenant, user_id)
         name = self._name(space, key)
+        read_at = self._decoded.mark()
         (data,) = self._kv.get_many(space, [name])
         if data is None:
             raise FactNotFoundError(f"user {user_id!r} has no fact {key!r}")
-        return self._decoded.decode(space, name, data)
+        return self._decoded.decode(space, name, data, read_at=read_at)
 
     def get_facts(self, user_id: str) -> list[UserFact]:
         """Every current fact of the user, sorted by key (empty for an unknown user)."""
         check_id(user_id, "user_id")
         space = keys.facts_space(self._tenant, user_id)
-        facts = self._decoded.decode_all(space, self._kv.scan(space), whole=True)
+        read_at = self._decoded.mark()
+        facts = self._decoded.decode_all(space, self._kv.scan(space), read_at=read_at, whole=True)
         if self._key_token is not None:
             facts.sort(key=lambda fact: fact.key)  # tokens are in no order of their keys
         return facts
@@ -390,6 +392,7 @@ class UserTier:
         versions deleted."""
         facts = keys.facts_space(self._tenant, user_id)
         history = keys.fact_history_space(self._tenant, user_id)
+        read_at = self._decoded.mark()
         (current,) = self._kv.get_many(facts, [name])
         past = [
             (hkey, data, decode(UserFact, data, where=f"{history}/{hkey}").updated_at)
@@ -398,7 +401,7 @@ class UserTier:
         past.sort(key=lambda entry: entry[2])
         dates = [when for _, _, when in past]
         if current is not None:
-            dates.append(self._decoded.decode(facts, name, current).updated_at)
+            dates.append(self._decoded.decode(facts, name, current, read_at=read_at).updated_at)
         if not dates:
             return 0
         writes: list[Write] = []
@@ -459,6 +462,7 @@ class UserTier:
         facts = keys.facts_space(self._tenant, user_id)
         history = keys.fact_history_space(self._tenant, user_id)
         for attempt in range(cas.ATTEMPTS):
+            read_at = self._decoded.mark()
             current = self._kv.scan(facts)
             past = [
                 (key, data, decode(UserFact, data, where=f"{history}/{key}"))
@@ -473,7 +477,7 @@ class UserTier:
                     checks.append(Check(history, key, data))
                     removed += 1
             for name, data in current:
-                fact = self._decoded.decode(facts, name, data)
+                fact = self._decoded.decode(facts, name, data, read_at=read_at)
                 if fact.source != source:
                     continue
                 removed += 1

@@ -2,10 +2,13 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import threading
+from collections.abc import Callable, Sequence
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
+from typing import Any
 
+from tests.kv_spies import PassThroughKV
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.backends.sqlite_kv import SqliteKVStore
@@ -111,6 +114,62 @@ def test_a_deleted_session_leaves_no_vectors_of_its_texts_in_the_embedding_cache
         # The deleted session's vectors were not kept: the same texts reach the model again.
         again = counting.texts[before:]
         assert any("okapi seen at dawn" in text for text in again), again
+    finally:
+        tier.close()
+        index.close()
+        kv.close()
+
+
+class _DeletesWhenTheWorkerReads(PassThroughKV):
+    """A real store, passed through, that runs ``then`` once right after the index's worker thread
+    read transcripts: a delete committed while an index pass is under way (between its reads and
+    its model calls)."""
+
+    def __init__(self, inner: SqliteKVStore) -> None:
+        super().__init__(inner)
+        self.then: Callable[[], None] | None = None
+
+    def _after(self, space: str) -> None:
+        then = self.then
+        worker = threading.current_thread() is not threading.main_thread()
+        if then is not None and worker and space.endswith(":transcripts"):
+            self.then = None
+            then()
+
+    def get_many(self, space: str, keys: Sequence[str]) -> list[bytes | None]:
+        found = super().get_many(space, keys)
+        self._after(space)
+        return found
+
+    def scan(self, space: str, **options: Any) -> list[tuple[str, bytes]]:
+        found = super().scan(space, **options)
+        self._after(space)
+        return found
+
+
+def test_a_session_deleted_while_an_index_pass_reads_it_leaves_no_vectors_in_the_cache(
+    tmp_path: Path, no_network: None
+) -> None:
+    # The pass reads the session, the delete forgets the cache, then the pass embeds what it read:
+    # those vectors are of deleted texts and must not be kept.
+    embedder = MiniLMEmbedder()
+    embedder.load()
+    spy = CountingEmbedder(embedder)
+    index = ChromaVectorIndex(tmp_path / "chroma", embedder=embedder)
+    kv = _DeletesWhenTheWorkerReads(SqliteKVStore(tmp_path / "kv.sqlite3"))
+    try:
+        tier = SessionTier(kv, index, spy, background=True)  # as Memory indexes
+        kv.then = lambda: tier.delete_session("ann", "s1")
+        _save(tier, "s1", "the wombat dug a burrow under the old fence", 0)
+        assert tier.flush(60)
+        assert kv.then is None, "the delete did not run"
+        first = [text for text in spy.texts if "wombat" in text]
+        assert first, "the pass embedded nothing of the session"
+        seen = len(spy.texts)
+        _save(tier, "s1", "the wombat dug a burrow under the old fence", 0)  # the same again
+        assert tier.flush(60)
+        # Nothing of the deleted session was kept: its texts reach the model again.
+        assert [text for text in first if text not in spy.texts[seen:]] == []
     finally:
         tier.close()
         index.close()

@@ -383,6 +383,7 @@ class SessionIndexer:
         Without the sync lock: the locked pass then finds them cached. False: it gave way."""
         tokens = self._tokens(refs, _Pass.WINDOWS)
         live = [ref for ref, token in zip(refs, tokens, strict=True) if token is not None]
+        read_at = self._embed.mark()
         plans = read_plans(
             self._kv,
             self._tenant,
@@ -393,7 +394,7 @@ class SessionIndexer:
         )
         return self._pacer.run(
             [text for plan in plans for text in plan.indexed[1:]],
-            lambda texts: self._embed.embed(texts, using=self._lane),
+            lambda texts: self._embed.embed(texts, read_at=read_at, using=self._lane),
             self._cond,
             give_way=lambda: self._stopping or bool(self._queue) or self._needs_repair.is_set(),
         )
@@ -510,6 +511,7 @@ class SessionIndexer:
         ]
         if not work:
             return []  # whoever cleared the entries indexed a state at least this new
+        read_at = self._embed.mark()
         plans = read_plans(
             self._kv,
             self._tenant,
@@ -529,7 +531,7 @@ class SessionIndexer:
             self._kv.commit(grown)
         try:
             # The second pass adds the windows: the first one wrote the base vector.
-            self._write_vectors(plans, windows_only=kind is _Pass.WINDOWS)
+            self._write_vectors(plans, read_at, windows_only=kind is _Pass.WINDOWS)
         finally:
             self._on_indexed(users_of(refs))
         requeued = self._clear(work, plans, source)
@@ -552,9 +554,10 @@ class SessionIndexer:
             token if first is None else None for token, first in zip(tokens, ahead, strict=True)
         ]
 
-    def _write_vectors(self, plans: list[Plan], *, windows_only: bool) -> None:
+    def _write_vectors(self, plans: list[Plan], read_at: int, *, windows_only: bool) -> None:
         first = 1 if windows_only else 0
-        vectors = self._embed.embed([text for plan in plans for text in plan.indexed[first:]])
+        texts = [text for plan in plans for text in plan.indexed[first:]]
+        vectors = self._embed.embed(texts, read_at=read_at)
         items, removals = vector_changes(self._tenant, plans, vectors, first=first)
         if items:
             self._index.upsert(items)

@@ -279,6 +279,8 @@ class CachedEmbedder:
     Kept by each text's digest; the vectors are derived from the text, so
     :meth:`forget` drops them all when a session is deleted through this
     process (a delete by another process: they go as the least recently used).
+    A pass takes :meth:`mark` before it reads the texts from the store: what
+    it embeds after a forget since is not kept (the texts may be deleted).
     Thread-safe (the embedder is called outside the cache's lock).
 
     Args:
@@ -289,21 +291,28 @@ class CachedEmbedder:
         self._embedder = embedder
         self._lock = threading.Lock()
         self._embedded: OrderedDict[str, list[float]] = OrderedDict()
-        # Bumped by forget: vectors of an embedding begun before it are not kept.
+        # Bumped by forget: vectors of texts read before it are not kept.
         self._generation = 0
 
-    def embed(self, texts: list[str], *, using: Embedder | None = None) -> list[list[float]]:
+    def mark(self) -> int:
+        """Take it before reading the texts to embed from the store; pass it as ``read_at``."""
+        return self._generation
+
+    def embed(
+        self, texts: list[str], *, read_at: int, using: Embedder | None = None
+    ) -> list[list[float]]:
         """The vectors of ``texts``, in order; only texts not cached reach the embedder.
 
         Args:
             texts: The texts.
+            read_at: What :meth:`mark` gave before they were read: if a forget
+                came since, their vectors are not kept.
             using: Another lane of the same model to embed them on (fewer threads,
                 see :func:`tiers.session._windows.background_lane`); cached alike.
         """
         digests = [hashlib.blake2b(text.encode(), digest_size=16).hexdigest() for text in texts]
         found: dict[str, list[float]] = {}
         with self._lock:
-            generation = self._generation
             for digest in digests:
                 cached = self._embedded.get(digest)
                 if cached is not None:
@@ -315,7 +324,7 @@ class CachedEmbedder:
             with self._lock:
                 for digest, vector in zip(missing, fresh, strict=True):
                     found[digest] = vector
-                    if generation == self._generation:
+                    if read_at == self._generation:
                         self._embedded[digest] = vector
                 while len(self._embedded) > _EMBED_CACHE:
                     self._embedded.popitem(last=False)

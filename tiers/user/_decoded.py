@@ -87,14 +87,21 @@ class DecodedFacts:
             CorruptRecordError: A value is not a valid fact (never cached); names its key.
         """
         with self._lock:
-            if whole:
-                listed = {data for _, data in stored}
-                for data in [d for d in self._spaces.get(space, ()) if d not in listed]:
-                    self._drop(space, data)
-            found = [self._facts.get((space, data)) for _, data in stored]
-            for (_, data), fact in zip(stored, found, strict=True):
+            found: list[UserFact | None] = []
+            hits = 0
+            for _, data in stored:
+                at = (space, data)
+                fact = self._facts.get(at)
                 if fact is not None:
-                    self._facts.move_to_end((space, data))
+                    hits += 1
+                    self._facts.move_to_end(at)
+                found.append(fact)
+            # Each hit is a kept fact of the space (a fact's bytes hold its key: no two alike), so
+            # it keeps one the listing lacks only if it keeps more: the usual listing builds no set.
+            if whole and len(self._spaces.get(space, ())) > hits:
+                listed = {data for _, data in stored}
+                for data in [d for d in self._spaces[space] if d not in listed]:
+                    self._drop(space, data)
         out: list[UserFact] = []
         for (key, data), hit in zip(stored, found, strict=True):
             fact = hit

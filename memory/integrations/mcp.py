@@ -65,7 +65,7 @@ from memory.settings import Settings
 from summarizer.errors import SummarizerError
 from tiers.errors import InvalidInputError, TierError
 from tiers.ids import ID_RULE
-from tiers.models import RunStatus
+from tiers.models import RunInfo, RunStatus
 from tiers.task import MAX_NOTE, UNSET
 
 require("mcp", "mcp")
@@ -564,15 +564,19 @@ class _Tools:
         """Raise (or lower, or lift) the token and/or cost budget of a run: a run that spent its
         budget starts no new step until then. The change is recorded as made by this MCP client.
         Only on the user's instruction."""
-        info = self._call(
-            ctx,
-            lambda c: c.memory.set_budget(
+
+        def change(c: McpCaller) -> RunInfo:
+            if tokens is None and cost is None:
+                # The library's advice ("None: unlimited") is wrong here: null leaves a limit as is.
+                raise InvalidInputError(
+                    "give the new budget: tokens, cost or both ('unlimited' removes a limit)",
+                    field="tokens",
+                )
+            return c.memory.set_budget(
                 run_id, tokens=_limit(tokens), cost=_limit(cost), by=self._by(ctx, c)
-            ),
-            writes=True,
-            run_id=run_id,
-        )
-        return run_result(info)
+            )
+
+        return run_result(self._call(ctx, change, writes=True, run_id=run_id))
 
 
 def _limit(value: float | str | None) -> Any:

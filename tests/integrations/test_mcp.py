@@ -613,8 +613,11 @@ def test_set_budget_raises_a_spent_budget_and_refuses_bad_ones(tmp_path: Path) -
 
         async def main() -> None:
             async with Client(build_server(memory)) as client:
+                neither = await fails(client, "set_budget", run_id="r1")
+                assert "field 'tokens'" in neither, neither
+                assert "'unlimited' removes a limit" in neither, neither
+                assert "None" not in neither, neither  # null leaves a limit as it is
                 for bad, field in (
-                    ({}, "budget_tokens"),
                     ({"tokens": -1}, "budget_tokens"),
                     ({"tokens": True}, "tokens"),
                     ({"tokens": "5"}, "tokens"),

@@ -22,6 +22,7 @@ import pytest
 from tests.live_objects import holders
 from tiers import keys
 from tiers.backends.base import KVStore
+from tiers.backends.encrypted_kv import EncryptedKVStore, MasterKey
 from tiers.errors import (
     BudgetExceededError,
     InvalidInputError,
@@ -427,3 +428,23 @@ def test_a_run_deleted_by_another_writer_leaves_nothing_of_its_head_in_the_worke
     del run  # the handle is the caller's: what the tier keeps must not hold the head
     assert other.delete_run("r-erased")
     assert holders(f"okapi{token} was") == []
+
+
+@pytest.mark.parametrize("encrypted", [False, True], ids=["plain", "encrypted"])
+def test_a_collision_in_the_head_table_is_fenced_by_the_commits_exact_bytes_check(
+    kv: KVStore, encrypted: bool
+) -> None:
+    # The table keeps hash(head): two heads of one run with one hash would let a step trust the
+    # older one. Put the table in that state (it names the handle's head as the last one written
+    # after a cancel through the same tier): the commit's check of the exact bytes still refuses.
+    store = EncryptedKVStore(kv, MasterKey.generate()[0]) if encrypted else kv
+    tier = TaskTier(store, head_fresh_ms=WINDOW_MS)
+    run = started(tier)
+    tier.cancel("r1")
+    tier._store.recent_heads.wrote("r1", run._writer.head)
+    before = stored(store, "r1")
+    calls = Calls()
+    with pytest.raises(RunCancelledError):
+        run.step("two", lambda: calls(2))
+    assert calls.count == 1  # it ran on the trusted head, as with a cancel made elsewhere
+    assert stored(store, "r1") == before

@@ -98,7 +98,8 @@ class ServiceState:
         self._key_cache_lock = threading.Lock()
         # Bumped by each revocation: a verification that read the registry before it is not kept.
         self._key_generation = 0
-        self._verifying: dict[str, asyncio.Future[Principal]] = {}
+        # Verifications in flight, by key digest, with the key generation they began in.
+        self._verifying: dict[str, tuple[int, asyncio.Future[Principal]]] = {}
         self._embedder_ok_at: float | None = None
         self._stop_sweeping = threading.Event()
         self._sweeper: threading.Thread | None = None
@@ -193,22 +194,26 @@ class ServiceState:
 
         When a cached verification expires under load, every request in flight
         with that key would otherwise read the registry at once; they wait for
-        the first one instead. Call from the event loop only.
+        the first one instead, unless a key was revoked here since it began (it
+        may have read the registry before): then they read it again. Call from
+        the event loop only.
 
         Raises:
             InvalidApiKeyError: The key is malformed, unknown or revoked.
         """
         digest = hashlib.sha256(key.encode()).hexdigest()
-        pending = self._verifying.get(digest)
-        if pending is None:
+        generation = self._key_generation
+        began, pending = self._verifying.get(digest, (None, None))
+        if pending is None or began != generation:
             pending = asyncio.ensure_future(self.read(self.authenticate, key))
-            self._verifying[digest] = pending
+            self._verifying[digest] = (generation, pending)
             pending.add_done_callback(lambda done: self._verified(digest, done))
         # Shielded: a caller that goes away must not cancel the others' verification.
         return await asyncio.shield(pending)
 
     def _verified(self, digest: str, done: asyncio.Future[Principal]) -> None:
-        self._verifying.pop(digest, None)
+        if self._verifying.get(digest, (None, None))[1] is done:  # not a later one of the key
+            del self._verifying[digest]
         if not done.cancelled():
             done.exception()  # marks it retrieved, should every waiter have gone away
 

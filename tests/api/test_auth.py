@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
+import threading
 from pathlib import Path
 
 import pytest
@@ -82,6 +84,41 @@ def test_a_key_revoked_while_it_is_verified_is_not_cached(
         assert api.client.get(FACTS, headers=headers).status_code == 200  # verified before
         assert api.service.cached_principal(key) is None
         assert_unauthorized(api.client.get(FACTS, headers=headers))
+
+
+def test_a_request_after_a_revocation_does_not_share_a_verification_begun_before_it(
+    memory: Memory, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Requests with one key share one verification in flight; one that arrives after the key was
+    # revoked must read the registry itself, not take the answer of a read made before.
+    with start_app(Settings(data_dir=tmp_path, auth_cache_seconds=0), memory) as api:
+        service = api.service
+        service.inline_reads = False  # offloaded, as for a network store: verifications overlap
+        key = api.key(new_tenant())["Authorization"].removeprefix("Bearer ")
+        key_id = key.split("_")[1]
+        verify = service.keys.verify
+        was_read, go_on = threading.Event(), threading.Event()
+
+        def held_after_reading(raw: str) -> object:
+            info = verify(raw)
+            was_read.set()
+            assert go_on.wait(30)
+            return info
+
+        async def main() -> None:
+            monkeypatch.setattr(service.keys, "verify", held_after_reading)
+            first = asyncio.ensure_future(service.verify(key))
+            assert await asyncio.to_thread(was_read.wait, 30)
+            monkeypatch.setattr(service.keys, "verify", verify)
+            await asyncio.to_thread(service.revoke_key, key_id)
+            second = asyncio.ensure_future(service.verify(key))
+            await asyncio.sleep(0.05)  # it has joined the first one, or begun its own
+            go_on.set()
+            assert (await first).key_id == key_id  # read before the revocation
+            with pytest.raises(InvalidApiKeyError):
+                await second
+
+        asyncio.run(main())
 
 
 def test_read_only_key_reads_but_cannot_write(api: Api) -> None:

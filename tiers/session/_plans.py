@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from tiers import keys
 from tiers.backends.base import Delete, Embedder, KVStore, Put, VectorItem, Write
+from tiers.cache_ages import SWEEPER, Stamps
 from tiers.codec import decode
 from tiers.errors import CorruptRecordError
 from tiers.models import Message, SessionSummary
@@ -278,7 +279,8 @@ class CachedEmbedder:
 
     Kept by each text's digest; the vectors are derived from the text, so
     :meth:`forget` drops them all when a session is deleted through this
-    process (a delete by another process: they go as the least recently used).
+    process (a delete by another process: they go as the least recently used,
+    or by the process's cache sweeper past the max age, :mod:`tiers.cache_ages`).
     Thread-safe (the embedder is called outside the cache's lock).
 
     Args:
@@ -289,8 +291,10 @@ class CachedEmbedder:
         self._embedder = embedder
         self._lock = threading.Lock()
         self._embedded: OrderedDict[str, list[float]] = OrderedDict()
+        self._stamps: Stamps[str] = Stamps()
         # Bumped by forget: vectors of an embedding begun before it are not kept.
         self._generation = 0
+        SWEEPER.track(self)
 
     def embed(self, texts: list[str], *, using: Embedder | None = None) -> list[list[float]]:
         """The vectors of ``texts``, in order; only texts not cached reach the embedder.
@@ -315,17 +319,25 @@ class CachedEmbedder:
             with self._lock:
                 for digest, vector in zip(missing, fresh, strict=True):
                     found[digest] = vector
-                    if generation == self._generation:
+                    if generation == self._generation and SWEEPER.keeping:
                         self._embedded[digest] = vector
+                        self._stamps.stamp(digest)
                 while len(self._embedded) > _EMBED_CACHE:
-                    self._embedded.popitem(last=False)
+                    self._stamps.discard(self._embedded.popitem(last=False)[0])
         return [found[digest] for digest in digests]
 
     def forget(self) -> None:
         """Drop every kept vector (a session was deleted: vectors of its texts must not stay)."""
         with self._lock:
             self._embedded.clear()
+            self._stamps.clear()
             self._generation += 1
+
+    def sweep(self, cutoff: float) -> None:
+        """Drop the vectors kept at ``cutoff`` (``time.monotonic``) or before."""
+        with self._lock:
+            for digest in self._stamps.expired(cutoff):
+                self._embedded.pop(digest, None)
 
 
 def enqueue(queue: OrderedDict[str, dict[str, None]], refs: Iterable[Ref]) -> None:

@@ -7,6 +7,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from tiers.cache_ages import SWEEPER, Stamps
 from tiers.codec import decode
 from tiers.models import UserFact
 
@@ -24,8 +25,9 @@ class DecodedFacts:
     :meth:`forget` drops every fact of a space, which the user tier calls
     after each commit deleting from it. A delete made by another process is
     forgotten here at this process's next listing of that user's facts
-    (:meth:`decode_all` of a whole space drops what it no longer holds), or
-    when the fact is evicted as the least recently used.
+    (:meth:`decode_all` of a whole space drops what it no longer holds), when
+    the fact is evicted as the least recently used, or by the process's cache
+    sweeper once it is older than the max age (:mod:`tiers.cache_ages`).
 
     Records are immutable, but a container ``value`` (a JSON object or array)
     is not: a fact holding one is always returned as a copy with its own
@@ -44,7 +46,9 @@ class DecodedFacts:
         # Each space's kept facts, so a delete forgets them without a pass over all.
         self._spaces: dict[str, dict[bytes, None]] = {}
         self._bytes = 0
+        self._stamps: Stamps[tuple[str, bytes]] = Stamps()
         self._lock = threading.Lock()
+        SWEEPER.track(self)
 
     def decode(self, space: str, name: str, data: bytes) -> UserFact:
         """The fact stored as ``data`` at ``name`` of ``space``.
@@ -97,16 +101,23 @@ class DecodedFacts:
             for data in list(self._spaces.get(space, ())):
                 self._drop(space, data)
 
+    def sweep(self, cutoff: float) -> None:
+        """Drop every fact kept at ``cutoff`` (``time.monotonic``) or before."""
+        with self._lock:
+            for space, data in self._stamps.expired(cutoff):
+                self._drop(space, data)
+
     def __len__(self) -> int:
         return len(self._facts)
 
     def _put(self, space: str, data: bytes, fact: UserFact) -> None:
-        if len(data) > self._max_bytes:
+        if len(data) > self._max_bytes or not SWEEPER.keeping:
             return
         with self._lock:
             if (space, data) in self._facts:
                 return
             self._facts[(space, data)] = fact
+            self._stamps.stamp((space, data))
             self._spaces.setdefault(space, {})[data] = None
             self._bytes += len(data)
             while len(self._facts) > self._max_entries or self._bytes > self._max_bytes:
@@ -118,6 +129,7 @@ class DecodedFacts:
         if self._facts.pop((space, data), None) is None:
             return
         self._bytes -= len(data)
+        self._stamps.discard((space, data))
         kept = self._spaces[space]
         del kept[data]
         if not kept:

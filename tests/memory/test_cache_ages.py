@@ -21,26 +21,44 @@ from typing import Any
 
 import numpy as np
 import pytest
+from pydantic import JsonValue
 
 from memory import Memory
 from memory.settings import Settings
+from memory.workers import WorkflowRun, Workflows
 from tests.forking import in_forked_child
 from tests.live_objects import holders
+from tests.memory.test_workers import Fleet
+from tests.waiting import wait_until
 from tiers.backends.base import Delete, Embedder, Put
 from tiers.backends.redis_kv import RedisKVStore
 from tiers.cache_ages import SWEEPER, Sweeper
 from tiers.errors import InvalidInputError
-from tiers.models import UserFact
+from tiers.models import RunStatus, UserFact
 from tiers.session._plans import CachedEmbedder
 from tiers.session._view import UserView, ViewCache
+from tiers.task import TaskTier
 from tiers.user._decoded import DecodedFacts
 
 MAX_AGE = 0.5
+
+workflows = Workflows()
+
+
+@workflows.workflow("sweeper")
+def sweeper_workflow(run: WorkflowRun, input: JsonValue) -> JsonValue:
+    """What the worker process's sweeper holds, read inside the worker."""
+    return {
+        "max_age": SWEEPER.max_age,
+        "running": any(t.name == "tiermem-cache-sweeper" for t in threading.enumerate()),
+    }
+
 
 _FORGET = """
 import sys
 from memory import Memory
 from memory.settings import Settings
+from memory.workers import WorkflowRun, Workflows
 
 with Memory.from_settings(Settings(kv_url=sys.argv[1], data_dir=sys.argv[2])) as memory:
     if sys.argv[3] == "user":
@@ -263,6 +281,25 @@ def test_a_max_age_of_0_keeps_nothing_across_calls(tmp_path: Path) -> None:
     finally:
         mem.close()
     assert SWEEPER.keeping
+
+
+def test_a_worker_without_a_memory_holds_the_max_age(
+    redis_url: str, redis_kv: RedisKVStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    tasks = TaskTier(redis_kv)
+    workflows.start(tasks, "carol", "sweeper", None, run_id="r")
+    fleet = Fleet(redis_url, tmp_path, lease_ttl=5.0)
+    monkeypatch.setenv("TIERMEM_CACHE_MAX_AGE_SECONDS", "7")
+    fleet.spawn(concurrency=1, app="tests.memory.test_cache_ages:workflows")
+    try:
+        wait_until(
+            lambda: tasks.get_run("r").status is RunStatus.COMPLETED,
+            120,
+            what=lambda: f"the worker to run the run\n{fleet.logs()}",
+        )
+    finally:
+        fleet.stop_all()
+    assert tasks.get_run("r").result == {"max_age": 7.0, "running": True}
 
 
 @pytest.mark.parametrize("bad", [-1, float("inf"), float("nan"), "soon"])

@@ -277,10 +277,11 @@ def _read_transcripts(
 class CachedEmbedder:
     """An embedder with a small cache: re-indexing an unchanged transcript costs nothing.
 
+    Read or not, a vector goes past the process's cache max age (:mod:`tiers.cache_ages`).
+
     Kept by each text's digest; the vectors are derived from the text, so
     :meth:`forget` drops them all when a session is deleted through this
-    process (a delete by another process: they go as the least recently used,
-    or by the process's cache sweeper past the max age, :mod:`tiers.cache_ages`).
+    process (a delete by another process: they go as the least recently used).
     Thread-safe (the embedder is called outside the cache's lock).
 
     Args:
@@ -291,9 +292,9 @@ class CachedEmbedder:
         self._embedder = embedder
         self._lock = threading.Lock()
         self._embedded: OrderedDict[str, list[float]] = OrderedDict()
-        self._stamps: Stamps[str] = Stamps()
         # Bumped by forget: vectors of an embedding begun before it are not kept.
         self._generation = 0
+        self._stamps: Stamps[str] = Stamps()
         SWEEPER.track(self)
 
     def embed(self, texts: list[str], *, using: Embedder | None = None) -> list[list[float]]:
@@ -319,11 +320,14 @@ class CachedEmbedder:
             with self._lock:
                 for digest, vector in zip(missing, fresh, strict=True):
                     found[digest] = vector
-                    if generation == self._generation and SWEEPER.keeping:
+                    if generation == self._generation:
                         self._embedded[digest] = vector
                         self._stamps.stamp(digest)
                 while len(self._embedded) > _EMBED_CACHE:
                     self._stamps.discard(self._embedded.popitem(last=False)[0])
+                if not SWEEPER.keeping:  # a max age of 0: no vector outlives the call
+                    self._embedded.clear()
+                    self._stamps.clear()
         return [found[digest] for digest in digests]
 
     def forget(self) -> None:

@@ -25,14 +25,16 @@ class DecodedFacts:
     :meth:`forget` drops every fact of a space, which the user tier calls
     after each commit deleting from it. A delete made by another process is
     forgotten here at this process's next listing of that user's facts
-    (:meth:`decode_all` of a whole space drops what it no longer holds), when
-    the fact is evicted as the least recently used, or by the process's cache
-    sweeper once it is older than the max age (:mod:`tiers.cache_ages`).
+    (:meth:`decode_all` of a whole space drops what it no longer holds), or
+    when the fact is evicted as the least recently used.
 
     Records are immutable, but a container ``value`` (a JSON object or array)
     is not: a fact holding one is always returned as a copy with its own
     value, so a caller mutating it never changes what later callers get.
     Thread-safe.
+
+    Read or not, a fact goes once it is older than the process's cache max
+    age (:mod:`tiers.cache_ages`), so one deleted elsewhere does not stay.
 
     Args:
         max_entries: Decoded facts kept at most.
@@ -46,8 +48,8 @@ class DecodedFacts:
         # Each space's kept facts, so a delete forgets them without a pass over all.
         self._spaces: dict[str, dict[bytes, None]] = {}
         self._bytes = 0
-        self._stamps: Stamps[tuple[str, bytes]] = Stamps()
         self._lock = threading.Lock()
+        self._stamps: Stamps[tuple[str, bytes]] = Stamps()
         SWEEPER.track(self)
 
     def decode(self, space: str, name: str, data: bytes) -> UserFact:
@@ -111,7 +113,9 @@ class DecodedFacts:
         return len(self._facts)
 
     def _put(self, space: str, data: bytes, fact: UserFact) -> None:
-        if len(data) > self._max_bytes or not SWEEPER.keeping:
+        if len(data) > self._max_bytes:
+            return
+        if not SWEEPER.keeping:  # a max age of 0
             return
         with self._lock:
             if (space, data) in self._facts:

@@ -163,11 +163,8 @@ class Sweeper:
         self._thread.start()
 
     def _run(self) -> None:
-        me = threading.current_thread()
         while True:
             with self._cond:
-                if self._thread is not me:
-                    return  # a child of fork started its own
                 max_age = min(self._holds.values(), default=None)
                 if max_age is None:
                     self._thread = None
@@ -181,6 +178,7 @@ class Sweeper:
                         deadline = min(deadline, time.monotonic() + _period(max_age))
                 if not self._holds:
                     continue
+                max_age = min(self._holds.values())  # a release may have made it longer
             self.sweep(max_age)
 
     def _after_fork_in_child(self) -> None:

@@ -251,6 +251,33 @@ def test_the_thread_stops_when_the_last_hold_is_released() -> None:
     assert thread not in threading.enumerate()
 
 
+class Recorder:
+    """A cache that records each sweep: when, and its cutoff."""
+
+    def __init__(self) -> None:
+        self.sweeps: list[tuple[float, float]] = []
+
+    def sweep(self, cutoff: float) -> None:
+        self.sweeps.append((time.monotonic(), cutoff))
+
+
+def test_a_released_short_max_age_sweeps_no_more() -> None:
+    sweeper = Sweeper()
+    recorder = Recorder()
+    sweeper.track(recorder)
+    release_long = sweeper.hold(60)
+    release_short = sweeper.hold(0.2)
+    try:
+        wait_until(lambda: len(recorder.sweeps) >= 2, 10, what=lambda: "two sweeps")
+        release_short()
+        released = time.monotonic()
+        time.sleep(0.3)  # a few periods of the short age
+        # Any sweep since keeps what is younger than the remaining max age (60 s, less a period).
+        assert all(now - cutoff >= 45 for now, cutoff in recorder.sweeps if now > released)
+    finally:
+        release_long()
+
+
 def test_close_releases_the_memorys_hold(tmp_path: Path) -> None:
     mem = Memory.open(tmp_path / "data", cache_max_age_seconds=0.123)
     view = mem.for_tenant("other")

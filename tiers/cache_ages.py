@@ -8,8 +8,8 @@ gone). Each cache that can hold user data or data derived from it (texts,
 vectors, term counts, fact records, key names and ids) registers with
 :data:`SWEEPER` and stamps an entry with the time it stored it (:class:`Stamps`:
 one clock read and one dict store per store, nothing per hit). One daemon
-thread per process sweeps them every quarter of the max age and drops what is
-older than the rest, so no entry is kept longer than the max age, read or not
+thread per process sweeps them every quarter of the max age and drops what the
+next sweep would find older than it, so no entry is kept longer, read or not
 (an ``lru_cache`` memo, whose entries have no time, is cleared whole:
 :class:`ClearedMemo`). The sweep never runs on a caller's path.
 

@@ -29,6 +29,7 @@ from memory.cli_support import (
 from memory.settings import Settings
 from summarizer.errors import SummarizerError
 from tiers.backends import describe_kv_store, kv_backend_name, redact_url
+from tiers.cache_ages import SWEEPER
 from tiers.errors import TierError
 
 if TYPE_CHECKING:
@@ -322,6 +323,8 @@ def worker(
             metrics = memory.metrics or TiermemMetrics()
         else:
             kv, _ = stack.enter_context(open_kv())
+            # No Memory holds the cache max age here: the worker holds it for its caches.
+            stack.callback(SWEEPER.hold(settings.cache_max_age_seconds))
             metrics = TiermemMetrics()
             tasks = task_tier_from_settings(
                 kv, settings, tenant or settings.tenant, metrics=metrics

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 import os
 import threading
 from collections.abc import Mapping, Sequence
@@ -26,6 +27,8 @@ from memory.users import UserOperations
 from summarizer import ExtractiveSummarizer, Summarizer
 from tiers.backends.base import Embedder, KVStore, VectorIndex
 from tiers.backends.dirlock import DataDirLock
+from tiers.cache_ages import DEFAULT_MAX_AGE_SECONDS, SWEEPER
+from tiers.errors import InvalidInputError
 from tiers.ids import check_id
 from tiers.index_check import IndexRepair, IndexReport, register_tenant
 from tiers.models import Message, SessionSummary, UserFact
@@ -79,6 +82,10 @@ class Memory(RunMethods):
             default ``Redactor("secrets")`` (API keys, tokens, passwords, card
             numbers, private keys), ``Redactor("off")`` stores everything verbatim.
         metrics: Prometheus families the task tier feeds (:mod:`memory.metrics`); default none.
+        cache_max_age_seconds: The most seconds the process's caches keep anything of a
+            user's data, read or not (:mod:`tiers.cache_ages`): data deleted by another
+            process leaves this one's memory within it. Process-wide: the smallest of the
+            open instances' applies, until :meth:`close`.
     """
 
     def __init__(
@@ -98,7 +105,14 @@ class Memory(RunMethods):
         retention: RetentionPolicy | None = None,
         redactor: Redactor | None = None,
         metrics: TiermemMetrics | None = None,
+        cache_max_age_seconds: float = DEFAULT_MAX_AGE_SECONDS,
     ) -> None:
+        age = cache_max_age_seconds
+        if isinstance(age, bool) or not isinstance(age, int | float) or not 0 <= age < math.inf:
+            raise InvalidInputError(
+                "cache_max_age_seconds must be a number of seconds >= 0",
+                field="cache_max_age_seconds",
+            )
         self.metrics = metrics
         self.redactor = optional_instance(redactor, Redactor, "redactor") or Redactor()
         self.retention_default = (
@@ -143,6 +157,9 @@ class Memory(RunMethods):
         self._maintenance = Maintenance(tiers, default=self.retention_default)
         # So a check or repair of every tenant (tenants()) finds this one.
         register_tenant(kv, self.tenant)
+        self.cache_max_age_seconds = float(cache_max_age_seconds)
+        # Last: a constructor that raised leaves no hold (and no sweeper thread) behind.
+        self._release_cache_hold = SWEEPER.hold(self.cache_max_age_seconds)
 
     def for_tenant(self, tenant: str) -> Memory:
         """A view of the same stores under another tenant's namespace.
@@ -171,6 +188,7 @@ class Memory(RunMethods):
                     retention=self.retention_default,
                     redactor=self.redactor,
                     metrics=self.metrics,
+                    cache_max_age_seconds=self.cache_max_age_seconds,
                 )
                 view._owns_stores = False
                 view.allow_volatile = self.allow_volatile
@@ -427,7 +445,12 @@ class Memory(RunMethods):
         replayed by the next instance opened on it. Idempotent.
         """
         if self._owns_stores:
-            close_stores(self._with_views(), self.index, self.kv, self._dir_lock)
+            views = self._with_views()
+            try:
+                close_stores(views, self.index, self.kv, self._dir_lock)
+            finally:
+                for view in views:  # a tenant view's hold ends with its stores
+                    view._release_cache_hold()
 
     def _with_views(self) -> list[Memory]:
         with self._tenants_lock:

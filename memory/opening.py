@@ -179,6 +179,7 @@ def memory_arguments(settings: Settings, kv: KVStore) -> dict[str, Any]:
         "snapshot_every": settings.snapshot_every,
         "head_fresh_ms": settings.head_fresh_ms,
         "scrub_deleted": settings.scrub_deleted,
+        "cache_max_age_seconds": settings.cache_max_age_seconds,
         "retention": settings.retention_policy(),
         "redactor": Redactor(
             settings.redact,

@@ -14,6 +14,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from tiers.backends.base import DEFAULT_MAX_VALUE_BYTES
+from tiers.cache_ages import DEFAULT_MAX_AGE_SECONDS
 from tiers.errors import InvalidInputError
 from tiers.redaction import DEFAULT_PLACEHOLDER, RedactMode, check_patterns
 from tiers.task import DEFAULT_HEAD_FRESH_MS
@@ -165,6 +166,17 @@ class Settings(BaseSettings):
         "deleted data from its files too: SQLite truncates its WAL (deleted rows are zeroed "
         "anyway), Redis rewrites its AOF (BGREWRITEAOF). Turn off to rewrite on your own "
         "schedule (a large Redis).",
+    )
+    cache_max_age_seconds: float = Field(
+        default=DEFAULT_MAX_AGE_SECONDS,
+        ge=0,
+        allow_inf_nan=False,
+        description="Seconds an in-process cache keeps anything of a user's data (decoded "
+        "facts, recall views, embedded vectors, LangGraph list channels, Redis listings, "
+        "memoised words and JSON keys): older entries are swept even if nothing reads them, so "
+        "data deleted by another process leaves this one's memory within this time (the "
+        "smallest any open Memory of the process set). 0: nothing is kept across calls (the "
+        "memos of words and keys are cleared every 50 ms).",
     )
     redact: RedactMode = Field(
         default="secrets",

@@ -1,7 +1,8 @@
 """How :class:`~memory.integrations.langgraph.TiermemSaver` turns channel values into stored
 blobs and back, with no I/O: a list channel that grew by appending is stored as its tail
 relative to the newest version this process stored or read (kept in a bounded cache), and a
-read of that very version is served from the cache.
+read of that very version is served from the cache. The cache's lists are swept past the
+process's cache max age (:mod:`tiers.cache_ages`): after that the next put stores the list whole.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from typing import Any
 from langgraph.checkpoint.base import ChannelVersions
 from langgraph.checkpoint.serde.base import SerializerProtocol
 
+from tiers.cache_ages import SWEEPER, Stamps
 from tiers.errors import InvalidInputError
 from tiers.threads import Blob
 
@@ -110,10 +112,12 @@ class _Lists(OrderedDict[tuple[str, str, str], _ListState]):
         super().__init__()
         self.budget = budget
         self.size = 0
+        self.stamps: Stamps[tuple[str, str, str]] = Stamps()
 
     def remember(self, key: tuple[str, str, str], state: _ListState) -> None:
         self.forget(key)
         self[key] = state
+        self.stamps.stamp(key)
         self.size += len(state.items)
         while self.size > self.budget and self:
             self.forget(next(iter(self)))
@@ -122,6 +126,7 @@ class _Lists(OrderedDict[tuple[str, str, str], _ListState]):
         old = self.pop(key, None)
         if old is not None:
             self.size -= len(old.items)
+            self.stamps.discard(key)
 
 
 class ChannelCodec:
@@ -150,6 +155,13 @@ class ChannelCodec:
         self._lock = lock
         # (thread, ns, channel) -> the newest stored version of a list channel.
         self.lists = _Lists(cache_items)
+        SWEEPER.track(self)
+
+    def sweep(self, cutoff: float) -> None:
+        """Drop the lists cached at ``cutoff`` (``time.monotonic``) or before."""
+        with self._lock:
+            for key in self.lists.stamps.expired(cutoff):
+                self.lists.forget(key)
 
     def cached(self, thread_id: str, ns: str, channel: str, version: str) -> list[Any] | None:
         """A copy of this version of a list channel from the cache, if it holds it intact."""
@@ -160,7 +172,7 @@ class ChannelCodec:
     def remember(self, thread_id: str, ns: str, states: dict[str, _ListState | None]) -> None:
         """Cache the list states :meth:`encode` returned (the caller holds the lock)."""
         for channel, state in states.items():
-            if state is None:
+            if state is None or not SWEEPER.keeping:
                 self.lists.forget((thread_id, ns, channel))
             else:
                 self.lists.remember((thread_id, ns, channel), state)
@@ -191,7 +203,7 @@ class ChannelCodec:
         value = loads(serde, first[1:])
         for _, data in chain[1:]:
             value = value + loads(serde, data[1:])
-        if cache and self.delta and isinstance(value, list):
+        if cache and self.delta and isinstance(value, list) and SWEEPER.keeping:
             with self._lock:
                 self.lists.remember(
                     (thread_id, ns, channel),

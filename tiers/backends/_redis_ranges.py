@@ -14,7 +14,8 @@ A listing holds key names (run and session ids among them): the listings of a
 space a store's own commit deletes from are forgotten at once, so a run or
 session it deleted leaves no id in its memory (deleting means gone). One
 another client deleted stays until its range is read again (a range found
-empty is forgotten) or forgotten as the oldest.
+empty is forgotten), forgotten as the oldest, or by the process's cache sweeper
+past the max age (:mod:`tiers.cache_ages`).
 """
 
 from __future__ import annotations
@@ -24,6 +25,7 @@ from collections.abc import Callable, Sequence
 from typing import Any, Final
 
 from tiers.backends.base import Put, Write
+from tiers.cache_ages import SWEEPER, Stamps
 
 # Ranges remembered per store (the oldest forgotten first): ten runs' histories and their
 # pages many times over, at about 50 bytes a listed key.
@@ -48,6 +50,8 @@ class Listings:
         self._lock = threading.Lock()
         # Range -> (its last listing, whether a scan may guess it).
         self._by_range: dict[Range, tuple[list[Any], bool]] = {}
+        self._stamps: Stamps[Range] = Stamps()
+        SWEEPER.track(self)
 
     def guess(self, span: Range) -> list[Any] | None:
         """The listing to guess for ``span``, or ``None`` (never listed, or it changed lately)."""
@@ -64,16 +68,21 @@ class Listings:
         """
         with self._lock:
             before = self._by_range.pop(span, None)
-            if len(listing) > LISTED_KEYS_KEPT:
+            if len(listing) > LISTED_KEYS_KEPT or not SWEEPER.keeping:
+                self._stamps.discard(span)
                 return
             self._by_range[span] = (listing, before is None or before[0] == listing)
+            self._stamps.stamp(span)
             if len(self._by_range) > self._kept:
-                del self._by_range[next(iter(self._by_range))]
+                oldest = next(iter(self._by_range))
+                del self._by_range[oldest]
+                self._stamps.discard(oldest)
 
     def forget(self, span: Range) -> None:
         """Forget ``span``'s listing (the range was found empty: its keys were deleted)."""
         with self._lock:
             self._by_range.pop(span, None)
+            self._stamps.discard(span)
 
     def forget_deleted(
         self, writes: Sequence[Write], names: Callable[[str], tuple[str, str]]
@@ -93,11 +102,19 @@ class Listings:
         with self._lock:
             for span in [span for span in self._by_range if span[0] in deleted]:
                 del self._by_range[span]
+                self._stamps.discard(span)
 
     def clear(self) -> None:
         """Forget every listing (the store is closed)."""
         with self._lock:
             self._by_range.clear()
+            self._stamps.clear()
+
+    def sweep(self, cutoff: float) -> None:
+        """Forget the listings noted at ``cutoff`` (``time.monotonic``) or before."""
+        with self._lock:
+            for span in self._stamps.expired(cutoff):
+                self._by_range.pop(span, None)
 
 
 def tighter_low(low: str, start_after: str) -> str:

@@ -7,6 +7,8 @@ from collections.abc import Callable
 from functools import lru_cache
 from typing import Final
 
+from tiers.cache_ages import SWEEPER, ClearedMemo
+
 _DIGIT = re.compile(r"\d")
 _ALPHA = re.compile(r"[A-Za-z]")
 _WORDISHS = re.compile(r"[A-Za-z0-9+/=_.~-]+")
@@ -300,6 +302,11 @@ def _key_class(key: str) -> str | None:
         return "auth"
     core_start = m.start("core")
     return _label_class(m.group("core"), key[:core_start])
+
+
+# JSON key names can be a user's data (a mapping keyed by e-mail): cleared past the cache max age.
+_KEYS_SWEPT = ClearedMemo(_key_class.cache_clear)
+SWEEPER.track(_KEYS_SWEPT)
 
 
 # -- card numbers ---------------------------------------------------------------------------------

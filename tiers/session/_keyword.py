@@ -11,6 +11,8 @@ import functools
 import re
 from collections import Counter
 
+from tiers.cache_ages import SWEEPER, ClearedMemo
+
 __all__ = ["term_counts", "tokenize"]
 
 # Words of letters and digits; an inner apostrophe keeps "don't" whole (it is a stopword).
@@ -42,7 +44,8 @@ def _stem(word: str) -> str:
     short chat text more often than they help. Cached: vocabularies are small.
     Called only for words it may change (letters, or a possessive): a number
     or code ("4111...", "ab12cd") is its own stem, and memoised it would
-    outlive its deletion in memory.
+    outlive its deletion in memory. The memo is cleared whole past the
+    process's cache max age (:mod:`tiers.cache_ages`).
     """
     if word.endswith("'s"):
         word = word[:-2]
@@ -55,6 +58,10 @@ def _stem(word: str) -> str:
     if word.endswith("s") and not word.endswith(("ss", "us", "is")):
         return word[:-1]
     return word
+
+
+_STEMS_SWEPT = ClearedMemo(_stem.cache_clear)
+SWEEPER.track(_STEMS_SWEPT)
 
 
 def tokenize(text: str) -> list[str]:

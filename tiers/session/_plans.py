@@ -19,6 +19,7 @@ from dataclasses import dataclass
 
 from tiers import keys
 from tiers.backends.base import Delete, Embedder, KVStore, Put, VectorItem, Write
+from tiers.cache_ages import SWEEPER, Stamps
 from tiers.codec import decode
 from tiers.errors import CorruptRecordError
 from tiers.models import Message, SessionSummary
@@ -276,6 +277,8 @@ def _read_transcripts(
 class CachedEmbedder:
     """An embedder with a small cache: re-indexing an unchanged transcript costs nothing.
 
+    Read or not, a vector goes past the process's cache max age (:mod:`tiers.cache_ages`).
+
     Kept by each text's digest; the vectors are derived from the text, so
     :meth:`forget` drops them all when a session is deleted through this
     process (a delete by another process: they go as the least recently used).
@@ -293,6 +296,8 @@ class CachedEmbedder:
         self._embedded: OrderedDict[str, list[float]] = OrderedDict()
         # Bumped by forget: vectors of texts read before it are not kept.
         self._generation = 0
+        self._stamps: Stamps[str] = Stamps()
+        SWEEPER.track(self)
 
     def mark(self) -> int:
         """Take it before reading the texts to embed from the store; pass it as ``read_at``."""
@@ -326,15 +331,26 @@ class CachedEmbedder:
                     found[digest] = vector
                     if read_at == self._generation:
                         self._embedded[digest] = vector
+                        self._stamps.stamp(digest)
                 while len(self._embedded) > _EMBED_CACHE:
-                    self._embedded.popitem(last=False)
+                    self._stamps.discard(self._embedded.popitem(last=False)[0])
+                if not SWEEPER.keeping:  # a max age of 0: no vector outlives the call
+                    self._embedded.clear()
+                    self._stamps.clear()
         return [found[digest] for digest in digests]
 
     def forget(self) -> None:
         """Drop every kept vector (a session was deleted: vectors of its texts must not stay)."""
         with self._lock:
             self._embedded.clear()
+            self._stamps.clear()
             self._generation += 1
+
+    def sweep(self, cutoff: float) -> None:
+        """Drop the vectors kept at ``cutoff`` (``time.monotonic``) or before."""
+        with self._lock:
+            for digest in self._stamps.expired(cutoff):
+                self._embedded.pop(digest, None)
 
 
 def enqueue(queue: OrderedDict[str, dict[str, None]], refs: Iterable[Ref]) -> None:

@@ -28,7 +28,8 @@ store holds now, and what it keeps of the previous one (its basis) is the term
 counts of sessions unchanged since, nothing else (:meth:`UserView.without`). A
 change made through this process strips the changed sessions from the kept view
 at once (:meth:`ViewCache.changed`); one made by another process, at this
-process's next view of that user (or when the view is evicted).
+process's next view of that user, when the view is evicted, or by the process's
+cache sweeper once the view is older than the max age (:mod:`tiers.cache_ages`).
 """
 
 from __future__ import annotations
@@ -45,6 +46,7 @@ import numpy.typing as npt
 
 from tiers import keys
 from tiers.backends.base import KVStore, VectorIndex
+from tiers.cache_ages import SWEEPER, Stamps
 from tiers.errors import CorruptRecordError
 from tiers.models import Message
 from tiers.session._recall import BM25Index
@@ -347,7 +349,10 @@ class ViewCache:
         self._views: OrderedDict[str, UserView] = OrderedDict()
         self._outdated: set[str] = set()
         self._generations: dict[str, int] = {}
+        # When each view was stored: the sweeper drops it past the max age, outdated or not.
+        self._stamps: Stamps[str] = Stamps()
         self._lock = threading.Lock()
+        SWEEPER.track(self)
 
     def get(self, user_id: str, revision: bytes | None) -> tuple[UserView | None, int]:
         """The cached view if it has this revision, and the user's generation (for :meth:`put`)."""
@@ -367,10 +372,15 @@ class ViewCache:
     def put(self, user_id: str, view: UserView, generation: int) -> None:
         """Cache ``view`` unless the user was invalidated since ``generation`` was read."""
         with self._lock:
-            if self._max_users == 0 or self._generations.get(user_id, 0) != generation:
+            if (
+                self._max_users == 0
+                or not SWEEPER.keeping
+                or self._generations.get(user_id, 0) != generation
+            ):
                 return
             self._views[user_id] = view
             self._views.move_to_end(user_id)
+            self._stamps.stamp(user_id)
             self._outdated.discard(user_id)
             self._evict()
 
@@ -387,6 +397,7 @@ class ViewCache:
         ):
             user_id, view = self._views.popitem(last=False)
             self._outdated.discard(user_id)
+            self._stamps.discard(user_id)
             total -= view.nbytes
 
     def outdate(self, user_ids: Sequence[str]) -> None:
@@ -418,6 +429,7 @@ class ViewCache:
             for user_id in user_ids:
                 self._views.pop(user_id, None)
                 self._outdated.discard(user_id)
+                self._stamps.discard(user_id)
                 self._generations[user_id] = self._generations.get(user_id, 0) + 1
 
     def clear(self) -> None:
@@ -427,3 +439,11 @@ class ViewCache:
                 self._generations[user_id] = self._generations.get(user_id, 0) + 1
             self._views.clear()
             self._outdated.clear()
+            self._stamps.clear()
+
+    def sweep(self, cutoff: float) -> None:
+        """Forget the views stored at ``cutoff`` (``time.monotonic``) or before."""
+        with self._lock:
+            for user_id in self._stamps.expired(cutoff):
+                self._views.pop(user_id, None)
+                self._outdated.discard(user_id)

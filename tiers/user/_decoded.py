@@ -7,6 +7,7 @@ import threading
 from collections import OrderedDict
 from collections.abc import Sequence
 
+from tiers.cache_ages import SWEEPER, Stamps
 from tiers.codec import decode
 from tiers.models import UserFact
 
@@ -35,6 +36,9 @@ class DecodedFacts:
     value, so a caller mutating it never changes what later callers get.
     Thread-safe.
 
+    Read or not, a fact goes once it is older than the process's cache max
+    age (:mod:`tiers.cache_ages`), so one deleted elsewhere does not stay.
+
     Args:
         max_entries: Decoded facts kept at most.
         max_bytes: Stored bytes of the kept facts at most (a rough memory bound).
@@ -50,6 +54,8 @@ class DecodedFacts:
         # Bumped by each forget: facts read before it are not kept (see mark).
         self._forgets = 0
         self._lock = threading.Lock()
+        self._stamps: Stamps[tuple[str, bytes]] = Stamps()
+        SWEEPER.track(self)
 
     def mark(self) -> int:
         """Take it before reading facts from the store, and pass it to the decode as ``read_at``."""
@@ -121,16 +127,25 @@ class DecodedFacts:
             for data in list(self._spaces.get(space, ())):
                 self._drop(space, data)
 
+    def sweep(self, cutoff: float) -> None:
+        """Drop every fact kept at ``cutoff`` (``time.monotonic``) or before."""
+        with self._lock:
+            for space, data in self._stamps.expired(cutoff):
+                self._drop(space, data)
+
     def __len__(self) -> int:
         return len(self._facts)
 
     def _put(self, space: str, data: bytes, fact: UserFact, read_at: int) -> None:
         if len(data) > self._max_bytes:
             return
+        if not SWEEPER.keeping:  # a max age of 0
+            return
         with self._lock:
             if read_at != self._forgets or (space, data) in self._facts:
                 return
             self._facts[(space, data)] = fact
+            self._stamps.stamp((space, data))
             self._spaces.setdefault(space, {})[data] = None
             self._bytes += len(data)
             while len(self._facts) > self._max_entries or self._bytes > self._max_bytes:
@@ -142,6 +157,7 @@ class DecodedFacts:
         if self._facts.pop((space, data), None) is None:
             return
         self._bytes -= len(data)
+        self._stamps.discard((space, data))
         kept = self._spaces[space]
         del kept[data]
         if not kept:

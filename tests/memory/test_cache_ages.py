@@ -204,14 +204,14 @@ def test_the_embedding_cache_drops_vectors_within_the_max_age(memory: Memory) ->
     counting = CountingEmbedder(memory.embedder)
     cache = CachedEmbedder(counting)
     text = "the okapi seen at dawn by the river"
-    first = cache.embed([text])
-    assert cache.embed([text]) == first
+    first = cache.embed([text], read_at=cache.mark())
+    assert cache.embed([text], read_at=cache.mark()) == first
     assert counting.texts == [text]
 
     deadline = time.monotonic() + 4 * MAX_AGE
     while counting.texts == [text] and time.monotonic() < deadline:
         time.sleep(0.1)
-        cache.embed([text])  # a hit does not make the vector younger
+        cache.embed([text], read_at=cache.mark())  # a hit does not make the vector younger
 
     # The vector derived from the text was dropped: the text reached the model again.
     assert counting.texts == [text, text]
@@ -224,7 +224,7 @@ def test_the_sweep_runs_in_a_child_of_fork(memory: Memory) -> None:
     def check() -> int:
         # The parent's sweeper thread does not run here: the child's own must sweep.
         facts = DecodedFacts()
-        facts.decode("space", "k", stored)
+        facts.decode("space", "k", stored, read_at=facts.mark())
         deadline = time.monotonic() + 4 * MAX_AGE
         while len(facts) and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -294,7 +294,10 @@ def test_a_max_age_of_0_keeps_nothing_across_calls(tmp_path: Path) -> None:
         assert not SWEEPER.keeping
         fact = UserFact(user_id="carol", key="k", value=1, updated_at=datetime.now(UTC))
         facts = DecodedFacts()
-        assert facts.decode("space", "k", fact.model_dump_json().encode()) == fact
+        assert (
+            facts.decode("space", "k", fact.model_dump_json().encode(), read_at=facts.mark())
+            == fact
+        )
         assert len(facts) == 0
         views = ViewCache(max_users=10, max_bytes=1 << 20)
         view = UserView(revision=b"r", session_ids=[], created_at=np.zeros(0), texts=[])
@@ -302,8 +305,8 @@ def test_a_max_age_of_0_keeps_nothing_across_calls(tmp_path: Path) -> None:
         assert views.get("carol", b"r")[0] is None
         counting = CountingEmbedder(mem.embedder)
         cache = CachedEmbedder(counting)
-        cache.embed(["the okapi"])
-        cache.embed(["the okapi"])
+        cache.embed(["the okapi"], read_at=cache.mark())
+        cache.embed(["the okapi"], read_at=cache.mark())
         assert counting.texts == ["the okapi", "the okapi"]
     finally:
         mem.close()

@@ -14,7 +14,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -29,8 +29,9 @@ from memory.workers import WorkflowRun, Workflows
 from tests.forking import in_forked_child
 from tests.live_objects import holders
 from tests.memory.test_workers import Fleet
+from tests.tiers.spy_embedders import CountingEmbedder
 from tests.waiting import wait_until
-from tiers.backends.base import Delete, Embedder, Put
+from tiers.backends.base import Delete, Put
 from tiers.backends.redis_kv import RedisKVStore
 from tiers.cache_ages import SWEEPER, Sweeper
 from tiers.errors import InvalidInputError
@@ -184,20 +185,6 @@ def test_redis_listings_of_keys_another_client_deleted_go_within_the_max_age(
 
     assert held_after(4 * MAX_AGE, f"key{token}-") == []
     assert redis_kv.scan(space) == []
-
-
-class CountingEmbedder:
-    """The real model, recording every text that reaches it (a spy that calls through)."""
-
-    def __init__(self, inner: Embedder) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.dimension = inner.dimension
-        self.texts: list[str] = []
-
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        self.texts.extend(texts)
-        return self.inner.embed(list(texts))
 
 
 def test_the_embedding_cache_drops_vectors_within_the_max_age(memory: Memory) -> None:

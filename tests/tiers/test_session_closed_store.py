@@ -16,7 +16,7 @@ from datetime import UTC, datetime
 
 import pytest
 
-from tests.tiers.holding_embedder import HoldingEmbedder
+from tests.tiers.spy_embedders import HoldingEmbedder
 from tiers.backends.base import KVStore
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from tests.kv_spies import PassThroughKV
+from tests.tiers.spy_embedders import CountingEmbedder
 from tiers.backends.chroma_index import ChromaVectorIndex
 from tiers.backends.embedders import MiniLMEmbedder
 from tiers.backends.sqlite_kv import SqliteKVStore
@@ -71,20 +72,6 @@ def test_a_save_reuses_unchanged_term_counts_and_a_delete_is_never_recalled(
         tier.close()
         index.close()
         kv.close()
-
-
-class CountingEmbedder:
-    """The real model, recording every text that reaches it (a spy that calls through)."""
-
-    def __init__(self, inner: MiniLMEmbedder) -> None:
-        self.inner = inner
-        self.name = inner.name
-        self.dimension = inner.dimension
-        self.texts: list[str] = []
-
-    def embed(self, texts: Sequence[str]) -> list[list[float]]:
-        self.texts.extend(texts)
-        return self.inner.embed(texts)
 
 
 def test_a_deleted_session_leaves_no_vectors_of_its_texts_in_the_embedding_cache(

@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime
 
-from tests.tiers.holding_embedder import HoldingEmbedder
+from tests.tiers.spy_embedders import HoldingEmbedder
 from tiers import keys
 from tiers.backends.base import KVStore
 from tiers.backends.chroma_index import ChromaVectorIndex

@@ -1,7 +1,9 @@
-"""An embedder that holds chosen calls of the real model until the test lets them go.
+"""Embedders that wrap the real model for tests: every call reaches it unchanged.
 
-Tests of the background index worker use it to stop a pass inside its embedding call
-(before the pass writes anything), change the stores under it, then let it finish.
+``HoldingEmbedder`` holds chosen calls until the test lets them go: tests of the
+background index worker stop a pass inside its embedding call (before the pass
+writes anything), change the stores under it, then let it finish.
+``CountingEmbedder`` records every text that reaches the model.
 """
 
 from __future__ import annotations
@@ -36,3 +38,17 @@ class HoldingEmbedder:
             self.held.set()
             assert self.release.wait(self.timeout), "the test never released the held call"
         return self.inner.embed(texts)
+
+
+class CountingEmbedder:
+    """The real model, recording every text that reaches it (a spy that calls through)."""
+
+    def __init__(self, inner: Embedder) -> None:
+        self.inner = inner
+        self.name = inner.name
+        self.dimension = inner.dimension
+        self.texts: list[str] = []
+
+    def embed(self, texts: Sequence[str]) -> list[list[float]]:
+        self.texts.extend(texts)
+        return self.inner.embed(list(texts))

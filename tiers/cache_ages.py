@@ -171,7 +171,8 @@ class Sweeper:
                     return
                 deadline = time.monotonic() + _period(max_age)
                 while (left := deadline - time.monotonic()) > 0 and self._holds:
-                    self._cond.wait(left)
+                    # A longer wait raises (OverflowError): a max age of years would end the thread.
+                    self._cond.wait(min(left, threading.TIMEOUT_MAX))
                     shorter = min(self._holds.values(), default=max_age)
                     if shorter < max_age:  # a new hold wants a shorter age: start over
                         max_age = shorter

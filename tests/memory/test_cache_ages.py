@@ -278,6 +278,22 @@ def test_a_released_short_max_age_sweeps_no_more() -> None:
         release_long()
 
 
+def test_a_max_age_of_centuries_leaves_the_thread_sweeping_for_a_shorter_one() -> None:
+    sweeper = Sweeper()
+    recorder = Recorder()
+    sweeper.track(recorder)
+    release_long = sweeper.hold(1e12)  # "keep for good": its period is past the longest wait
+    try:
+        time.sleep(0.2)  # the thread waits out its first period
+        release_short = sweeper.hold(0.2)
+        try:
+            wait_until(lambda: recorder.sweeps, 10, what=lambda: "a sweep with the short age")
+        finally:
+            release_short()
+    finally:
+        release_long()
+
+
 def test_close_releases_the_memorys_hold(tmp_path: Path) -> None:
     mem = Memory.open(tmp_path / "data", cache_max_age_seconds=0.123)
     view = mem.for_tenant("other")

@@ -16,10 +16,11 @@ next sweep would find older than it, so no entry is kept longer, read or not
 The max age is process-wide: the smallest an open ``Memory`` asked for
 (:meth:`Sweeper.hold`, ``cache_max_age_seconds``). The thread runs while one
 is held, ends when the last is released, and is started again in a child of
-``fork`` (the parent's does not run there). A max age of 0 keeps nothing
-across calls where a cache can do without (:attr:`Sweeper.keeping` is false:
-it does not store), and sweeps the rest (the memos) every
-:data:`MIN_PERIOD_SECONDS`.
+``fork`` (the parent's does not run there; a fork waits for a pass under way,
+which holds caches' locks the child would find held for good). A max age of 0
+keeps nothing across calls where a cache can do without
+(:attr:`Sweeper.keeping` is false: it does not store), and sweeps the rest (the
+memos) every :data:`MIN_PERIOD_SECONDS`.
 """
 
 from __future__ import annotations
@@ -114,6 +115,8 @@ class Sweeper:
 
     def _fresh_state(self) -> None:
         self._cond = threading.Condition(threading.Lock())
+        # Held for a whole pass, and by fork (see _before_fork); taken before the condition.
+        self._sweeping = threading.Lock()
         self._thread: threading.Thread | None = None
 
     def track(self, cache: Swept) -> None:
@@ -143,13 +146,14 @@ class Sweeper:
     def sweep(self, max_age: float) -> None:
         """One pass: drop from every cache what the next pass would find older than ``max_age``."""
         cutoff = time.monotonic() - max(0.0, max_age - _period(max_age))
-        with self._cond:
-            caches = list(self._caches)
-        for cache in caches:
-            try:
-                cache.sweep(cutoff)
-            except Exception:  # one broken cache must not end the sweep of the others
-                logger.exception("sweeping %r failed", cache)
+        with self._sweeping:
+            with self._cond:
+                caches = list(self._caches)
+            for cache in caches:
+                try:
+                    cache.sweep(cutoff)
+                except Exception:  # one broken cache must not end the sweep of the others
+                    logger.exception("sweeping %r failed", cache)
 
     def _release(self, hold_id: int) -> None:
         with self._cond:
@@ -171,7 +175,8 @@ class Sweeper:
                     return
                 deadline = time.monotonic() + _period(max_age)
                 while (left := deadline - time.monotonic()) > 0 and self._holds:
-                    self._cond.wait(left)
+                    # A longer wait raises (OverflowError): a max age of years would end the thread.
+                    self._cond.wait(min(left, threading.TIMEOUT_MAX))
                     shorter = min(self._holds.values(), default=max_age)
                     if shorter < max_age:  # a new hold wants a shorter age: start over
                         max_age = shorter
@@ -180,6 +185,15 @@ class Sweeper:
                     continue
                 max_age = min(self._holds.values())  # a release may have made it longer
             self.sweep(max_age)
+
+    def _before_fork(self) -> None:
+        # A pass holds caches' locks: a child forked meanwhile would find them held for good.
+        self._sweeping.acquire()
+        self._cond.acquire()
+
+    def _after_fork_in_parent(self) -> None:
+        self._cond.release()
+        self._sweeping.release()
 
     def _after_fork_in_child(self) -> None:
         # The parent's thread and lock state did not come along: a new lock, a new thread.
@@ -196,4 +210,8 @@ def _period(max_age: float) -> float:
 SWEEPER = Sweeper()
 """The process's sweeper: caches :meth:`~Sweeper.track` themselves with it."""
 
-os.register_at_fork(after_in_child=SWEEPER._after_fork_in_child)
+os.register_at_fork(
+    before=SWEEPER._before_fork,
+    after_in_parent=SWEEPER._after_fork_in_parent,
+    after_in_child=SWEEPER._after_fork_in_child,
+)

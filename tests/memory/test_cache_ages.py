@@ -33,7 +33,7 @@ from tests.tiers.spy_embedders import CountingEmbedder
 from tests.waiting import wait_until
 from tiers.backends.base import Delete, Put
 from tiers.backends.redis_kv import RedisKVStore
-from tiers.cache_ages import SWEEPER, Sweeper
+from tiers.cache_ages import SWEEPER, Stamps, Sweeper
 from tiers.errors import InvalidInputError
 from tiers.models import RunStatus, UserFact
 from tiers.session._plans import CachedEmbedder
@@ -263,6 +263,64 @@ def test_a_released_short_max_age_sweeps_no_more() -> None:
         assert all(now - cutoff >= 45 for now, cutoff in recorder.sweeps if now > released)
     finally:
         release_long()
+
+
+def test_a_max_age_of_centuries_leaves_the_thread_sweeping_for_a_shorter_one() -> None:
+    sweeper = Sweeper()
+    recorder = Recorder()
+    sweeper.track(recorder)
+    release_long = sweeper.hold(1e12)  # "keep for good": its period is past the longest wait
+    try:
+        time.sleep(0.2)  # the thread waits out its first period
+        release_short = sweeper.hold(0.2)
+        try:
+            wait_until(lambda: recorder.sweeps, 10, what=lambda: "a sweep with the short age")
+        finally:
+            release_short()
+    finally:
+        release_long()
+
+
+class HeldStamps(Stamps[Any]):
+    """A cache's stamps whose sweep waits for ``go`` while the sweeper holds the cache's lock."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.entered = threading.Event()
+        self.go = threading.Event()
+
+    def expired(self, cutoff: float) -> list[Any]:
+        self.entered.set()
+        self.go.wait(10)
+        return super().expired(cutoff)
+
+
+def test_a_child_forked_during_a_sweep_can_use_the_swept_cache() -> None:
+    fact = UserFact(user_id="carol", key="k", value=1, updated_at=datetime.now(UTC))
+    stored = fact.model_dump_json().encode()
+    facts = DecodedFacts()
+    held = HeldStamps()
+    facts._stamps = held  # a spy: the sweep calls through once told to go on
+    release = SWEEPER.hold(0.1)
+    try:
+        assert held.entered.wait(10), "no sweep reached the cache"
+        # The pass holds the cache's lock now; it ends a little later, from another thread.
+        threading.Timer(0.3, held.go.set).start()
+
+        def check() -> bool:
+            done = threading.Event()
+
+            def use() -> None:
+                facts.decode("space", "k", stored, read_at=facts.mark())
+                done.set()
+
+            threading.Thread(target=use, daemon=True).start()
+            return done.wait(10)  # the lock was held when forked: it never comes free
+
+        assert in_forked_child(check) is True
+    finally:
+        held.go.set()
+        release()
 
 
 def test_close_releases_the_memorys_hold(tmp_path: Path) -> None:
